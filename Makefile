@@ -1,0 +1,54 @@
+# The two commands a newcomer needs: `make up` runs the mesh, `make test` runs the tests.
+# Everything else here is what those two install on a fresh clone.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NODE_DIR := tests/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed
+PYTEST_ARGS ?=
+
+.PHONY: test up down status java venv node-clients bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $@
+
+# Spark 4 needs Java 17 or newer; say so plainly instead of failing deep inside py4j.
+java:
+	@command -v java >/dev/null 2>&1 || { echo "error: Java 17+ is required for Spark, and 'java' is not on PATH" >&2; exit 1; }
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1); \
+	 if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "error: Java 17+ is required for Spark, found: $$(java -version 2>&1 | head -n1)" >&2; exit 1; fi
+
+node-clients: $(NODE_STAMP)
+
+$(NODE_STAMP): $(wildcard $(NODE_DIR)/package.json) $(wildcard $(NODE_DIR)/package-lock.json)
+	@if [ -f $(NODE_DIR)/package.json ]; then \
+	  command -v npm >/dev/null 2>&1 || { echo "error: npm is required for the interop test clients" >&2; exit 1; }; \
+	  cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error; \
+	  mkdir -p node_modules && touch node_modules/.installed; \
+	fi
+
+# pytest's exit code 5 (no tests collected) is non-zero, so make fails on it too.
+test: java $(STAMP) node-clients
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+up: java $(STAMP)
+	$(BIN)/python -m logjam.up
+
+down:
+	$(BIN)/supervisorctl -c supervisord.conf shutdown
+
+status:
+	$(BIN)/supervisorctl -c supervisord.conf status
+
+bench: $(STAMP)
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(NODE_DIR)/node_modules .pytest_cache .hypothesis

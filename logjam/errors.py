@@ -1,0 +1,68 @@
+"""The one error family raised by every protocol engine and codec in logjam-mesh.
+
+`RemoteProtocolError` means the peer sent something invalid: answer as the protocol
+says, count it, and keep serving others. `LocalProtocolError` means our own code
+asked an engine to do something the protocol forbids: that is a bug on our side.
+Each error carries a short machine-readable `reason` used as a metrics label.
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Base of every protocol or codec error."""
+
+    reason: str = "protocol_error"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer violated the protocol."""
+
+    reason = "remote_protocol_error"
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to send something the protocol does not allow."""
+
+    reason = "local_protocol_error"
+
+
+class FrameTooLarge(RemoteProtocolError):
+    """A length field claims more than the configured maximum; nothing was allocated."""
+
+    reason = "frame_too_large"
+
+
+class MetaError(RemoteProtocolError):
+    """The 24-byte Logjam meta frame is malformed."""
+
+    reason = "broken_meta"
+
+
+class CompressionError(RemoteProtocolError):
+    """A body could not be decompressed."""
+
+    reason = "decompression_failed"
+
+
+class DecompressedTooLarge(CompressionError):
+    """A body would decompress to more than the configured bound."""
+
+    reason = "decompressed_too_large"
+
+
+class InvalidAppEnv(RemoteProtocolError):
+    """A stream name (app-env) breaks the naming rules."""
+
+    reason = "bad_app_env"
+
+
+class InvalidTopic(RemoteProtocolError):
+    """A topic does not start with a known prefix."""
+
+    reason = "bad_topic"

@@ -1,0 +1,73 @@
+"""`Message`: the one type for a Logjam message, used by every part of the mesh."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import orjson
+
+from logjam.compression import DEFAULT_MAX_DECOMPRESSED, compress, decompress
+from logjam.errors import RemoteProtocolError
+from logjam.meta import Compression, Meta, now_ms
+
+HEARTBEAT = "heartbeat"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """`[app-env, topic, body, meta]`. `body` is the frame as sent, possibly compressed."""
+
+    app_env: str
+    topic: str
+    body: bytes
+    meta: Meta
+
+    @classmethod
+    def from_frames(cls, frames: Sequence[bytes]) -> "Message":
+        """Decode the four data frames; raises a RemoteProtocolError subclass."""
+        if len(frames) != 4:
+            raise RemoteProtocolError(
+                f"a Logjam data message has 4 frames, got {len(frames)}", reason="frame_count"
+            )
+        app_env, topic, body, meta = frames
+        try:
+            return cls(bytes(app_env).decode(), bytes(topic).decode(), bytes(body), Meta.unpack(meta))
+        except UnicodeDecodeError as e:
+            raise RemoteProtocolError(f"app-env or topic is not UTF-8: {e}", reason="bad_encoding") from None
+
+    @classmethod
+    def build(
+        cls,
+        app_env: str,
+        topic: str,
+        payload: bytes | dict[str, Any],
+        *,
+        compression: int = Compression.NONE,
+        created_ms: int | None = None,
+        seq: int = 0,
+        device: int = 0,
+    ) -> "Message":
+        """Make a message from an uncompressed payload (bytes or a JSON-able dict)."""
+        raw = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
+        meta = Meta(compression, device, now_ms() if created_ms is None else created_ms, seq)
+        return cls(app_env, topic, compress(compression, bytes(raw)), meta)
+
+    def to_frames(self) -> list[bytes]:
+        return [self.app_env.encode(), self.topic.encode(), self.body, self.meta.pack()]
+
+    @property
+    def is_heartbeat(self) -> bool:
+        return self.app_env == HEARTBEAT
+
+    def payload(self, max_size: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
+        """The body, decompressed."""
+        return decompress(self.meta.compression, self.body, max_size)
+
+    def json(self, max_size: int = DEFAULT_MAX_DECOMPRESSED) -> Any:
+        """The body, decompressed and parsed; raises RemoteProtocolError on bad JSON."""
+        data = self.payload(max_size)
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise RemoteProtocolError(f"body is not JSON: {e}", reason="bad_json") from None

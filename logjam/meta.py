@@ -1,0 +1,82 @@
+"""The 24-byte Logjam meta frame: tag, compression, version, device, created_ms, sequence.
+
+All fields are big-endian. The reference C device also accepts the byte-swapped tag
+0xBDCA (written by clients that forgot htons), so we do too; every other field is
+still read big-endian.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import time
+from dataclasses import dataclass
+
+from logjam.errors import MetaError
+
+META_SIZE = 24
+META_TAG = 0xCABD
+META_TAG_SWAPPED = 0xBDCA
+META_VERSION = 1
+SEQ_MAX = 2**64 - 1
+
+_META = struct.Struct(">HBBIQQ")
+
+
+class Compression(enum.IntEnum):
+    """Compression ids carried in meta byte 2."""
+
+    NONE = 0
+    ZLIB = 1
+    SNAPPY = 2
+    LZ4 = 3
+
+    @classmethod
+    def parse(cls, name: str | int) -> "Compression":
+        """Accept a flag value such as "lz4" or an id such as 3."""
+        if isinstance(name, int):
+            return cls(name)
+        try:
+            return cls[name.strip().upper()]
+        except KeyError:
+            raise ValueError(
+                f"unknown compression {name!r}; expected none, zlib, snappy or lz4"
+            ) from None
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """Decoded meta frame. `created_ms` is milliseconds since the epoch."""
+
+    compression: int = Compression.NONE
+    device: int = 0
+    created_ms: int = 0
+    seq: int = 0
+    version: int = META_VERSION
+
+    def pack(self) -> bytes:
+        return _META.pack(
+            META_TAG, self.compression, self.version, self.device, self.created_ms, self.seq
+        )
+
+    @classmethod
+    def unpack(cls, frame: bytes | memoryview) -> "Meta":
+        if len(frame) != META_SIZE:
+            raise MetaError(f"meta frame must be {META_SIZE} bytes, got {len(frame)}")
+        tag, compression, version, device, created_ms, seq = _META.unpack(frame)
+        if tag != META_TAG and tag != META_TAG_SWAPPED:
+            raise MetaError(f"meta tag is 0x{tag:04X}, expected 0xCABD")
+        if version != META_VERSION:
+            raise MetaError(f"meta version is {version}, expected {META_VERSION}")
+        if compression > Compression.LZ4:
+            raise MetaError(f"unknown compression id {compression}")
+        return cls(compression, device, created_ms, seq, version)
+
+    @classmethod
+    def fresh(cls, compression: int = Compression.NONE, seq: int = 0) -> "Meta":
+        """A meta stamped with the current time, as a client sends it."""
+        return cls(compression=compression, created_ms=now_ms(), seq=seq)

@@ -1,0 +1,73 @@
+"""Stream-name (app-env) and topic rules, as the reference device applies them.
+
+The producer spec's ABNF allows only letters in application and environment names,
+but real applications use digits and the reference device checks something looser:
+every byte in 32..127 and at least one '-'. We follow the device (real clients rely
+on it) and offer `strict_app_env` for callers that want the ABNF.
+"""
+
+from __future__ import annotations
+
+import re
+
+from logjam.errors import InvalidAppEnv, InvalidTopic
+
+TOPIC_PREFIXES: tuple[bytes, ...] = (
+    b"logs",
+    b"javascript",
+    b"events",
+    b"frontend.page",
+    b"frontend.ajax",
+    b"mobile",
+)
+MAX_NAME_LENGTH = 255
+
+_STRICT_APP_ENV = re.compile(r"[A-Za-z][A-Za-z_-]*-[A-Za-z][A-Za-z_]*\Z")
+
+
+def _as_bytes(name: bytes | str) -> bytes:
+    return name.encode("utf-8", "surrogateescape") if isinstance(name, str) else bytes(name)
+
+
+def check_app_env(name: bytes | str) -> None:
+    """Raise InvalidAppEnv unless `name` is a stream name the device publishes."""
+    raw = _as_bytes(name)
+    if not raw:
+        raise InvalidAppEnv("stream name is empty")
+    if len(raw) > MAX_NAME_LENGTH:
+        raise InvalidAppEnv(f"stream name is {len(raw)} bytes, the limit is {MAX_NAME_LENGTH}")
+    for i, b in enumerate(raw):
+        if b < 32 or b > 127:
+            raise InvalidAppEnv(f"stream name {raw[:64]!r} has byte 0x{b:02X} at {i}; only 32..127 allowed")
+    if b"-" not in raw:
+        raise InvalidAppEnv(f"stream name {raw[:64]!r} has no '-' between application and environment")
+
+
+def is_valid_app_env(name: bytes | str) -> bool:
+    try:
+        check_app_env(name)
+    except InvalidAppEnv:
+        return False
+    return True
+
+
+def strict_app_env(name: str) -> None:
+    """The producer spec's ABNF: letters, '_' and '-' in the application, letters and '_' in the environment."""
+    if not _STRICT_APP_ENV.match(name):
+        raise InvalidAppEnv(f"stream name {name!r} does not match application-environment")
+
+
+def check_topic(topic: bytes | str) -> None:
+    """Raise InvalidTopic unless `topic` starts with a known prefix."""
+    raw = _as_bytes(topic)
+    if not raw.startswith(TOPIC_PREFIXES):
+        raise InvalidTopic(
+            f"topic {raw[:64]!r} must start with one of: "
+            + ", ".join(p.decode() for p in TOPIC_PREFIXES)
+        )
+    if len(raw) > MAX_NAME_LENGTH:
+        raise InvalidTopic(f"topic is {len(raw)} bytes, the limit is {MAX_NAME_LENGTH}")
+
+
+def is_valid_topic(topic: bytes | str) -> bool:
+    return _as_bytes(topic).startswith(TOPIC_PREFIXES) and len(topic) <= MAX_NAME_LENGTH

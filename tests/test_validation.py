@@ -1,0 +1,42 @@
+"""Stream-name and topic rules."""
+
+import pytest
+
+from logjam.errors import InvalidAppEnv, InvalidTopic
+from logjam.validation import check_app_env, check_topic, is_valid_app_env, is_valid_topic, strict_app_env
+
+
+@pytest.mark.parametrize("name", ["app-production", "my_app-prod", "shop2-staging", "a-b", b"logjam-dev"])
+def test_good_app_envs(name):
+    check_app_env(name)
+    assert is_valid_app_env(name)
+
+
+@pytest.mark.parametrize(
+    "name, reason",
+    [("", "empty"), ("noenv", "no '-'"), ("app-\tprod", "byte 0x09"), ("app-prod\x00", "byte 0x00"),
+     ("app-prød", "byte 0xC3"), ("a-" + "x" * 300, "limit")],
+)
+def test_bad_app_envs_say_why(name, reason):
+    with pytest.raises(InvalidAppEnv, match=reason):
+        check_app_env(name)
+    assert not is_valid_app_env(name)
+
+
+def test_strict_grammar():
+    strict_app_env("my_app-production")
+    with pytest.raises(InvalidAppEnv):
+        strict_app_env("shop2-staging")
+
+
+@pytest.mark.parametrize("topic", ["logs", "logs.rails", "javascript", "events.x", "frontend.page", "frontend.ajax", "mobile"])
+def test_good_topics(topic):
+    check_topic(topic)
+    assert is_valid_topic(topic)
+
+
+@pytest.mark.parametrize("topic", ["", "log", "frontend", "frontend.other", "metrics", "LOGS"])
+def test_bad_topics(topic):
+    with pytest.raises(InvalidTopic, match="must start with"):
+        check_topic(topic)
+    assert not is_valid_topic(topic)
