@@ -1,0 +1,75 @@
+"""`logjam-bridge <protocol>`: one entry point for every bridge, with the common flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+from typing import Sequence
+
+from bridges.host.protocol import BridgeProtocol
+from logjam.config import add_config_flag, parse_args, setup_logging
+
+PROTOCOLS = {
+    "lumberjack": "bridges.lumberjack.bridge:Bridge",
+    "courier": "bridges.courier.bridge:Bridge",
+    "segment": "bridges.segment.bridge:Bridge",
+    "rustlog": "bridges.rustlog.bridge:Bridge",
+}
+
+
+def load_protocol(name: str) -> type[BridgeProtocol]:
+    module, _, attr = PROTOCOLS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
+    name = cls.name
+    p = argparse.ArgumentParser(
+        prog=f"logjam-bridge {name}",
+        description=f"Serve the {name} protocol and forward every event to a logjam-device.",
+    )
+    p.add_argument("--listen", default=f"0.0.0.0:{cls.default_port}", metavar="HOST:PORT", help="where clients connect (default %(default)s)")
+    p.add_argument("--device", action="append", metavar="tcp://HOST:PORT", help="device ROUTER endpoint; repeatable (default tcp://127.0.0.1:9604)")
+    p.add_argument("--app-env", default=f"{name}-default", help="stream name events are published under (default %(default)s)")
+    p.add_argument("--app-env-field", metavar="NAME", help="event field (dotted path) whose value overrides --app-env")
+    p.add_argument("--topic", default=f"logs.{name}", help="Logjam topic (default %(default)s)")
+    p.add_argument("--compress", default="none", choices=["none", "zlib", "snappy", "lz4"], help="compression of bodies sent to the device")
+    p.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM); turns TLS on")
+    p.add_argument("--tls-key", metavar="FILE", help="server private key (PEM)")
+    p.add_argument("--tls-key-password", metavar="PASSWORD", help="password of --tls-key")
+    p.add_argument("--tls-client-ca", metavar="FILE", help="CA for client certificates")
+    p.add_argument("--tls-client-auth", choices=["none", "optional", "required"], help="default: required when --tls-client-ca is given, else none")
+    p.add_argument("--tls-handshake-timeout", type=float, default=10.0, metavar="SECONDS")
+    p.add_argument("--max-frame-size", type=int, default=cls.default_max_frame, metavar="BYTES", help="checked before any allocation (default %(default)s)")
+    p.add_argument("--idle-timeout", type=float, default=cls.default_idle_timeout, metavar="SECONDS", help="0 disables (default %(default)s)")
+    p.add_argument("--max-connections", type=int, default=1024)
+    p.add_argument("--max-inflight", type=int, default=20_000, help="events awaiting the device, process-wide")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port")
+    p.add_argument("-v", "--verbose", action="store_true")
+    add_config_flag(p)
+    cls.add_arguments(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in PROTOCOLS:
+        wanted = argv[0] if argv else ""
+        if wanted not in ("-h", "--help", ""):
+            print(f"logjam-bridge: unknown protocol {wanted!r}", file=sys.stderr)
+        print(f"usage: logjam-bridge {{{','.join(PROTOCOLS)}}} [flags]   (logjam-bridge PROTOCOL --help)", file=sys.stderr)
+        return 0 if wanted in ("-h", "--help") else 2
+    cls = load_protocol(argv[0])
+    args = parse_args(build_parser(cls), argv[1:])
+    args.device = args.device or ["tcp://127.0.0.1:9604"]
+    setup_logging(f"logjam-bridge-{cls.name}", args.verbose)
+    from bridges.host.server import BridgeServer
+
+    asyncio.run(BridgeServer(cls, args).run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

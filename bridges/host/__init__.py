@@ -1,0 +1,20 @@
+"""The host every bridge shares: server, device link, event mapping, metrics."""
+
+from bridges.host.connection import Connection, IdleTimeout
+from bridges.host.link import DeviceLink, DeviceRejected
+from bridges.host.mapping import EventMapper, body_from_bytes, parse_timestamp
+from bridges.host.metrics import BridgeMetrics
+from bridges.host.protocol import BridgeProtocol, Host
+
+__all__ = [
+    "BridgeMetrics",
+    "BridgeProtocol",
+    "Connection",
+    "DeviceLink",
+    "DeviceRejected",
+    "EventMapper",
+    "Host",
+    "IdleTimeout",
+    "body_from_bytes",
+    "parse_timestamp",
+]

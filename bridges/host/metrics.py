@@ -1,0 +1,39 @@
+"""Prometheus metrics every bridge exposes on --metrics-port."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+class BridgeMetrics:
+    def __init__(self, protocol: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["protocol"]
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, labels + list(extra), registry=self.registry)
+
+        self._connections = counter("logjam_bridge_connections", "Client connections accepted")
+        self._refused = counter("logjam_bridge_connections_refused", "Connections refused at --max-connections")
+        self._active = Gauge("logjam_bridge_connections_active", "Open client connections", labels, registry=self.registry)
+        self._events_in = counter("logjam_bridge_events_received", "Events decoded from clients")
+        self._events_acked = counter("logjam_bridge_events_acked", "Events accepted by the device and acknowledged")
+        self._rejected = counter("logjam_bridge_device_rejected", "Events the device answered 400 Bad Request")
+        self._errors = counter("logjam_bridge_protocol_errors", "Connections ended by a protocol error", ("reason",))
+        self._fallbacks = counter("logjam_bridge_app_env_fallbacks", "Events whose --app-env-field was missing or invalid")
+        self._inflight = Gauge("logjam_bridge_device_inflight", "Requests awaiting the device", labels, registry=self.registry)
+        self.protocol = protocol
+        self.connections = self._connections.labels(protocol)
+        self.refused = self._refused.labels(protocol)
+        self.active = self._active.labels(protocol)
+        self.events_received = self._events_in.labels(protocol)
+        self.events_acked = self._events_acked.labels(protocol)
+        self.device_rejected = self._rejected.labels(protocol)
+        self.app_env_fallbacks = self._fallbacks.labels(protocol)
+        self.device_inflight = self._inflight.labels(protocol)
+
+    def protocol_error(self, reason: str) -> None:
+        self._errors.labels(self.protocol, reason).inc()
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,109 @@
+"""Shared fixtures: a real logjam-device process on random ports, and test certificates."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import zmq
+
+from logjam.producer import Producer, ReplyTimeout
+from tests.helpers import command, free_port, start, stop, wait_for
+
+
+@dataclass
+class DeviceProcess:
+    proc: subprocess.Popen
+    router_port: int
+    pull_port: int
+    pub_port: int
+    stats_port: int
+    device_id: int
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def router(self) -> str:
+        return f"tcp://127.0.0.1:{self.router_port}"
+
+    @property
+    def pull(self) -> str:
+        return f"tcp://127.0.0.1:{self.pull_port}"
+
+    @property
+    def pub(self) -> str:
+        return f"tcp://127.0.0.1:{self.pub_port}"
+
+    @property
+    def stats(self) -> str:
+        return f"tcp://127.0.0.1:{self.stats_port}"
+
+    def output(self) -> str:
+        """Everything the process printed; only call after it exited."""
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+def start_device(device_id: int = 1, extra: list[str] | None = None, ports: dict[str, int] | None = None) -> DeviceProcess:
+    """Start a real `logjam-device` on free ports and wait until it answers a ping."""
+    ports = ports or {}
+    dev = DeviceProcess(
+        proc=None,  # type: ignore[arg-type]
+        router_port=ports.get("router") or free_port(),
+        pull_port=ports.get("pull") or free_port(),
+        pub_port=ports.get("pub") or free_port(),
+        stats_port=ports.get("stats") or free_port(),
+        device_id=device_id,
+        extra=list(extra or []),
+    )
+    dev.proc = start([
+        command("logjam-device"), "--bind", "127.0.0.1",
+        "-t", str(dev.router_port), "-p", str(dev.pull_port),
+        "-P", str(dev.pub_port), "-s", str(dev.stats_port), "-d", str(device_id), *dev.extra,
+    ])
+    ctx = zmq.Context.instance()
+
+    def answers() -> bool:
+        if dev.proc.poll() is not None:
+            raise AssertionError(f"logjam-device exited early:\n{dev.output()}")
+        p = Producer(dev.router, context=ctx, timeout=0.3, linger_ms=0)
+        try:
+            p.ping()
+            return True
+        except ReplyTimeout:
+            return False
+        finally:
+            p._sock.close()
+
+    wait_for(answers, timeout=20, what="logjam-device to answer ping")
+    return dev
+
+
+@pytest.fixture
+def device():
+    """A running logjam-device with device id 1; stopped (and checked for exit 0) afterwards."""
+    dev = start_device()
+    yield dev
+    assert stop(dev.proc) == 0, dev.output()
+
+
+@pytest.fixture
+def device_factory():
+    """Start devices with custom flags: `device_factory(device_id=3, extra=[...])`."""
+    started: list[DeviceProcess] = []
+
+    def make(**kwargs) -> DeviceProcess:
+        dev = start_device(**kwargs)
+        started.append(dev)
+        return dev
+
+    yield make
+    for dev in started:
+        stop(dev.proc)
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory) -> "TestCerts":
+    from tests.tls_certs import make_certs
+
+    return make_certs(Path(tmp_path_factory.mktemp("certs")))
