@@ -41,18 +41,23 @@ def compress(method: int, body: bytes) -> bytes:
 
 def decompress(method: int, data: bytes, max_size: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
     """Decode a body; raises CompressionError (or DecompressedTooLarge) and nothing else."""
-    if method == Compression.NONE:
-        return data
-    if method == Compression.ZLIB:
-        return _inflate(data, max_size)
-    if method == Compression.SNAPPY:
-        return _unsnappy(data, max_size)
-    if method == Compression.LZ4:
-        return _unlz4(data, max_size)
+    if 0 <= method < len(_DECODERS):
+        return _DECODERS[method](data, max_size)
     raise CompressionError(f"unknown compression id {method}", reason="unknown_compression")
 
 
+# Deflate cannot expand input more than 1032:1, so a body this much smaller than the
+# bound can be inflated in one call without a limit; only larger ones need the
+# incremental, bounded path.
+_DEFLATE_MAX_RATIO = 1032
+
+
 def _inflate(data: bytes, max_size: int) -> bytes:
+    if len(data) * _DEFLATE_MAX_RATIO <= max_size:
+        try:
+            return zlib.decompress(data, _ZLIB_OR_GZIP)
+        except zlib.error as e:
+            raise CompressionError(f"zlib: {e}") from None
     d = zlib.decompressobj(_ZLIB_OR_GZIP)
     try:
         out = d.decompress(data, max_size + 1)
@@ -65,8 +70,16 @@ def _inflate(data: bytes, max_size: int) -> bytes:
     return out
 
 
-def _varint(data: bytes) -> int:
+def _snappy_length(data: bytes) -> int:
     """Snappy's preamble: the uncompressed length as a little-endian base-128 varint."""
+    # Bodies up to 16 KiB have a one- or two-byte preamble; read those without a loop.
+    if len(data) >= 2:
+        b0 = data[0]
+        if b0 < 0x80:
+            return b0
+        b1 = data[1]
+        if b1 < 0x80:
+            return (b0 & 0x7F) | (b1 << 7)
     result = shift = 0
     for i in range(min(len(data), 5)):
         b = data[i]
@@ -78,7 +91,8 @@ def _varint(data: bytes) -> int:
 
 
 def _unsnappy(data: bytes, max_size: int) -> bytes:
-    claimed = _varint(data)
+    # The preamble says how much the library will allocate: check it first.
+    claimed = _snappy_length(data)
     if claimed > max_size:
         raise DecompressedTooLarge(f"snappy body claims {claimed} bytes, limit is {max_size}")
     try:
@@ -88,15 +102,23 @@ def _unsnappy(data: bytes, max_size: int) -> bytes:
 
 
 def _unlz4(data: bytes, max_size: int) -> bytes:
-    if len(data) < 4:
-        raise CompressionError("lz4: body shorter than its 4-byte length prefix")
-    (claimed,) = _U32.unpack_from(data)
+    try:
+        (claimed,) = _U32.unpack_from(data)
+    except struct.error:
+        raise CompressionError("lz4: body shorter than its 4-byte length prefix") from None
     if claimed > max_size:
         raise DecompressedTooLarge(f"lz4 body claims {claimed} bytes, limit is {max_size}")
     try:
-        out = lz4.block.decompress(memoryview(data)[4:], uncompressed_size=claimed)
+        out = lz4.block.decompress(data[4:], uncompressed_size=claimed)
     except lz4.block.LZ4BlockError as e:
         raise CompressionError(f"lz4: {e}") from None
     if len(out) != claimed:
         raise CompressionError(f"lz4: body inflated to {len(out)} bytes, prefix said {claimed}")
     return out
+
+
+def _identity(data: bytes, max_size: int) -> bytes:
+    return data
+
+
+_DECODERS = (_identity, _inflate, _unsnappy, _unlz4)
