@@ -1,0 +1,564 @@
+"""Sans-IO engine for the Log Courier protocol: the server side and a client half.
+
+No sockets here. `CourierServer.feed(bytes)` turns what a client sent into events;
+`CourierServer.send(reply)` turns a reply into bytes. `CourierClient` is the mirror
+image, used by the tests and by anything that wants to ship to a Courier server.
+
+Wire format (courier-protocol.md plus interop-notes.md, which real clients follow):
+every message is `[4 ASCII type bytes][u32 length][body]`, big-endian.
+
+- HELO / VERS: a handshake body of up to 32 bytes (flags, major, minor, patch,
+  client id, reserved). Clients send HELO first; old clients start with JDAT and get
+  no VERS. The Ruby client sends 20-byte bodies, so any length up to 32 is accepted.
+- JDAT: length = 16 + compressed size; a nonce, then zlib data holding
+  `[u32 len][JSON event]` records.
+- EVNT: length 0xFFFFFFFF; a nonce, then a zlib stream of the same records. The
+  message ends where the zlib stream ends, so the engine cannot know the size up
+  front: it inflates incrementally and never holds the payload whole.
+- PING (length 0) -> PONG; ACKN (nonce + u32 count); `????` answers unknown types.
+
+JDAT payloads are decoded incrementally too: events come out as their compressed
+bytes arrive, so a 10 MiB JDAT is never buffered whole either.
+
+Limits are checked before anything is allocated or inflated: a message length
+against `max_message`, every record length against `max_event`, and the inflated
+size of one payload against `max_decompressed`. Inflation runs in steps of at most
+`INFLATE_STEP` output bytes, so a zlib bomb costs one step of memory.
+
+`feed()` appends the bytes and returns an iterator that does the work lazily; exhaust
+it before feeding again. Being lazy lets a caller stop pulling events while its
+downstream is slow, without the engine inflating ahead.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import orjson
+
+from logjam.errors import (
+    CompressionError,
+    DecompressedTooLarge,
+    FrameTooLarge,
+    LocalProtocolError,
+    RemoteProtocolError,
+)
+
+HEADER = struct.Struct(">4sI")
+U32 = struct.Struct(">I")
+ACKN_BODY = struct.Struct(">16sI")
+HANDSHAKE = struct.Struct(">4sIII4s12x")  # 32 bytes
+
+NONCE_SIZE = 16
+HANDSHAKE_MAX = 32
+STREAM_LENGTH = 0xFFFFFFFF
+DEFAULT_MAX_MESSAGE = 10 * 1024 * 1024
+DEFAULT_MAX_EVENT = 10 * 1024 * 1024
+DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
+INFLATE_STEP = 256 * 1024
+
+FLAG_EVNT = 0x01  # bit 0x01 of the first flags byte: "EVNT supported"
+
+# Our own version and client id in VERS; clients only read the flags.
+VERSION = (2, 10, 0)
+CLIENT_ID = b"LJMS"
+
+T_HELO, T_VERS, T_PING, T_PONG = b"HELO", b"VERS", b"PING", b"PONG"
+T_JDAT, T_EVNT, T_ACKN, T_UNKN = b"JDAT", b"EVNT", b"ACKN", b"????"
+
+UNMARSHAL_FAILURE = "_unmarshal_failure"
+
+
+class CourierProtocolError(RemoteProtocolError):
+    """The Courier peer sent something the protocol does not allow."""
+
+    reason = "courier_protocol_error"
+
+
+# --------------------------------------------------------------------------- events
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    """The body of a HELO (from a client) or VERS (from a server)."""
+
+    flags: bytes = b"\x00\x00\x00\x00"
+    major: int = 0
+    minor: int = 0
+    patch: int = 0
+    client: bytes = b"\x00\x00\x00\x00"
+
+    @property
+    def supports_evnt(self) -> bool:
+        return bool(self.flags[0] & FLAG_EVNT)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> "Handshake":
+        if len(body) > HANDSHAKE_MAX:
+            raise CourierProtocolError(f"handshake body of {len(body)} bytes, at most 32", reason="bad_handshake")
+        flags, major, minor, patch, client = HANDSHAKE.unpack(bytes(body).ljust(HANDSHAKE_MAX, b"\0"))
+        return cls(flags, major, minor, patch, client)
+
+    def pack(self) -> bytes:
+        return HANDSHAKE.pack(self.flags, self.major, self.minor, self.patch, self.client)
+
+    def describe(self) -> str:
+        name = self.client.rstrip(b"\0").decode("ascii", "replace") or "unknown"
+        return f"{name} {self.major}.{self.minor}.{self.patch}"
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A client opened with HELO; answer with `Version()`."""
+
+    handshake: Handshake
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Answer with `Pong()`."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownMessage:
+    """A message type this engine does not know (its body was skipped); answer `Unknown()`."""
+
+    type: bytes
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadStarted:
+    """A JDAT or EVNT payload began; its events follow."""
+
+    nonce: bytes
+    kind: str  # "JDAT" or "EVNT"
+
+
+@dataclass(frozen=True, slots=True)
+class EventReceived:
+    """One event of a payload. `index` counts from 0 within the payload."""
+
+    nonce: bytes
+    index: int
+    body: dict[str, Any] = field(hash=False, compare=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadEnded:
+    """Every event of the payload was delivered; `count` of them."""
+
+    nonce: bytes
+    count: int
+
+
+ServerEvent = Union[Hello, Ping, UnknownMessage, PayloadStarted, EventReceived, PayloadEnded]
+
+
+# ---------------------------------------------------------------- replies (server)
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """VERS: the handshake answer. By default it announces EVNT support."""
+
+    handshake: Handshake = Handshake(bytes([FLAG_EVNT, 0, 0, 0]), *VERSION, CLIENT_ID)
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """ACKN: `sequence` events of payload `nonce` are processed."""
+
+    nonce: bytes
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """`????`: the answer to a message type we do not implement."""
+
+
+ServerReply = Union[Version, Pong, Ack, Unknown]
+
+
+def _header(type_: bytes, length: int) -> bytes:
+    return HEADER.pack(type_, length)
+
+
+def _check_nonce(nonce: bytes) -> None:
+    if len(nonce) != NONCE_SIZE:
+        raise LocalProtocolError(f"a nonce is 16 bytes, got {len(nonce)}", reason="bad_nonce")
+
+
+def event_body(raw: bytes) -> dict[str, Any]:
+    """Parse one record: a JSON object, or the unmarshal-failure wrapper Courier servers use."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict):
+        return obj
+    try:
+        return {"message": raw.decode("utf-8"), "tags": [UNMARSHAL_FAILURE]}
+    except UnicodeDecodeError:
+        return {"message_base64": base64.b64encode(raw).decode("ascii"), "tags": [UNMARSHAL_FAILURE]}
+
+
+# ------------------------------------------------------------------ server engine
+
+class _State(enum.Enum):
+    HEADER = 1
+    HANDSHAKE = 2
+    SKIP = 3
+    NONCE = 4
+    DATA = 5
+    ERROR = 6
+
+
+class CourierServer:
+    """The server side of one Courier connection."""
+
+    def __init__(
+        self,
+        *,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+        max_event: int = DEFAULT_MAX_EVENT,
+        max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
+    ) -> None:
+        self.max_message = max_message
+        self.max_event = min(max_event, max_decompressed)
+        self.max_decompressed = max_decompressed
+        self.handshake: Handshake | None = None  # set once a HELO arrived
+        self.messages = 0  # messages fully or partly seen, for "HELO must come first"
+        self._buf = bytearray()
+        self._state = _State.HEADER
+        self._error: RemoteProtocolError | None = None
+        self._type = b""
+        self._length = 0
+        self._skip = 0
+        # The payload being decoded.
+        self._kind = ""
+        self._nonce = b""
+        self._remaining: int | None = None  # JDAT: compressed bytes left; EVNT: None
+        self._inflater: Any = None
+        self._plain = bytearray()  # inflated bytes not yet parsed into records (one partial record at most)
+        self._inflated = 0
+        self._index = 0
+        self._sent_version = False
+
+    @property
+    def legacy(self) -> bool:
+        """True when the client skipped the handshake (an old client)."""
+        return self.handshake is None
+
+    @property
+    def in_payload(self) -> bool:
+        return self._state in (_State.NONCE, _State.DATA)
+
+    def feed(self, data: bytes) -> Iterator[ServerEvent]:
+        """Append `data`; the returned iterator yields events and raises RemoteProtocolError."""
+        if self._error is not None:
+            raise self._error
+        self._buf += data
+        return self._run()
+
+    def send(self, reply: ServerReply) -> bytes:
+        if isinstance(reply, Ack):
+            _check_nonce(reply.nonce)
+            if not 0 <= reply.sequence <= 0xFFFFFFFF:
+                raise LocalProtocolError(f"ACKN sequence {reply.sequence} out of range", reason="bad_sequence")
+            return _header(T_ACKN, ACKN_BODY.size) + ACKN_BODY.pack(reply.nonce, reply.sequence)
+        if isinstance(reply, Pong):
+            return _header(T_PONG, 0)
+        if isinstance(reply, Unknown):
+            return _header(T_UNKN, 0)
+        if isinstance(reply, Version):
+            if self.handshake is None or self._sent_version:
+                raise LocalProtocolError("VERS only answers a HELO, once", reason="unexpected_vers")
+            self._sent_version = True
+            body = reply.handshake.pack()
+            return _header(T_VERS, len(body)) + body
+        raise LocalProtocolError(f"not a Courier server reply: {reply!r}", reason="bad_reply")
+
+    # The state machine. Every path that can fail raises a RemoteProtocolError subclass;
+    # _run records it so that later feeds fail the same way.
+    def _run(self) -> Iterator[ServerEvent]:
+        try:
+            while True:
+                state = self._state
+                if state is _State.HEADER:
+                    if len(self._buf) < HEADER.size:
+                        return
+                    ev = self._on_header()
+                    if ev is not None:
+                        yield ev
+                elif state is _State.DATA:
+                    progressed = yield from self._on_data()
+                    if not progressed:
+                        return
+                elif state is _State.NONCE:
+                    if len(self._buf) < NONCE_SIZE:
+                        return
+                    self._nonce = bytes(self._buf[:NONCE_SIZE])
+                    del self._buf[:NONCE_SIZE]
+                    # Courier sends RFC 1950 zlib; wbits 15 rejects anything else.
+                    self._inflater = zlib.decompressobj()
+                    self._plain = bytearray()
+                    self._inflated = 0
+                    self._index = 0
+                    self._state = _State.DATA
+                    yield PayloadStarted(self._nonce, self._kind)
+                elif state is _State.HANDSHAKE:
+                    if len(self._buf) < self._length:
+                        return
+                    body = bytes(self._buf[: self._length])
+                    del self._buf[: self._length]
+                    self.handshake = Handshake.unpack(body)
+                    self._state = _State.HEADER
+                    yield Hello(self.handshake)
+                elif state is _State.SKIP:
+                    n = min(self._skip, len(self._buf))
+                    del self._buf[:n]
+                    self._skip -= n
+                    if self._skip:
+                        return
+                    self._state = _State.HEADER
+                    if self._type != T_UNKN:
+                        yield UnknownMessage(self._type, self._length)
+                else:  # ERROR
+                    raise self._error  # type: ignore[misc]
+        except RemoteProtocolError as e:
+            self._fail(e)
+            raise
+        except (zlib.error, struct.error, ValueError, MemoryError) as e:  # defensive: nothing else escapes
+            err = CourierProtocolError(f"undecodable data: {e}", reason="undecodable")
+            self._fail(err)
+            raise err from None
+
+    def _fail(self, e: RemoteProtocolError) -> None:
+        self._error = e
+        self._state = _State.ERROR
+        self._buf = bytearray()
+        self._plain = bytearray()
+        self._inflater = None
+
+    def _on_header(self) -> ServerEvent | None:
+        type_, length = HEADER.unpack_from(self._buf)
+        del self._buf[: HEADER.size]
+        first = self.messages == 0
+        self.messages += 1
+        self._type, self._length = type_, length
+        if type_ == T_JDAT:
+            if length > self.max_message:
+                raise FrameTooLarge(f"JDAT of {length} bytes exceeds the {self.max_message}-byte limit")
+            if length < NONCE_SIZE:
+                raise CourierProtocolError(f"JDAT of {length} bytes has no room for its nonce", reason="short_jdat")
+            self._kind, self._remaining, self._state = "JDAT", length - NONCE_SIZE, _State.NONCE
+            return None
+        if type_ == T_EVNT:
+            if length != STREAM_LENGTH:
+                raise CourierProtocolError(f"EVNT length must be 0xFFFFFFFF, got {length}", reason="bad_evnt_length")
+            self._kind, self._remaining, self._state = "EVNT", None, _State.NONCE
+            return None
+        if type_ == T_PING:
+            if length != 0:
+                raise CourierProtocolError(f"PING with a {length}-byte body", reason="ping_with_body")
+            return Ping()
+        if type_ == T_HELO:
+            if not first:
+                raise CourierProtocolError("HELO after the first message", reason="late_helo")
+            if length > HANDSHAKE_MAX:
+                raise CourierProtocolError(f"HELO of {length} bytes, at most 32", reason="bad_handshake")
+            self._state = _State.HANDSHAKE
+            return None
+        # Unknown (including server-only types a client must not send): skip the body
+        # without buffering it. A length beyond the limit means framing is lost.
+        if length > self.max_message:
+            raise FrameTooLarge(f"{type_!r} message of {length} bytes exceeds the {self.max_message}-byte limit")
+        self._skip = length
+        self._state = _State.SKIP
+        return None
+
+    def _on_data(self) -> Iterator[ServerEvent]:
+        """Inflate what is buffered, one bounded step at a time; returns whether it progressed."""
+        d = self._inflater
+        if self._remaining is None:
+            chunk = bytes(self._buf)
+        else:
+            chunk = bytes(self._buf[: self._remaining])
+        if not chunk:
+            if self._remaining == 0:
+                raise CompressionError("JDAT zlib data is truncated")
+            return False
+        consumed_before = len(chunk)
+        while True:
+            try:
+                out = d.decompress(chunk, INFLATE_STEP)
+            except zlib.error as e:
+                raise CompressionError(f"{self._kind} payload does not inflate: {e}") from None
+            self._inflated += len(out)
+            if self._inflated > self.max_decompressed:
+                raise DecompressedTooLarge(
+                    f"{self._kind} payload inflates beyond the {self.max_decompressed}-byte limit"
+                )
+            if out:
+                self._plain += out
+                yield from self._records()
+            chunk = d.unconsumed_tail
+            if d.eof or not chunk:
+                break
+        # Account for compressed input consumed: everything but what zlib left unused.
+        unused = len(d.unused_data) if d.eof else 0
+        used = consumed_before - unused
+        del self._buf[:used]
+        if self._remaining is not None:
+            self._remaining -= used
+        if d.eof:
+            if self._remaining:
+                raise CourierProtocolError(
+                    f"JDAT has {self._remaining} bytes after the end of its zlib data", reason="jdat_trailing"
+                )
+            if self._plain:
+                raise CourierProtocolError(
+                    f"{self._kind} payload ends inside a record ({len(self._plain)} bytes left)", reason="truncated_record"
+                )
+            count, nonce = self._index, self._nonce
+            self._inflater = None
+            self._state = _State.HEADER
+            yield PayloadEnded(nonce, count)
+            return True
+        if self._remaining == 0:
+            raise CompressionError("JDAT zlib data is truncated")
+        return False
+
+    def _records(self) -> Iterator[EventReceived]:
+        plain = self._plain
+        pos, end = 0, len(plain)
+        nonce = self._nonce
+        try:
+            while end - pos >= 4:
+                (n,) = U32.unpack_from(plain, pos)
+                if n > self.max_event:
+                    raise FrameTooLarge(f"event of {n} bytes exceeds the {self.max_event}-byte limit")
+                if end - pos - 4 < n:
+                    break
+                raw = bytes(plain[pos + 4 : pos + 4 + n])
+                pos += 4 + n
+                index = self._index
+                self._index = index + 1
+                yield EventReceived(nonce, index, event_body(raw))
+        finally:
+            del plain[:pos]
+
+
+# ------------------------------------------------------------------ client half
+
+@dataclass(frozen=True, slots=True)
+class VersionReceived:
+    handshake: Handshake
+
+
+@dataclass(frozen=True, slots=True)
+class PongReceived:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AckReceived:
+    nonce: bytes
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownReceived:
+    """The server answered `????` to something we sent."""
+
+
+ClientEvent = Union[VersionReceived, PongReceived, AckReceived, UnknownReceived]
+
+
+def encode_records(events: Sequence[bytes]) -> bytes:
+    return b"".join(U32.pack(len(e)) + e for e in events)
+
+
+def encode_jdat(nonce: bytes, events: Sequence[bytes], level: int = 6) -> bytes:
+    _check_nonce(nonce)
+    data = zlib.compress(encode_records(events), level)
+    return _header(T_JDAT, NONCE_SIZE + len(data)) + nonce + data
+
+
+def encode_evnt(nonce: bytes, events: Sequence[bytes], level: int = 3) -> bytes:
+    _check_nonce(nonce)
+    c = zlib.compressobj(level)
+    parts = [_header(T_EVNT, STREAM_LENGTH), nonce]
+    for e in events:
+        parts.append(c.compress(U32.pack(len(e)) + e))
+    parts.append(c.flush())
+    return b"".join(parts)
+
+
+class CourierClient:
+    """The client side: encodes requests, decodes the server's replies."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._error: RemoteProtocolError | None = None
+
+    def hello(self, handshake: Handshake | None = None) -> bytes:
+        body = (handshake or Handshake(b"\0\0\0\0", *VERSION, CLIENT_ID)).pack()
+        return _header(T_HELO, len(body)) + body
+
+    def ping(self) -> bytes:
+        return _header(T_PING, 0)
+
+    def jdat(self, nonce: bytes, events: Sequence[bytes]) -> bytes:
+        return encode_jdat(nonce, events)
+
+    def evnt(self, nonce: bytes, events: Sequence[bytes]) -> bytes:
+        return encode_evnt(nonce, events)
+
+    def feed(self, data: bytes) -> list[ClientEvent]:
+        if self._error is not None:
+            raise self._error
+        self._buf += data
+        out: list[ClientEvent] = []
+        try:
+            while len(self._buf) >= HEADER.size:
+                type_, length = HEADER.unpack_from(self._buf)
+                if type_ == T_ACKN:
+                    if length != ACKN_BODY.size:
+                        raise CourierProtocolError(f"ACKN of {length} bytes, must be 20", reason="bad_ackn")
+                elif type_ == T_VERS:
+                    if length > HANDSHAKE_MAX:
+                        raise CourierProtocolError(f"VERS of {length} bytes, at most 32", reason="bad_handshake")
+                elif type_ in (T_PONG, T_UNKN):
+                    if length != 0:
+                        raise CourierProtocolError(f"{type_.decode()} with a body", reason="bad_length")
+                else:
+                    raise CourierProtocolError(f"unexpected server message {type_!r}", reason="unexpected_message")
+                if len(self._buf) < HEADER.size + length:
+                    break
+                body = bytes(self._buf[HEADER.size : HEADER.size + length])
+                del self._buf[: HEADER.size + length]
+                if type_ == T_ACKN:
+                    nonce, seq = ACKN_BODY.unpack(body)
+                    out.append(AckReceived(nonce, seq))
+                elif type_ == T_VERS:
+                    out.append(VersionReceived(Handshake.unpack(body)))
+                elif type_ == T_PONG:
+                    out.append(PongReceived())
+                else:
+                    out.append(UnknownReceived())
+        except RemoteProtocolError as e:
+            self._error = e
+            raise
+        return out
