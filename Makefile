@@ -39,13 +39,13 @@ test: java $(STAMP) node-clients
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 up: java $(STAMP)
-	$(BIN)/python -m logjam.up
+	$(BIN)/python -m logjam.mesh up
 
 down:
-	$(BIN)/supervisorctl -c supervisord.conf shutdown
+	$(BIN)/python -m logjam.mesh down
 
 status:
-	$(BIN)/supervisorctl -c supervisord.conf status
+	$(BIN)/python -m logjam.mesh status
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
