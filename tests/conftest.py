@@ -11,6 +11,7 @@ import zmq
 
 from logjam.producer import Producer, ReplyTimeout
 from tests.helpers import command, free_port, start, stop, wait_for
+from tests.spark_fixture import spark_server  # noqa: F401  (session-scoped logjam-spark, shared by every Spark test)
 
 
 @dataclass

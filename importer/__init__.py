@@ -1,0 +1,1 @@
+"""Importer workers and the Spark side of logjam-mesh: decode Logjam messages into rows and append them to Spark."""

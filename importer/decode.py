@@ -1,0 +1,212 @@
+"""Turn Logjam Messages into rows of the `messages` table, column by column, and hand out Arrow tables.
+
+Pure: no sockets, no Spark. Every message becomes exactly one row. A body that cannot
+be decompressed or parsed still becomes a row, with `parse_error` saying why and `raw`
+holding the frame as received, so nothing is silently dropped.
+
+Rows are kept as one Python list per column (no per-row objects) because this runs once
+per message on the importer's hot path; Arrow then builds each column in C.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from logjam.compression import DEFAULT_MAX_DECOMPRESSED, decompress
+from logjam.errors import CompressionError
+from logjam.message import Message
+from importer.schema import ARROW_SCHEMA, TIMESTAMP
+
+MS_PER_DAY = 86_400_000
+# Spark timestamps end with year 9999; later values cannot be stored.
+MAX_CREATED_MS = 253_402_300_799_999
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_U64_WRAP = 2**64
+
+_TEXT_COLUMNS = ("message", "host", "level", "action", "request_id", "protocol")
+
+
+def split_app_env(app_env: str) -> tuple[str, str | None]:
+    """`app`, `env`: the environment is the part after the last '-' (applications may contain '-')."""
+    app, sep, env = app_env.rpartition("-")
+    return (app, env) if sep else (app_env, None)
+
+
+def _text(v: Any) -> str | None:
+    if v is None or type(v) is str:
+        return v
+    if type(v) is bool:
+        return "true" if v else "false"
+    if type(v) is int or type(v) is float:
+        return str(v)
+    return None  # objects and arrays stay in `body` only
+
+
+def _int(v: Any) -> int | None:
+    if type(v) is int:
+        return v if _I64_MIN <= v <= _I64_MAX else None
+    if type(v) is str and v.lstrip("-").isdigit():
+        n = int(v)
+        return n if _I64_MIN <= n <= _I64_MAX else None
+    return None
+
+
+def _float(v: Any) -> float | None:
+    if type(v) is float or type(v) is int:
+        return float(v)
+    if type(v) is str:
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+def _host(v: Any) -> str | None:
+    # Beats send ECS `host: {"name": ...}`; Logjam agents send a plain string.
+    if type(v) is dict:
+        return _text(v.get("name") or v.get("hostname"))
+    return _text(v)
+
+
+def _level(doc: dict[str, Any]) -> str | None:
+    v = doc.get("level")
+    if v is None:
+        log = doc.get("log")
+        if type(log) is dict:
+            v = log.get("level")
+        else:
+            v = doc.get("log.level")
+    if v is None and type(doc.get("severity")) is str:
+        v = doc["severity"]
+    return _text(v)
+
+
+class BatchBuilder:
+    """Accumulates rows; `build()` returns them as one Arrow table and starts a new batch."""
+
+    def __init__(self, max_body: int = DEFAULT_MAX_DECOMPRESSED) -> None:
+        self.max_body = max_body
+        self._names: dict[str, tuple[str, str | None]] = {}
+        self.parse_errors = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._app_env: list[str] = []
+        self._app: list[str] = []
+        self._env: list[str | None] = []
+        self._topic: list[str] = []
+        self._device: list[int] = []
+        self._seq: list[int] = []
+        self._created: list[int] = []
+        self._ingested: list[int] = []
+        self._date: list[int] = []
+        self._body: list[bytes | None] = []
+        self._error: list[str | None] = []
+        self._raw: list[bytes | None] = []
+        self._text: dict[str, list[str | None]] = {name: [] for name in _TEXT_COLUMNS}
+        self._severity: list[int | None] = []
+        self._code: list[int | None] = []
+        self._total_time: list[float | None] = []
+
+    def __len__(self) -> int:
+        return len(self._app_env)
+
+    def add(self, msg: Message, ingested_us: int) -> str | None:
+        """Append one row; returns the parse error (None when the body parsed)."""
+        meta = msg.meta
+        app_env = msg.app_env
+        names = self._names.get(app_env)
+        if names is None:
+            names = split_app_env(app_env)
+            if len(self._names) < 100_000:
+                self._names[app_env] = names
+        self._app_env.append(app_env)
+        self._app.append(names[0])
+        self._env.append(names[1])
+        self._topic.append(msg.topic)
+        self._device.append(meta.device)
+        seq = meta.seq
+        # Stored as a signed 64-bit integer like every Java and Ruby consumer; u64 values past 2**63 wrap.
+        self._seq.append(seq - _U64_WRAP if seq > _I64_MAX else seq)
+        created_ms = meta.created_ms
+        if created_ms > MAX_CREATED_MS or created_ms == 0:
+            created_ms = ingested_us // 1000
+        self._created.append(created_ms * 1000)
+        self._date.append(created_ms // MS_PER_DAY)
+        self._ingested.append(ingested_us)
+
+        error: str | None = None
+        doc: Any = None
+        body: bytes | None
+        try:
+            body = decompress(meta.compression, msg.body, self.max_body) if meta.compression else msg.body
+        except CompressionError as e:
+            error = f"{e.reason}: {e}"
+            body = None
+        else:
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError as e:
+                error = f"bad_json: {e}"
+                # Keep what arrived readable; the exact bytes are in `raw`.
+                body = body.decode("utf-8", "replace").encode()
+        self._body.append(body)
+        self._error.append(error)
+        self._raw.append(msg.body if error is not None else None)
+        if error is not None:
+            self.parse_errors += 1
+
+        text = self._text
+        if type(doc) is dict:
+            get = doc.get
+            text["message"].append(_text(get("message")))
+            text["host"].append(_host(get("host")))
+            text["level"].append(_level(doc))
+            text["action"].append(_text(get("action")))
+            text["request_id"].append(_text(get("request_id")))
+            md = get("@metadata")
+            text["protocol"].append(_text(md.get("protocol")) if type(md) is dict else None)
+            self._severity.append(_int(get("severity")))
+            self._code.append(_int(get("code")))
+            self._total_time.append(_float(get("total_time")))
+        else:
+            for column in text.values():
+                column.append(None)
+            self._severity.append(None)
+            self._code.append(None)
+            self._total_time.append(None)
+        return error
+
+    def build(self) -> pa.Table:
+        """The rows added since the last build, as a table with ARROW_SCHEMA; the builder is then empty."""
+        t = self._text
+        columns = {
+            "app_env": pa.array(self._app_env, pa.string()),
+            "app": pa.array(self._app, pa.string()),
+            "env": pa.array(self._env, pa.string()),
+            "topic": pa.array(self._topic, pa.string()),
+            "device": pa.array(self._device, pa.int64()),
+            "seq": pa.array(self._seq, pa.int64()),
+            "created_at": pa.array(self._created, pa.int64()).cast(TIMESTAMP),
+            "ingested_at": pa.array(self._ingested, pa.int64()).cast(TIMESTAMP),
+            # Bodies that parsed are valid UTF-8 (orjson checks), so the cast cannot fail.
+            "body": pa.array(self._body, pa.binary()).cast(pa.string()),
+            "parse_error": pa.array(self._error, pa.string()),
+            "raw": pa.array(self._raw, pa.binary()),
+            "message": pa.array(t["message"], pa.string()),
+            "host": pa.array(t["host"], pa.string()),
+            "severity": pa.array(self._severity, pa.int64()),
+            "level": pa.array(t["level"], pa.string()),
+            "action": pa.array(t["action"], pa.string()),
+            "code": pa.array(self._code, pa.int64()),
+            "total_time": pa.array(self._total_time, pa.float64()),
+            "request_id": pa.array(t["request_id"], pa.string()),
+            "protocol": pa.array(t["protocol"], pa.string()),
+            "date": pa.array(self._date, pa.int32()).cast(pa.date32()),
+        }
+        self._reset()
+        return pa.Table.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)

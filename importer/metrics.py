@@ -1,0 +1,39 @@
+"""Prometheus metrics of one importer worker, served by prometheus_client on `--metrics-port`."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class ImporterMetrics:
+    def __init__(self, worker: int) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"worker": str(worker)}
+        r = self.registry
+        self.received = Counter("logjam_importer_messages_received", "Messages received from devices, heartbeats included",
+                                ["worker"], registry=r).labels(**labels)
+        self.skipped = Counter("logjam_importer_messages_skipped", "Messages owned by another worker or outside --app-env",
+                               ["worker"], registry=r).labels(**labels)
+        self.rows = Counter("logjam_importer_rows", "Rows accepted into batches, per stream", ["worker", "app_env"], registry=r)
+        self.parse_errors = Counter("logjam_importer_parse_errors", "Rows whose body could not be decompressed or parsed",
+                                    ["worker", "app_env"], registry=r)
+        self.written = Counter("logjam_importer_rows_written", "Rows committed to Spark", ["worker"], registry=r).labels(**labels)
+        self.batches = Counter("logjam_importer_batches_written", "Batches committed to Spark", ["worker"], registry=r).labels(**labels)
+        self.write_failures = Counter("logjam_importer_write_failures", "Failed Spark write attempts (retried)",
+                                      ["worker"], registry=r).labels(**labels)
+        self.lost_rows = Counter("logjam_importer_rows_lost", "Rows given up on at shutdown after failed writes",
+                                 ["worker"], registry=r).labels(**labels)
+        self.write_seconds = Histogram("logjam_importer_write_seconds", "Seconds per Spark batch write", ["worker"],
+                                       buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), registry=r).labels(**labels)
+        self.gap_messages = Counter("logjam_importer_gap_messages", "Messages missing from a device's sequence (gaps)",
+                                    ["worker", "device"], registry=r)
+        self.device_restarts = Counter("logjam_importer_device_restarts", "Times a device's sequence went backwards",
+                                       ["worker", "device"], registry=r)
+        self.pending_batches = Gauge("logjam_importer_pending_batches", "Batches queued for or being written by Spark",
+                                     ["worker"], registry=r).labels(**labels)
+        self.reconnects = Gauge("logjam_importer_subscriber_reconnects", "SUB reconnects after missed heartbeats",
+                                ["worker"], registry=r).labels(**labels)
+        self.worker = str(worker)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,139 @@
+"""`logjam-sql "SELECT ..."`: run a query through the Spark Connect server and print the result.
+
+The `messages` table is registered as a temporary view over
+`spark.read.parquet("<warehouse>/messages")` with the table's known schema, so queries
+work even before the first batch has landed (the table is then empty). Output is an
+aligned text table, or one JSON object per row with `--json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import decimal
+import logging
+import sys
+from typing import Any, Sequence
+
+import orjson
+
+from importer.paths import TABLE, table_path
+from importer.schema import spark_read_ddl
+from importer.writer import DEFAULT_SPARK, open_session, resolve_warehouse
+from logjam.config import add_config_flag, parse_args, setup_logging
+
+log = logging.getLogger("logjam-sql")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="logjam-sql", description=__doc__.splitlines()[0])
+    p.add_argument("query", help='SQL, e.g. "SELECT app_env, count(*) FROM messages GROUP BY 1"')
+    p.add_argument("--spark", default=DEFAULT_SPARK, metavar="URL", help="Spark Connect URL (or a master URL such as local[*])")
+    p.add_argument("--warehouse", metavar="DIR", help="warehouse root (default: the server's spark.sql.warehouse.dir)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per row")
+    p.add_argument("--max-rows", type=int, default=1000, help="print at most this many rows (0: all)")
+    p.add_argument("--max-width", type=int, default=60, help="truncate table cells to this many characters (0: never)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    add_config_flag(p)
+    return p
+
+
+def register_messages(spark: Any, warehouse: str) -> None:
+    """Make `messages` a temp view; an absent or empty table reads as zero rows, not an error."""
+    from pyspark.errors import AnalysisException
+
+    path = table_path(warehouse)
+    df = spark.read.schema(spark_read_ddl()).parquet(path)
+    try:
+        df.schema  # noqa: B018 - forces the server to resolve the path now
+        df.limit(0).collect()
+    except AnalysisException as e:
+        if "PATH_NOT_FOUND" not in str(e) and "does not exist" not in str(e):
+            raise
+        log.debug("no table at %s yet: %s", path, e)
+        df = spark.createDataFrame([], spark_read_ddl())
+    df.createOrReplaceTempView(TABLE)
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if isinstance(v, (bytes, bytearray)):
+        return base64.b64encode(v).decode()
+    if isinstance(v, datetime.timedelta):
+        return v.total_seconds()
+    return str(v)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, datetime.datetime):
+        return v.isoformat(sep=" ")
+    if isinstance(v, (bytes, bytearray)):
+        return "0x" + bytes(v).hex()
+    return str(v)
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 60) -> str:
+    cells = [[_cell(v) for v in row] for row in rows]
+    if max_width:
+        cells = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in row] for row in cells]
+        cells = [[c.replace("\n", "\\n") for c in row] for row in cells]
+    widths = [len(c) for c in columns]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    out = [line, "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |", line]
+    out += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    out.append(line)
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pyspark.errors import PySparkException
+
+    spark = open_session(args.spark, app_name="logjam-sql", warehouse=args.warehouse)
+    try:
+        warehouse = resolve_warehouse(spark, args.warehouse)
+        register_messages(spark, warehouse)
+        df = spark.sql(args.query)
+        columns = df.columns
+        limited = df.limit(args.max_rows + 1) if args.max_rows else df
+        rows = [tuple(r) for r in limited.collect()]
+    except PySparkException as e:
+        print(f"logjam-sql: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+    finally:
+        try:
+            spark.stop()
+        except Exception:  # closing a broken session must not hide the real error
+            pass
+    truncated = bool(args.max_rows) and len(rows) > args.max_rows
+    rows = rows[: args.max_rows] if args.max_rows else rows
+    out = sys.stdout
+    if args.json:
+        for row in rows:
+            out.write(orjson.dumps(dict(zip(columns, row)), default=_json_default,
+                                   option=orjson.OPT_NAIVE_UTC | orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    else:
+        out.write(format_table(columns, rows, args.max_width) + "\n")
+        out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''}{', truncated' if truncated else ''})\n")
+    if truncated:
+        print(f"logjam-sql: only the first {args.max_rows} rows shown (--max-rows)", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    setup_logging("logjam-sql", args.verbose)
+    if not args.verbose:
+        logging.getLogger().setLevel(logging.WARNING)
+        # pyspark logs every failed query with its JVM stack trace; the one-line error below is enough.
+        logging.getLogger("SQLQueryContextLogger").disabled = True
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Session-scoped `spark_server` fixture: one real `logjam-spark` (Spark Connect) on a random port.
+
+JVM start-ups are expensive on a small machine, so every test in a session shares this
+one server and connects to it as a thin client. Its warehouse is a temporary directory.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import command, free_port, port_open, stop, wait_for
+
+
+@dataclass
+class SparkServer:
+    proc: subprocess.Popen
+    port: int
+    warehouse: Path
+    log: Path
+    _session: Any = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def session(self) -> Any:
+        """A Connect client session for the test process itself (reading back, preparing data)."""
+        if self._session is None:
+            from pyspark.sql import SparkSession
+
+            self._session = SparkSession.builder.remote(self.url).create()
+        return self._session
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def spark_server(tmp_path_factory) -> SparkServer:
+    base = Path(tmp_path_factory.mktemp("spark"))
+    warehouse = base / "warehouse"
+    log = base / "logjam-spark.log"
+    port = free_port()
+    with open(log, "w") as out:
+        # A file, not a pipe: a JVM that fills an unread pipe stops dead.
+        proc = subprocess.Popen(
+            [command("logjam-spark"), "--port", str(port), "--warehouse", str(warehouse)],
+            stdout=out, stderr=subprocess.STDOUT, cwd=base,
+        )
+    server = SparkServer(proc, port, warehouse, log)
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"logjam-spark exited early:\n{server.output()}")
+        return port_open(port)
+
+    try:
+        wait_for(listening, timeout=120, interval=0.25, what="logjam-spark to listen")
+        yield server
+    finally:
+        if server._session is not None:
+            try:
+                server._session.stop()
+            except Exception:
+                pass
+        code = stop(proc, timeout=60)
+        assert code == 0, f"logjam-spark exited with {code}:\n{server.output()}"
