@@ -1,0 +1,343 @@
+"""The segment bridge's durable segment store: append-only segment files under --data-dir.
+
+No sockets here. Layout, one directory per segment under `<data-dir>/segments/`:
+
+- `name`: the segment's name (directory names are escaped or hashed).
+- `data`: the segment's bytes exactly as Pravega stores them: the appended EVENT
+  commands, headers included. ReadSegment serves these bytes.
+- `index`: one 52-byte record per append: start and end offset, writer id, the
+  writer's last event number after the append, the event count, a CRC-32 of the
+  appended bytes, and a CRC-32 of the record itself. Writer state (writer id -> last
+  event number) is rebuilt from it, so a reconnecting writer's AppendSetup tells the
+  truth after a restart.
+- `forwarded`: append-only 12-byte records (offset, CRC-32): the watermark up to which
+  every event has been accepted by the Logjam device. Recovery forwards what lies
+  between it and the end of the segment before the segment takes new writers.
+- `sealed`: present once the segment is sealed.
+
+An append writes the data, then its index record. At open, index records are checked
+in order (record CRC, contiguous offsets, data CRC); the first bad one and everything
+after it is cut off, and the data file is truncated to the last good record, so a
+crash mid-append leaves no torn or unindexed bytes. Such an append was never
+acknowledged, and the writer resends it.
+
+Fsync policy (`--fsync`): `always` fsyncs data, then index, before an append is
+reported durable (concurrent appends share one fsync); `interval` fsyncs in the
+background every `--fsync-interval` seconds, so an append is durable against a
+process crash at once and against a machine crash within the interval; `never`
+leaves it to the OS. The watermark file is never fsynced on the hot path: losing it
+in a machine crash only means events are forwarded twice, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import struct
+import time
+import uuid
+import zlib
+from collections import deque
+from pathlib import Path
+from typing import Iterator, NamedTuple
+from urllib.parse import quote
+
+log = logging.getLogger(__name__)
+
+NULL_EVENT_NUMBER = -(2**63)
+FSYNC_POLICIES = ("always", "interval", "never")
+
+_RECORD = struct.Struct(">QQ16sqiI")  # start, end, writer, last event number, events, data crc
+RECORD_SIZE = _RECORD.size + 4
+_MARK = struct.Struct(">QI")  # forwarded offset, crc
+_MARK_COMPACT_AT = 64 * 1024
+
+
+class StoreError(Exception):
+    """The store could not do what was asked (I/O failure, bad name, ...)."""
+
+
+class SegmentExists(StoreError):
+    pass
+
+
+class AppendRecord(NamedTuple):
+    start: int
+    end: int
+    writer_id: uuid.UUID
+    last_event_number: int
+    num_events: int
+
+
+def _pack_record(r: AppendRecord, data_crc: int) -> bytes:
+    body = _RECORD.pack(r.start, r.end, r.writer_id.bytes, r.last_event_number, r.num_events, data_crc)
+    return body + struct.pack(">I", zlib.crc32(body))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def dir_name(segment: str) -> str:
+    """A safe, unique directory name for a segment name (names may hold '/', '#', anything)."""
+    escaped = quote(segment.encode("utf-8", "surrogatepass"), safe="")
+    if len(escaped) <= 200:
+        return "s_" + escaped
+    return "h_" + hashlib.sha256(segment.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Segment:
+    """One segment: its files, its writers, and the forwarding watermark."""
+
+    def __init__(self, name: str, path: Path, fsync: str) -> None:
+        self.name = name
+        self.path = path
+        self.fsync = fsync
+        self._data = os.open(path / "data", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._index = os.open(path / "index", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._marks = os.open(path / "forwarded", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self.length = 0
+        self.writers: dict[uuid.UUID, int] = {}
+        self.sealed = (path / "sealed").exists()
+        records = self._recover()
+        self.durable = self.length
+        self.last_modified = int(os.fstat(self._data).st_mtime * 1000)
+        self.forwarded = min(self._read_mark(), self.length)
+        # Appends not yet accepted by the device, in offset order: [record, done].
+        self._pending: deque[list] = deque([r, False] for r in records if r.end > self.forwarded)
+        self._sync_lock = asyncio.Lock()
+        self._advanced: asyncio.Event | None = None
+
+    # --- recovery ---------------------------------------------------------------------------
+
+    def _recover(self) -> list[AppendRecord]:
+        records: list[AppendRecord] = []
+        raw = os.pread(self._index, os.fstat(self._index).st_size, 0)
+        data_size = os.fstat(self._data).st_size
+        good = 0
+        end = 0
+        for pos in range(0, len(raw) - RECORD_SIZE + 1, RECORD_SIZE):
+            body = raw[pos : pos + _RECORD.size]
+            (crc,) = struct.unpack_from(">I", raw, pos + _RECORD.size)
+            if zlib.crc32(body) != crc:
+                break
+            start, stop, writer, last, num, data_crc = _RECORD.unpack(body)
+            if start != end or stop < start or stop > data_size:
+                break
+            if zlib.crc32(os.pread(self._data, stop - start, start)) != data_crc:
+                break
+            rec = AppendRecord(start, stop, uuid.UUID(bytes=writer), last, num)
+            records.append(rec)
+            self.writers[rec.writer_id] = last
+            end = stop
+            good = pos + RECORD_SIZE
+        if good != len(raw):
+            log.warning("segment %s: dropping %d bytes of torn index", self.name, len(raw) - good)
+            os.ftruncate(self._index, good)
+        if data_size != end:
+            log.warning("segment %s: dropping %d unindexed bytes (an append that was never acknowledged)", self.name, data_size - end)
+            os.ftruncate(self._data, end)
+        self.length = end
+        self._index_size = good
+        return records
+
+    def _read_mark(self) -> int:
+        raw = os.pread(self._marks, os.fstat(self._marks).st_size, 0)
+        mark = 0
+        for pos in range(0, len(raw) - _MARK.size + 1, _MARK.size):
+            offset, crc = _MARK.unpack_from(raw, pos)
+            if zlib.crc32(raw[pos : pos + 8]) == crc:
+                mark = offset
+        return mark
+
+    def unforwarded(self) -> list[AppendRecord]:
+        """Stored appends the device has not accepted yet (after a crash), in order."""
+        return [entry[0] for entry in self._pending if not entry[1]]
+
+    # --- appends ----------------------------------------------------------------------------
+
+    def last_event(self, writer_id: uuid.UUID) -> int:
+        return self.writers.get(writer_id, NULL_EVENT_NUMBER)
+
+    def append(self, writer_id: uuid.UUID, data: bytes, num_events: int, last_event_number: int) -> AppendRecord:
+        """Write one append (data, then its index record) and return where it landed."""
+        start = self.length
+        rec = AppendRecord(start, start + len(data), writer_id, last_event_number, num_events)
+        try:
+            _write_all(self._data, data)
+            _write_all(self._index, _pack_record(rec, zlib.crc32(data)))
+        except OSError as e:
+            # Undo a partial write so the files stay consistent with what we report.
+            try:
+                os.ftruncate(self._data, start)
+                os.ftruncate(self._index, self._index_size)
+            except OSError:
+                pass
+            raise StoreError(f"segment {self.name}: append failed: {e}") from e
+        self.length = rec.end
+        self._index_size += RECORD_SIZE
+        self.writers[writer_id] = last_event_number
+        self.last_modified = int(time.time() * 1000)
+        self._pending.append([rec, False])
+        if self.fsync != "always":
+            self.durable = self.length
+        return rec
+
+    async def sync(self, end: int) -> None:
+        """Return once bytes up to `end` are durable under the fsync policy (group commit)."""
+        if self.durable >= end:
+            return
+        async with self._sync_lock:
+            if self.durable >= end:
+                return
+            target = self.length
+            await asyncio.to_thread(self._fsync_files)
+            self.durable = max(self.durable, target)
+
+    def _fsync_files(self) -> None:
+        os.fsync(self._data)
+        os.fsync(self._index)
+
+    async def flush(self) -> None:
+        """Fsync now (used by the interval policy and at shutdown)."""
+        async with self._sync_lock:
+            target = self.length
+            await asyncio.to_thread(self._fsync_files)
+            self.durable = max(self.durable, target)
+
+    # --- forwarding watermark -----------------------------------------------------------------
+
+    def mark_forwarded(self, rec: AppendRecord) -> None:
+        """The device accepted every event of `rec`; advance the watermark over the done prefix."""
+        for entry in self._pending:
+            if entry[0] is rec:
+                entry[1] = True
+                break
+        advanced = False
+        while self._pending and self._pending[0][1]:
+            self.forwarded = self._pending.popleft()[0].end
+            advanced = True
+        if advanced:
+            self._write_mark()
+            if self._advanced is not None:
+                self._advanced.set()
+                self._advanced = None
+
+    def _write_mark(self) -> None:
+        mark = struct.pack(">Q", self.forwarded)
+        try:
+            if os.fstat(self._marks).st_size >= _MARK_COMPACT_AT:
+                tmp = self.path / "forwarded.tmp"
+                tmp.write_bytes(mark + struct.pack(">I", zlib.crc32(mark)))
+                os.replace(tmp, self.path / "forwarded")
+                os.close(self._marks)
+                self._marks = os.open(self.path / "forwarded", os.O_RDWR | os.O_APPEND)
+            else:
+                _write_all(self._marks, mark + struct.pack(">I", zlib.crc32(mark)))
+        except OSError as e:
+            # Only costs re-forwarding after a crash; keep serving.
+            log.error("segment %s: cannot record the forwarded watermark: %s", self.name, e)
+
+    async def wait_forwarded(self, offset: int) -> None:
+        """Return once every event before `offset` has been accepted by the device."""
+        while self.forwarded < offset:
+            if self._advanced is None:
+                self._advanced = asyncio.Event()
+            await self._advanced.wait()
+
+    # --- reads and sealing -----------------------------------------------------------------------
+
+    def read(self, offset: int, max_length: int) -> tuple[bytes, bool, bool]:
+        """(data, at_tail, end_of_segment) for a read at `offset`; only durable bytes are served."""
+        visible = self.durable
+        n = max(0, min(max_length, visible - offset))
+        data = os.pread(self._data, n, offset) if n else b""
+        at_tail = offset + len(data) >= visible
+        end_of_segment = self.sealed and offset + len(data) >= self.length
+        return data, at_tail, end_of_segment
+
+    def seal(self) -> None:
+        if not self.sealed:
+            (self.path / "sealed").touch()
+            _fsync_dir(self.path)
+            self.sealed = True
+
+    def close(self) -> None:
+        for fd in (self._data, self._index, self._marks):
+            try:
+                if self.fsync != "never":
+                    os.fsync(fd)
+            except OSError:
+                pass
+            os.close(fd)
+
+
+class SegmentStore:
+    """Every segment under one data directory."""
+
+    def __init__(self, root: Path | str, fsync: str = "always") -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
+        self.root = Path(root)
+        self.fsync = fsync
+        self.segments: dict[str, Segment] = {}
+        self._dir = self.root / "segments"
+
+    def open(self) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self._dir.iterdir()):
+            if not path.is_dir() or path.name.endswith(".tmp"):
+                continue
+            try:
+                name = (path / "name").read_bytes().decode("utf-8", "surrogatepass")
+            except OSError:
+                log.warning("skipping %s: no name file", path)
+                continue
+            self.segments[name] = Segment(name, path, self.fsync)
+
+    def __iter__(self) -> Iterator[Segment]:
+        return iter(list(self.segments.values()))
+
+    def get(self, name: str) -> Segment | None:
+        return self.segments.get(name)
+
+    def create(self, name: str) -> Segment:
+        if name in self.segments:
+            raise SegmentExists(name)
+        final = self._dir / dir_name(name)
+        tmp = self._dir / (final.name + ".tmp")
+        try:
+            tmp.mkdir(exist_ok=True)
+            (tmp / "name").write_bytes(name.encode("utf-8", "surrogatepass"))
+            if self.fsync != "never":
+                _fsync_dir(tmp)
+            os.replace(tmp, final)
+            if self.fsync != "never":
+                _fsync_dir(self._dir)
+        except OSError as e:
+            raise StoreError(f"cannot create segment {name!r}: {e}") from e
+        seg = Segment(name, final, self.fsync)
+        self.segments[name] = seg
+        return seg
+
+    async def flush(self) -> None:
+        for seg in self:
+            await seg.flush()
+
+    def close(self) -> None:
+        for seg in self:
+            seg.close()
+        self.segments.clear()
