@@ -76,19 +76,24 @@ class _Endpoint:
                 sock = self.sock
                 try:
                     await sock.send_multipart(req.frames, copy=False)
-                except zmq.ZMQError:
-                    if sock is self.sock:
+                except (zmq.ZMQError, asyncio.CancelledError):
+                    if not self._swapped_out(sock):
                         raise
                     # reset() swapped sockets while we waited; it resends this request
                     # with the other unanswered ones, and the rest go out on the new socket.
+
+    def _swapped_out(self, sock: zmq.asyncio.Socket) -> bool:
+        """True when `sock` failed only because reset() closed it (pyzmq cancels its waiters)."""
+        task = asyncio.current_task()
+        return sock is not self.sock and sock is not self.monitor and not (task is not None and task.cancelling())
 
     async def read_replies(self) -> None:
         while True:
             sock = self.sock
             try:
                 frames = await sock.recv_multipart()
-            except zmq.ZMQError:
-                if sock is not self.sock:  # reset() swapped the socket under us
+            except (zmq.ZMQError, asyncio.CancelledError):
+                if self._swapped_out(sock):
                     continue
                 raise
             if len(frames) != 2 or not self.pending:
@@ -103,8 +108,8 @@ class _Endpoint:
             monitor = self.monitor
             try:
                 event = parse_monitor_message(await monitor.recv_multipart())
-            except zmq.ZMQError:
-                if monitor is not self.monitor:
+            except (zmq.ZMQError, asyncio.CancelledError):
+                if self._swapped_out(monitor):
                     continue
                 raise
             if event["event"] == zmq.EVENT_DISCONNECTED and self.pending:
