@@ -1,0 +1,410 @@
+"""`logjam-bridge rustlog`: a RustLog broker (both dialects) whose produced records also go to a device.
+
+Each connection runs one sans-IO `ServerConnection`; requests are served strictly
+in order, one at a time, and nothing more is read from the client while a request
+waits for the disk or the device (that is the back-pressure). A Produce is
+answered only after its records are in the durable log AND the device accepted
+every one of them. What is stored but not yet accepted (a crash in between, a
+device that was down) is forwarded again from the log at start-up, using the
+per-partition forwarded watermark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from bridges.host import BridgeProtocol, Connection, DeviceRejected, Host, body_from_bytes
+from bridges.rustlog import engine as e
+from bridges.rustlog.log import (
+    FSYNC_POLICIES,
+    BadPartitionCount,
+    Log,
+    LogConfig,
+    PartitionLog,
+    PartitionNotFound,
+    StorageError,
+    StoredRecord,
+    TopicExists,
+    TopicNotFound,
+    now_us,
+)
+from logjam.errors import RemoteProtocolError
+from logjam.message import Message
+from logjam.validation import is_valid_app_env
+
+log = logging.getLogger("logjam-bridge.rustlog")
+
+FORWARD_CHUNK_BYTES = 1 << 20
+
+
+def parse_app_env_map(items: Sequence[str] | str | None) -> dict[str, str]:
+    """`TOPIC=APP-ENV` pairs (repeatable, or comma-separated) -> {topic: app-env}."""
+    if not items:
+        return {}
+    if isinstance(items, str):
+        items = [items]
+    out: dict[str, str] = {}
+    for item in items:
+        for pair in str(item).split(","):
+            pair = pair.strip()
+            if not pair:
+                continue
+            topic, sep, app_env = pair.partition("=")
+            if not sep or not topic or not is_valid_app_env(app_env):
+                raise ValueError(f"--app-env-map {pair!r}: expected TOPIC=APP-ENV with a valid app-env such as shop-production")
+            out[topic] = app_env
+    return out
+
+
+@dataclass
+class _Latency:
+    count: int = 0
+    total: float = 0.0
+    max: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.total += seconds
+        self.max = max(self.max, seconds)
+
+
+class RustlogMetrics:
+    """The counters MetricsFetch reports (JSON values or Prometheus text)."""
+
+    def __init__(self) -> None:
+        self.records_in = 0
+        self.bytes_in = 0
+        self.records_out = 0
+        self.bytes_out = 0
+        self.connections_total = 0
+        self.connections_active = 0
+        self.requests = 0
+        self.errors = 0
+        self.device_rejected = 0
+        self.records_reforwarded = 0
+        self.produce = _Latency()
+        self.fetch = _Latency()
+
+    def metrics(self, log_: Log) -> list[e.Metric]:
+        m = e.Metric
+        return [
+            m("records_in_total", "counter", "Records produced", self.records_in),
+            m("bytes_in_total", "counter", "Record payload bytes produced", self.bytes_in),
+            m("records_out_total", "counter", "Records fetched", self.records_out),
+            m("bytes_out_total", "counter", "Record payload bytes fetched", self.bytes_out),
+            m("connections_total", "counter", "Client connections accepted", self.connections_total),
+            m("connections_active", "gauge", "Open client connections", self.connections_active),
+            m("requests_total", "counter", "Requests served", self.requests),
+            m("errors_total", "counter", "Error responses sent", self.errors),
+            m("device_rejected_total", "counter", "Records the device answered 400", self.device_rejected),
+            m("records_reforwarded_total", "counter", "Stored records forwarded again after a restart", self.records_reforwarded),
+            m("produce_latency_seconds_count", "counter", "Produce requests timed", self.produce.count),
+            m("produce_latency_seconds_sum", "counter", "Total Produce latency", self.produce.total),
+            m("produce_latency_seconds_max", "gauge", "Slowest Produce", self.produce.max),
+            m("fetch_latency_seconds_count", "counter", "Fetch requests timed", self.fetch.count),
+            m("fetch_latency_seconds_sum", "counter", "Total Fetch latency", self.fetch.total),
+            m("fetch_latency_seconds_max", "gauge", "Slowest Fetch", self.fetch.max),
+            m("topics", "gauge", "Topics", len(log_.partitions)),
+        ]
+
+    def response(self, log_: Log) -> e.MetricsResponse:
+        metrics = self.metrics(log_)
+        values: dict[str, Any] = {x.name: x.value for x in metrics}
+        values["produce_latency_avg_seconds"] = self.produce.total / self.produce.count if self.produce.count else 0.0
+        values["fetch_latency_avg_seconds"] = self.fetch.total / self.fetch.count if self.fetch.count else 0.0
+        return e.MetricsResponse(values, e.render_prometheus(metrics))
+
+
+class Bridge(BridgeProtocol):
+    name = "rustlog"
+    default_port = 9092
+    default_max_frame = e.MAX_FRAME_SIZE
+    # Consumers often sit idle between polls; RustLog has no keepalive message.
+    default_idle_timeout = 600.0
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("rustlog")
+        g.add_argument("--data-dir", default="./data/rustlog", help="where the partitioned log lives (default %(default)s)")
+        g.add_argument("--fsync", choices=FSYNC_POLICIES, default="always",
+                       help="always: fsync before every acknowledgement; interval: every --fsync-interval-ms; never: leave it to the OS (default %(default)s)")
+        g.add_argument("--fsync-interval-ms", type=int, default=1000, metavar="MS")
+        g.add_argument("--segment-bytes", type=int, default=16 * 1024 * 1024, metavar="BYTES", help="roll segments at this size (default %(default)s)")
+        g.add_argument("--index-interval-bytes", type=int, default=4096, metavar="BYTES", help="bytes between sparse index entries (default %(default)s)")
+        g.add_argument("--retention-ms", type=int, metavar="MS", help="delete segments whose records are all older than this")
+        g.add_argument("--retention-bytes", type=int, metavar="BYTES", help="keep at most about this many bytes per partition")
+        g.add_argument("--retention-check-interval-ms", type=int, default=30_000, metavar="MS")
+        g.add_argument("--app-env-map", action="append", metavar="TOPIC=APP-ENV",
+                       help="publish records of a rustlog topic under this app-env; repeatable or comma-separated")
+
+    def __init__(self, args: argparse.Namespace, host: Host) -> None:
+        super().__init__(args, host)
+        try:
+            self.app_env_map = parse_app_env_map(args.app_env_map)
+        except ValueError as err:
+            raise SystemExit(f"logjam-bridge rustlog: {err}") from None
+        self.config = LogConfig(
+            segment_bytes=args.segment_bytes,
+            index_interval_bytes=args.index_interval_bytes,
+            retention_ms=args.retention_ms,
+            retention_bytes=args.retention_bytes,
+            fsync=args.fsync,
+        )
+        self.log = Log(args.data_dir, self.config)
+        self.stats = RustlogMetrics()
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        log.info("data dir %s: %d topics, fsync %s", args.data_dir, len(self.log.partitions), args.fsync)
+
+    # -- lifecycle
+
+    async def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._recover(), name="rustlog recovery"))
+        if self.config.retention_ms is not None or self.config.retention_bytes is not None:
+            self._tasks.append(asyncio.create_task(self._retention_loop(), name="rustlog retention"))
+        if self.config.fsync == "interval":
+            self._tasks.append(asyncio.create_task(self._fsync_loop(), name="rustlog fsync"))
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.log.close()
+
+    def _lock(self, topic: str, partition: int) -> asyncio.Lock:
+        key = (topic, partition)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    async def _recover(self) -> None:
+        """Forward what was stored but never accepted by the device (a crash, or a device that was down)."""
+        for topic, p, plog in list(self.log.all_partitions()):
+            if plog.forwarded >= plog.high_watermark:
+                continue
+            async with self._lock(topic, p):
+                n = await self._forward_backlog(topic, p, plog, plog.high_watermark)
+            log.info("forwarded %d stored records of %s/%d that the device had not accepted", n, topic, p)
+
+    async def _retention_loop(self) -> None:
+        interval = self.args.retention_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                deleted = self.log.enforce_retention()
+            except OSError as err:
+                log.error("retention failed: %s", err)
+                continue
+            if deleted:
+                log.info("retention deleted %d segments", deleted)
+
+    async def _fsync_loop(self) -> None:
+        interval = self.args.fsync_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.log.sync()
+            except (OSError, StorageError) as err:
+                log.error("fsync failed: %s", err)
+
+    # -- mapping and forwarding
+
+    def _messages(self, topic: str, partition: int, base: int, records: Sequence[bytes],
+                  timestamp_us: int, metadata: dict[str, Any]) -> list[Message]:
+        mapper = self.host.mapper
+        app_env = self.app_env_map.get(topic)
+        created_ms = timestamp_us // 1000
+        out = []
+        for i, payload in enumerate(records):
+            meta = {**metadata, "topic": topic, "partition": partition, "offset": base + i}
+            out.append(mapper.message(body_from_bytes(payload), meta, created_ms=created_ms, app_env=app_env))
+        return out
+
+    async def _publish(self, messages: list[Message]) -> int:
+        """Publish; returns how many the device rejected (counted and logged, never retried)."""
+        try:
+            await self.host.link.publish(messages)
+            return 0
+        except DeviceRejected as err:
+            self.stats.device_rejected += err.rejected
+            self.host.metrics.device_rejected.inc(err.rejected)
+            log.error("device rejected %d of %d records: check --topic and --app-env", err.rejected, err.total)
+            return err.rejected
+
+    async def _forward_backlog(self, topic: str, partition: int, plog: PartitionLog, end: int) -> int:
+        sent = 0
+        while plog.forwarded < end:
+            start = plog.forwarded
+            records = [r for r in plog.read(start, FORWARD_CHUNK_BYTES) if r.offset < end]
+            if not records:
+                break
+            by_ts: list[Message] = []
+            for r in records:
+                meta = {"protocol": self.name, "protocol_version": "recovered", "peer": None,
+                        "received_at": r.timestamp // 1000}
+                by_ts += self._messages(topic, partition, r.offset, [r.payload], r.timestamp, meta)
+            await self._publish(by_ts)
+            plog.set_forwarded(records[-1].offset + 1)
+            sent += len(records)
+        self.stats.records_reforwarded += sent
+        return sent
+
+    # -- the session
+
+    async def serve(self, conn: Connection) -> None:
+        engine = e.ServerConnection(self.args.max_frame_size)
+        self.stats.connections_total += 1
+        self.stats.connections_active += 1
+        try:
+            while True:
+                data = await conn.read()
+                if not data:
+                    return
+                try:
+                    events = engine.feed(data)
+                    while events:
+                        for event in events:
+                            conn.write(engine.send(await self._handle(event, conn)))
+                        await conn.drain()
+                        events = engine.feed(b"")
+                except RemoteProtocolError as err:
+                    conn.write(engine.fatal_reply(err))
+                    try:
+                        await conn.drain()
+                    except ConnectionError:
+                        pass
+                    raise
+        finally:
+            self.stats.connections_active -= 1
+
+    async def _handle(self, ev: e.Request | e.BadRequest, conn: Connection) -> e.Response:
+        self.stats.requests += 1
+        try:
+            resp = await self._dispatch(ev, conn)
+        except TopicNotFound as err:
+            resp = e.Error(e.ErrorKind.TOPIC_NOT_FOUND, str(err), {"available_topics": list(self.log.topics())})
+        except PartitionNotFound as err:
+            resp = e.Error(e.ErrorKind.PARTITION_NOT_FOUND, str(err))
+        except StorageError as err:
+            log.error("%s: storage error: %s", conn.peer, err)
+            resp = e.Error(e.ErrorKind.INSUFFICIENT_SPACE if err.no_space else e.ErrorKind.STORAGE, str(err))
+        if isinstance(resp, e.Error):
+            self.stats.errors += 1
+        return resp
+
+    async def _dispatch(self, ev: e.Request | e.BadRequest, conn: Connection) -> e.Response:
+        binary = ev.dialect is e.Dialect.BINARY
+        if isinstance(ev, e.Produce):
+            return await self._produce(ev, conn)
+        if isinstance(ev, e.Fetch):
+            return self._fetch(ev)
+        if isinstance(ev, e.OffsetCommit):
+            try:
+                self.log.commit(ev.group, ev.topic, ev.partition, ev.offset)
+            except (TopicNotFound, PartitionNotFound) as err:
+                if binary:
+                    return e.Error(e.ErrorKind.COMMIT_FAILED, f"offset commit failed: {err}")
+                return e.OffsetCommitResponse(False)
+            except StorageError as err:
+                if binary:
+                    return e.Error(e.ErrorKind.COMMIT_FAILED, f"offset commit failed: {err}")
+                raise
+            return e.OffsetCommitResponse(True)
+        if isinstance(ev, e.OffsetFetch):
+            if not binary:  # the reference answers "no commit" for unknown topics; JSON says why
+                self.log.partition(ev.topic, ev.partition)
+            return e.OffsetFetchResponse(self.log.committed(ev.group, ev.topic, ev.partition))
+        if isinstance(ev, e.CreateTopic):
+            try:
+                self.log.create_topic(ev.topic, ev.partition_count)
+            except TopicExists as err:
+                if binary:
+                    return e.Error(e.ErrorKind.TOPIC_EXISTS, str(err))
+                return e.CreateTopicResponse(False, 0)
+            except BadPartitionCount as err:
+                return e.Error(e.ErrorKind.BAD_PARTITION_COUNT, str(err))
+            log.info("%s: created topic %s with %d partitions", conn.peer, ev.topic, ev.partition_count)
+            return e.CreateTopicResponse(True, ev.partition_count)
+        if isinstance(ev, e.ListTopics):
+            return e.ListTopicsResponse(tuple(e.TopicInfo(n, c) for n, c in self.log.topics().items()))
+        if isinstance(ev, e.DescribeTopic):
+            parts = self.log.partitions.get(ev.topic)
+            if parts is None:
+                kind = e.ErrorKind.DESCRIBE_TOPIC_NOT_FOUND
+                return e.Error(kind, f"topic {ev.topic!r} not found", {"available_topics": list(self.log.topics())})
+            return e.DescribeTopicResponse(ev.topic, tuple(self._info(i, p) for i, p in enumerate(parts)))
+        if isinstance(ev, e.DescribePartition):
+            parts = self.log.partitions.get(ev.topic)
+            if parts is None or ev.partition >= len(parts):
+                kind = e.ErrorKind.DESCRIBE_PARTITION_NOT_FOUND if parts is not None or binary else e.ErrorKind.TOPIC_NOT_FOUND
+                return e.Error(kind, f"partition {ev.partition} of topic {ev.topic!r} not found")
+            return e.DescribePartitionResponse(ev.topic, self._info(ev.partition, parts[ev.partition]))
+        if isinstance(ev, e.MetricsFetch):
+            return self.stats.response(self.log)
+        if isinstance(ev, e.Ping):
+            return e.Pong()
+        if isinstance(ev, e.BadRequest):
+            log.info("%s: bad request: %s", conn.peer, ev.message)
+            return e.Error(ev.kind, ev.message)
+        raise AssertionError(f"unhandled event {ev!r}")
+
+    @staticmethod
+    def _info(partition: int, plog: PartitionLog) -> e.PartitionInfo:
+        return e.PartitionInfo(partition, plog.high_watermark, plog.log_start_offset, plog.segment_count)
+
+    async def _produce(self, ev: e.Produce, conn: Connection) -> e.Response:
+        started = time.perf_counter()
+        plog = self.log.partition(ev.topic, ev.partition)
+        n = len(ev.records)
+        self.host.metrics.events_received.inc(n)
+        async with self._lock(ev.topic, ev.partition):
+            if plog.forwarded < plog.high_watermark:
+                await self._forward_backlog(ev.topic, ev.partition, plog, plog.high_watermark)
+            timestamp = now_us()
+            base = plog.append(ev.records, timestamp)
+            if n:
+                messages = self._messages(ev.topic, ev.partition, base, ev.records, timestamp,
+                                          conn.metadata(ev.dialect.value))
+                rejected = await self._publish(messages)
+                plog.set_forwarded(base + n)
+                if rejected:
+                    return e.Error(e.ErrorKind.INTERNAL,
+                                   f"stored at offsets {base}..{base + n - 1}, but the device rejected {rejected} of {n} records")
+        self.host.metrics.events_acked.inc(n)
+        self.stats.records_in += n
+        self.stats.bytes_in += sum(map(len, ev.records))
+        self.stats.produce.observe(time.perf_counter() - started)
+        return e.ProduceResponse(base, n)
+
+    def _fetch(self, ev: e.Fetch) -> e.Response:
+        started = time.perf_counter()
+        offset = ev.offset
+        if ev.dialect is e.Dialect.BINARY and ev.group_id:
+            # The reference: a group id means "from the group's committed offset".
+            committed = self.log.committed(ev.group_id, ev.topic, ev.partition)
+            if committed is None:
+                return e.FetchResponse((), 0)
+            offset = committed
+        plog = self.log.partition(ev.topic, ev.partition)
+        start, hw = plog.log_start_offset, plog.high_watermark
+        if offset < start or offset > hw:
+            if ev.dialect is e.Dialect.BINARY or offset > hw:
+                # The reference answers out-of-range with an empty response; the spec
+                # answers an offset past the end with an empty one too.
+                return e.FetchResponse((), offset)
+            return e.Error(
+                e.ErrorKind.OFFSET_OUT_OF_RANGE, f"offset {offset} out of range",
+                {"valid_range": {"start": start, "end": hw}, "high_watermark": hw},
+            )
+        records: list[StoredRecord] = plog.read(offset, ev.max_bytes) if offset < hw else []
+        self.stats.records_out += len(records)
+        self.stats.bytes_out += sum(len(r.payload) for r in records)
+        self.stats.fetch.observe(time.perf_counter() - started)
+        next_offset = records[-1].offset + 1 if records else offset
+        return e.FetchResponse(tuple(e.FetchedRecord(r.payload, r.offset, r.timestamp) for r in records), next_offset)
