@@ -1,0 +1,263 @@
+"""Benchmark: logjam-device against `zmq.proxy(PULL, PUB)` under the same load.
+
+Several producer processes PUSH 4-frame Logjam messages (~100-byte bodies) into the
+device under test while a subscriber counts what comes out. The figure of merit is
+messages per CPU-second of the device process (utime + stime from /proc/<pid>/stat,
+so the machine's other load does not distort it), printed for both devices with the
+ratio. A second phase offers 10x the device's receive high-water mark of messages
+and samples the device's RSS to show that a backlog blocks clients instead of
+growing the device.
+
+Run: .venv/bin/python benchmarks/device.py [--messages N] [--producers K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+APP = b"bench-app-production"
+TOPIC = b"logs.bench"
+PROBE = b"logs.probe"
+BODY = b'{"action":"bench#index","code":200,"duration":12.5,"pad":"' + b"x" * 40 + b'"}'
+META = b"\xca\xbd\x00\x01" + bytes(4) + (1_700_000_000_000).to_bytes(8, "big") + (1).to_bytes(8, "big")
+
+PROXY = """
+import sys, zmq
+ctx = zmq.Context()
+pull = ctx.socket(zmq.PULL); pull.rcvhwm = int(sys.argv[3]); pull.bind("tcp://127.0.0.1:" + sys.argv[1])
+pub = ctx.socket(zmq.PUB); pub.sndhwm = int(sys.argv[4]); pub.bind("tcp://127.0.0.1:" + sys.argv[2])
+try:
+    zmq.proxy(pull, pub)
+except KeyboardInterrupt:
+    pass
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(current RSS, peak RSS) in MiB from /proc/<pid>/status."""
+    cur = peak = 0.0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                cur = int(line.split()[1]) / 1024
+            elif line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) / 1024
+    return cur, peak
+
+
+# -- child processes (sockets are created inside them, after the fork) -------------
+
+def producer(endpoint: str, count: int, go: mp.Event) -> None:
+    import zmq
+    from zmq.backend import Socket as Raw
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.linger = -1
+    s.sndhwm = 10_000
+    s.connect(endpoint)
+    send = Raw.send
+    more = zmq.SNDMORE
+    go.wait()
+    for _ in range(count):
+        send(s, APP, more)
+        send(s, TOPIC, more)
+        send(s, BODY, more)
+        send(s, META)
+    s.close()
+    ctx.term()
+
+
+def subscriber(endpoint: str, ready: mp.Event, counted: mp.Value, done: mp.Event) -> None:
+    import zmq
+    from zmq.backend import Socket as Raw
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.SUB)
+    s.rcvhwm = 0
+    s.subscribe(APP)
+    s.connect(endpoint)
+    recv = Raw.recv
+    n = 0
+    seen_probe = False
+    while not done.is_set():
+        if not s.poll(100):
+            continue
+        for _ in range(10_000):
+            try:
+                f = recv(s, zmq.NOBLOCK, False)
+            except zmq.Again:
+                break
+            frames = [f]
+            while f.more:
+                f = recv(s, 0, False)
+                frames.append(f)
+            if len(frames) >= 2 and frames[1].bytes == PROBE:
+                if not seen_probe:
+                    seen_probe = True
+                    ready.set()
+            else:
+                n += 1
+        counted.value = n
+    s.close(linger=0)
+    ctx.term()
+
+
+# -- one run -------------------------------------------------------------------------
+
+class Target:
+    def __init__(self, name: str, argv: list[str], pull_port: int, pub_port: int) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pull = f"tcp://127.0.0.1:{pull_port}"
+        self.pub = f"tcp://127.0.0.1:{pub_port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def ours(rcv_hwm: int, snd_hwm: int) -> Target:
+    ports = [free_port() for _ in range(5)]
+    argv = [str(BIN / "logjam-device"), "--bind", "127.0.0.1", "-t", str(ports[0]), "-p", str(ports[1]),
+            "-P", str(ports[2]), "-s", str(ports[3]), "-d", "7", "-R", str(rcv_hwm), "-S", str(snd_hwm)]
+    return Target("logjam-device", argv, ports[1], ports[2])
+
+
+def proxy(rcv_hwm: int, snd_hwm: int) -> Target:
+    pull, pub = free_port(), free_port()
+    return Target("zmq.proxy", [sys.executable, "-c", PROXY, str(pull), str(pub), str(rcv_hwm), str(snd_hwm)], pull, pub)
+
+
+def run(target: Target, producers: int, per_producer: int, sample_rss: bool = False) -> dict:
+    import zmq
+
+    mpc = mp.get_context("spawn")
+    ready, done, go = mpc.Event(), mpc.Event(), mpc.Event()
+    counted = mpc.Value("q", 0)
+    sub = mpc.Process(target=subscriber, args=(target.pub, ready, counted, done))
+    sub.start()
+    prods = [mpc.Process(target=producer, args=(target.pull, per_producer, go)) for _ in range(producers)]
+    for p in prods:
+        p.start()
+
+    # Probe until the subscriber sees traffic: the device is up and the SUB is joined.
+    ctx = zmq.Context()
+    probe = ctx.socket(zmq.PUSH)
+    probe.linger = 0
+    probe.connect(target.pull)
+    deadline = time.monotonic() + 20
+    while not ready.wait(0.05):
+        if target.proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{target.name} did not come up")
+        probe.send_multipart([APP, PROBE, b"{}", META])
+    probe.close()
+    ctx.term()
+    time.sleep(0.3)  # let in-flight probes pass before the CPU baseline
+
+    total = producers * per_producer
+    cpu0 = cpu_seconds(target.proc.pid)
+    t0 = time.monotonic()
+    samples: list[tuple[float, float]] = []
+    go.set()
+    last, last_change = -1, time.monotonic()
+    while True:
+        now = time.monotonic()
+        if sample_rss:
+            samples.append((now - t0, rss_mb(target.proc.pid)[0]))
+        n = counted.value
+        if n != last:
+            last, last_change = n, now
+        if n >= total or (all(not p.is_alive() for p in prods) and now - last_change > 1.0):
+            break
+        time.sleep(0.1 if sample_rss else 0.05)
+    elapsed = time.monotonic() - t0
+    cpu = cpu_seconds(target.proc.pid) - cpu0
+    peak = rss_mb(target.proc.pid)[1]
+    done.set()
+    for p in prods:
+        p.join(10)
+    sub.join(10)
+    return {
+        "sent": total, "received": counted.value, "cpu": cpu, "wall": elapsed,
+        "per_cpu_s": total / cpu if cpu else float("inf"), "peak_rss": peak, "samples": samples,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=300_000, help="messages per throughput run")
+    ap.add_argument("--producers", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="alternating runs per target; best is reported")
+    ap.add_argument("--no-overload", action="store_true")
+    args = ap.parse_args()
+    per = args.messages // args.producers
+    started = time.monotonic()
+
+    best: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for make in (proxy, ours):
+            target = make(100_000, 1_000_000)
+            try:
+                r = run(target, args.producers, per)
+            finally:
+                target.stop()
+            print(f"{target.name:14s} {r['sent']:>8d} msgs  {r['cpu']:6.2f} CPU-s  {r['wall']:6.2f} s wall  "
+                  f"{r['per_cpu_s']:>10,.0f} msgs/CPU-s  received {r['received']}  peak RSS {r['peak_rss']:.0f} MiB")
+            if target.name not in best or r["per_cpu_s"] > best[target.name]["per_cpu_s"]:
+                best[target.name] = r
+    ratio = best["logjam-device"]["per_cpu_s"] / best["zmq.proxy"]["per_cpu_s"]
+    print(f"\nbest: logjam-device {best['logjam-device']['per_cpu_s']:,.0f} msgs/CPU-s, "
+          f"zmq.proxy {best['zmq.proxy']['per_cpu_s']:,.0f} msgs/CPU-s, ratio {ratio:.2f}x (target >= 0.6x)")
+
+    if not args.no_overload:
+        rcv_hwm = 100_000
+        total = 10 * rcv_hwm
+        producers = 4
+        print(f"\noverload: {producers} producers offer {total} messages = 10x the device's receive HWM ({rcv_hwm});"
+              " clients block on HWM")
+        target = ours(rcv_hwm, 1_000_000)
+        try:
+            r = run(target, producers, total // producers, sample_rss=True)
+        finally:
+            target.stop()
+        s = r["samples"]
+        quarters = [s[min(len(s) - 1, int(len(s) * q))] for q in (0.1, 0.25, 0.5, 0.75)] + [s[-1]]
+        print("  RSS over time: " + ", ".join(f"{t:.1f}s {mb:.0f} MiB" for t, mb in quarters))
+        half = [mb for _, mb in s[len(s) // 2:]]
+        print(f"  peak RSS {r['peak_rss']:.0f} MiB; second half min {min(half):.0f} / max {max(half):.0f} MiB; "
+              f"{r['sent']} msgs in {r['wall']:.1f} s ({r['sent'] / r['wall']:,.0f}/s), "
+              f"{r['per_cpu_s']:,.0f} msgs/CPU-s, received {r['received']}")
+    print(f"\ntotal time {time.monotonic() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

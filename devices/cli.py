@@ -1,0 +1,97 @@
+"""`logjam-device`: flags (logjam-tools' short forms), optional TOML config, and the run loop."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from logjam import lifecycle
+from logjam.config import add_config_flag, parse_args, setup_logging
+from logjam.meta import Compression
+from devices.device import Device, DeviceConfig
+
+
+def _compression(value: str) -> int:
+    try:
+        return Compression.parse(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _u32(value: str) -> int:
+    n = int(value)
+    if not 0 <= n < 2**32:
+        raise argparse.ArgumentTypeError(f"{value} does not fit in 32 bits")
+    return n
+
+
+def _positive(value: str) -> float:
+    x = float(value)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be positive")
+    return x
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="logjam-device",
+        description="Accept Logjam messages on ROUTER and PULL, renumber them, and publish them on PUB.",
+    )
+    p.add_argument("-t", "--router-port", type=int, default=9604, help="ROUTER port for DEALER clients (default 9604)")
+    p.add_argument("-p", "--pull-port", type=int, default=9605, help="PULL port for PUSH clients (default 9605)")
+    p.add_argument("-P", "--pub-port", type=int, default=9606, help="PUB port for subscribers (default 9606)")
+    p.add_argument("-s", "--stats-port", type=int, default=9621, help="PUB port for once-a-second stats (default 9621)")
+    p.add_argument("--bind", default="*", metavar="ADDRESS", help="address to bind every socket to (default *)")
+    p.add_argument("-d", "--device-id", type=_u32, default=0, help="this device's number in published meta (default 0)")
+    p.add_argument(
+        "-x", "--compress", type=_compression, default=Compression.NONE, metavar="METHOD",
+        help="compress bodies that arrive uncompressed: none, zlib, snappy or lz4 (default none)",
+    )
+    p.add_argument("-R", "--rcv-hwm", type=int, default=100_000, help="receive high-water mark of ROUTER and PULL (default 100000)")
+    p.add_argument("-S", "--snd-hwm", type=int, default=1_000_000, help="send high-water mark of PUB (default 1000000)")
+    p.add_argument("--heartbeat-interval", type=_positive, default=5.0, metavar="SECONDS", help="seconds between heartbeats (default 5)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port (default off)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_config_flag(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    log = setup_logging("logjam-device", args.verbose)
+    config = DeviceConfig(
+        router_port=args.router_port, pull_port=args.pull_port, pub_port=args.pub_port,
+        stats_port=args.stats_port, bind=args.bind, device_id=args.device_id,
+        compress=int(args.compress), rcv_hwm=args.rcv_hwm, snd_hwm=args.snd_hwm,
+        heartbeat_interval=args.heartbeat_interval,
+    )
+    stop = lifecycle.stop_event()
+    try:
+        device = Device(config)
+    except Exception as e:  # a port in use, a bad address: say which, exit non-zero
+        log.error("cannot start: %s", e)
+        return 1
+    if args.metrics_port:
+        from devices.metrics import serve
+
+        serve(device, args.metrics_port, "0.0.0.0" if config.bind == "*" else config.bind)
+    log.info(
+        "device %d: ROUTER %d, PULL %d, PUB %d, stats %d on %s%s",
+        config.device_id, config.router_port, config.pull_port, config.pub_port, config.stats_port,
+        config.bind, f", metrics {args.metrics_port}" if args.metrics_port else "",
+    )
+    try:
+        device.run(stop)
+    finally:
+        snap = device.snapshot()
+        device.close()
+    log.info(
+        "stopped: seq %d, published %d, received %s, dropped %d",
+        snap["seq"], snap["published"], snap["received"], sum(snap["dropped"].values()),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""The device proper: ROUTER + PULL in, PUB out, renumbering every message it publishes.
+
+Throughput decides the shape of this module. ZeroMQ's own cost per message is fixed;
+what we control is the Python work per message, so:
+
+- input is drained in batches with NOBLOCK and the poller is only consulted when both
+  input sockets are empty;
+- frames are received as `zmq.Frame` objects because a Frame carries its RCVMORE
+  flag, whereas asking the socket for RCVMORE costs more than the receive itself;
+- socket methods are the backend's unbound C methods, skipping pyzmq's Python
+  wrappers (`send_multipart` alone costs more than the rest of the loop);
+- checks are cache lookups on raw bytes (valid stream names and topics are
+  remembered), and the only new object per message is the 24-byte meta.
+
+Everything accepted goes through `_commit`, the one place where messages are
+numbered and published (a journal append belongs between those two steps).
+Replies to requests are sent after `_commit`, so a 202 is never ahead of the publish.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket as pysocket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from zmq.backend import Socket as _RawSocket
+
+from logjam import lifecycle
+from logjam.compression import compress
+from logjam.meta import Compression
+from logjam.validation import is_valid_app_env, is_valid_topic
+from devices import stamp
+from devices.stamp import FRESH_META, HEADS, INVALID_LABEL, OTHER_LABEL, ZERO_MS
+
+log = logging.getLogger("logjam-device")
+
+ACCEPTED = b"202 Accepted"
+BAD_REQUEST = b"400 Bad Request"
+PONG = b"200 OK"
+PING = b"ping"
+HEARTBEAT = b"heartbeat"
+STATS = b"stats"
+
+# Messages taken from one socket before the other gets its turn (and before timers
+# are looked at); big enough to amortise the loop, small enough to stay fair.
+BATCH = 1000
+# Remembered valid stream names and topics; past this, new names are checked every
+# time instead (a client inventing names must not grow the device without bound).
+NAME_CACHE = 10_000
+LABELS_MAX = 10_000
+
+_NB = zmq.NOBLOCK
+_SM = zmq.SNDMORE
+_recv = _RawSocket.recv
+_send = _RawSocket.send
+_Again = zmq.Again
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConfig:
+    router_port: int = 9604
+    pull_port: int = 9605
+    pub_port: int = 9606
+    stats_port: int = 9621
+    bind: str = "*"
+    device_id: int = 0
+    compress: int = Compression.NONE
+    rcv_hwm: int = 100_000
+    snd_hwm: int = 1_000_000
+    heartbeat_interval: float = 5.0
+    linger_ms: int = lifecycle.DEFAULT_LINGER_MS
+
+
+class Device:
+    """Owns the sockets and counters; `run()` serves until `stop` is set."""
+
+    def __init__(self, config: DeviceConfig, context: zmq.Context | None = None) -> None:
+        self.config = config
+        self.ctx = context or zmq.Context()
+        self.fqdn = pysocket.getfqdn()
+        self.heartbeat_address = f"tcp://{self.fqdn}:{config.pub_port}".encode()
+        self._device = stamp.device_bytes(config.device_id)
+        self._device_label = str(config.device_id).encode()
+        self._compress = int(config.compress)
+
+        # Counters, read by the metrics collector from another thread (plain ints and
+        # dicts: a scrape copies them; the loop never locks).
+        self.seq = 0
+        self.received = {"router": 0, "pull": 0}
+        self.published = 0
+        self.heartbeats = 0
+        self.pings = 0
+        self.per_app_env: dict[bytes, int] = {}
+        self.other_app_envs = 0
+        self.dropped: dict[tuple[str, str], int] = {}
+        self._topics: set[bytes] = set()
+
+        linger = config.linger_ms
+        self.router = lifecycle.socket(self.ctx, zmq.ROUTER, linger_ms=linger, rcvhwm=config.rcv_hwm, sndhwm=config.rcv_hwm)
+        self.pull = lifecycle.socket(self.ctx, zmq.PULL, linger_ms=linger, rcvhwm=config.rcv_hwm)
+        self.pub = lifecycle.socket(self.ctx, zmq.PUB, linger_ms=linger, sndhwm=config.snd_hwm)
+        self.stats = lifecycle.socket(self.ctx, zmq.PUB, linger_ms=linger)
+        for sock, port in (
+            (self.router, config.router_port),
+            (self.pull, config.pull_port),
+            (self.pub, config.pub_port),
+            (self.stats, config.stats_port),
+        ):
+            sock.bind(f"tcp://{config.bind}:{port}")
+
+    # -- the one place where messages are numbered and published -----------------
+
+    def _commit(self, batch: list[tuple[Any, Any, Any, bytes]]) -> None:
+        """Number every accepted message of `batch`, then publish them in order.
+
+        Entries are (app-env, topic, body, client meta); frames may be bytes or
+        zmq.Frame. The client's meta has passed the checks. A durable journal append
+        of (entries, metas) goes between the two loops.
+        """
+        device = self._device
+        seq = self.seq
+        now = stamp.now_bytes()
+        pack = stamp._STAMP.pack
+        heads = HEADS
+        metas = []
+        add = metas.append
+        for _, _, _, meta in batch:
+            seq += 1
+            created = meta[8:16]
+            add(pack(heads[meta[:4]], device, now if created == ZERO_MS else created, seq))
+        self.seq = seq
+        pub = self.pub
+        send = _send
+        i = 0
+        for app, topic, body, _ in batch:
+            send(pub, app, _SM)
+            send(pub, topic, _SM)
+            send(pub, body, _SM, False)
+            send(pub, metas[i])
+            i += 1
+        self.published += i
+
+    # -- input -------------------------------------------------------------------
+
+    def _drop(self, reason: str, app_env: bytes | None) -> None:
+        if app_env is None:
+            name = INVALID_LABEL
+        else:
+            name = self._label(app_env)
+        key = (reason, name)
+        self.dropped[key] = self.dropped.get(key, 0) + 1
+        log.debug("dropped a message (%s) from %s", reason, name)
+
+    def _label(self, app_env: bytes) -> str:
+        if app_env in self.per_app_env:
+            return app_env.decode("ascii")
+        if not is_valid_app_env(app_env):
+            return INVALID_LABEL
+        if len(self.per_app_env) >= LABELS_MAX:
+            return OTHER_LABEL
+        return app_env.decode("ascii")
+
+    def _new_app_env(self, app_env: bytes) -> bool:
+        """Slow path of the stream-name check: validate, and remember it for the fast path."""
+        if not is_valid_app_env(app_env):
+            return False
+        if len(self.per_app_env) < NAME_CACHE:
+            self.per_app_env[app_env] = 0
+        return True
+
+    def _new_topic(self, topic: bytes) -> bool:
+        if not is_valid_topic(topic):
+            return False
+        if len(self._topics) < NAME_CACHE:
+            self._topics.add(topic)
+        return True
+
+    def _count_app_env(self, app_env: bytes) -> None:
+        # Reached only for a name seen for the first time: it was just cached with 0,
+        # or the cache is full and it is counted under one shared label.
+        per = self.per_app_env
+        if app_env in per:
+            per[app_env] += 1
+        else:
+            self.other_app_envs += 1
+
+    def _drain_pull(self) -> int:
+        """Take up to BATCH messages from PULL, check them, and commit the good ones."""
+        sock = self.pull
+        recv = _recv
+        per_app = self.per_app_env
+        topics = self._topics
+        heads = HEADS
+        compress_to = self._compress
+        batch: list[tuple[Any, Any, Any, bytes]] = []
+        add = batch.append
+        n = 0
+        while n < BATCH:
+            try:
+                f = recv(sock, _NB, False)
+            except _Again:
+                break
+            n += 1
+            parts = [f]
+            while f.more:
+                f = recv(sock, 0, False)
+                parts.append(f)
+            count = len(parts)
+            if count == 4:
+                meta = parts[3].bytes
+                if len(meta) != 24 or meta[:4] not in heads:
+                    self._drop("broken_meta", parts[0].bytes)
+                    continue
+            elif count == 3:
+                meta = FRESH_META
+            else:
+                self._drop("frame_count", parts[0].bytes)
+                continue
+            app = parts[0].bytes
+            c = per_app.get(app)
+            if c is None and not self._new_app_env(app):
+                self._drop("bad_app_env", None)
+                continue
+            topic = parts[1].bytes
+            if topic not in topics and not self._new_topic(topic):
+                self._drop("bad_topic", app)
+                continue
+            if c is None:
+                self._count_app_env(app)
+            else:
+                per_app[app] = c + 1
+            body = parts[2]
+            if compress_to and meta[2] == 0:
+                body = compress(compress_to, body.bytes)
+                meta = stamp.with_compression(meta, compress_to)
+            add((app, topic, body, meta))
+        self.received["pull"] += n
+        if batch:
+            self._commit(batch)
+        return n
+
+    def _drain_router(self) -> int:
+        """Take up to BATCH messages from ROUTER; commit the good ones, then answer requests."""
+        sock = self.router
+        recv = _recv
+        per_app = self.per_app_env
+        topics = self._topics
+        heads = HEADS
+        compress_to = self._compress
+        batch: list[tuple[Any, Any, Any, bytes]] = []
+        add = batch.append
+        replies: list[tuple[bytes, bytes, bytes | None]] = []
+        answer = replies.append
+        n = 0
+        pings = 0
+        while n < BATCH:
+            try:
+                f = recv(sock, _NB, False)
+            except _Again:
+                break
+            n += 1
+            parts = [f]
+            while f.more:
+                f = recv(sock, 0, False)
+                parts.append(f)
+            rid = parts[0].bytes
+            request = len(parts) > 1 and len(parts[1]) == 0
+            first = 2 if request else 1
+            count = len(parts) - first
+            app = parts[first].bytes if count > 0 else b""
+
+            if request and count >= 1 and app == PING:
+                pings += 1
+                # ["", "ping", app-env, body, meta]: never published, answered at once.
+                if count == 4 and stamp.meta_ok(parts[5].bytes):
+                    answer((rid, PING, PONG))
+                else:
+                    self._drop("frame_count" if count != 4 else "broken_meta", parts[3].bytes if count > 1 else None)
+                    answer((rid, PING, None))
+                continue
+
+            if count != 4:
+                self._drop("frame_count", app if count > 0 else None)
+                if request:
+                    answer((rid, app, BAD_REQUEST))
+                continue
+            meta = parts[first + 3].bytes
+            if len(meta) != 24 or meta[:4] not in heads:
+                self._drop("broken_meta", app)
+                if request:
+                    answer((rid, app, BAD_REQUEST))
+                continue
+            c = per_app.get(app)
+            if c is None and not self._new_app_env(app):
+                self._drop("bad_app_env", None)
+                if request:
+                    answer((rid, app, BAD_REQUEST))
+                continue
+            topic = parts[first + 1].bytes
+            if topic not in topics and not self._new_topic(topic):
+                self._drop("bad_topic", app)
+                if request:
+                    answer((rid, app, BAD_REQUEST))
+                continue
+            if c is None:
+                self._count_app_env(app)
+            else:
+                per_app[app] = c + 1
+            body = parts[first + 2]
+            if compress_to and meta[2] == 0:
+                body = compress(compress_to, body.bytes)
+                meta = stamp.with_compression(meta, compress_to)
+            add((app, topic, body, meta))
+            if request:
+                answer((rid, app, ACCEPTED))
+        self.received["router"] += n - pings
+        self.pings += pings
+        if batch:
+            self._commit(batch)
+        if replies:
+            self._reply(replies)
+        return n
+
+    def _reply(self, replies: list[tuple[bytes, bytes, bytes | None]]) -> None:
+        """Answers go out after the publish; ROUTER drops them for peers that are gone."""
+        sock = self.router
+        fqdn = self.fqdn.encode()
+        for rid, first, status in replies:
+            try:
+                _send(sock, rid, _SM | _NB)
+                if first == PING:
+                    if status is None:
+                        _send(sock, PING, _SM | _NB)
+                        _send(sock, BAD_REQUEST, _NB)
+                    else:
+                        _send(sock, PING, _SM | _NB)
+                        _send(sock, PONG, _SM | _NB)
+                        _send(sock, fqdn, _NB)
+                else:
+                    _send(sock, first, _SM | _NB)
+                    _send(sock, status, _NB)
+            except _Again:
+                # The client stopped reading its replies; it will time out, others go on.
+                log.debug("reply to a blocked client dropped")
+
+    # -- timers ----------------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        self._commit([(HEARTBEAT, self.heartbeat_address, b"{}", FRESH_META)])
+        self.heartbeats += 1
+
+    def publish_stats(self) -> None:
+        s = self.stats
+        _send(s, STATS, _SM)
+        _send(s, self._device_label, _SM)
+        _send(s, str(self.seq).encode())
+
+    # -- loop --------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until `stop` is set, then take in what is already queued and return."""
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.pull, zmq.POLLIN)
+        interval = self.config.heartbeat_interval
+        now = time.monotonic()
+        next_heartbeat = now + interval
+        next_stats = now + 1.0
+        monotonic = time.monotonic
+        drain_pull = self._drain_pull
+        drain_router = self._drain_router
+        with lifecycle.eterm_is_clean():
+            while not stop.is_set():
+                busy = drain_pull() + drain_router()
+                now = monotonic()
+                if now >= next_stats:
+                    self.publish_stats()
+                    next_stats = max(next_stats + 1.0, now + 0.5)
+                if now >= next_heartbeat:
+                    self.heartbeat()
+                    next_heartbeat = max(next_heartbeat + interval, now + interval / 2)
+                if not busy:
+                    wait = min(next_stats, next_heartbeat) - now
+                    # Short waits keep SIGTERM handling prompt.
+                    poller.poll(max(1, min(200, int(wait * 1000) + 1)))
+            self._final_drain()
+
+    def _final_drain(self, budget_s: float = 1.0) -> None:
+        """On shutdown, publish what already sits in our input queues (bounded in time)."""
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline:
+            if not (self._drain_pull() + self._drain_router()):
+                break
+
+    def close(self) -> None:
+        """Close with LINGER so queued publications still go out, then end the context."""
+        for sock in (self.router, self.pull, self.pub, self.stats):
+            sock.close()
+        self.ctx.term()
+
+    # -- for metrics and logs ------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """A consistent-enough copy of the counters (dict copies are atomic under the GIL)."""
+        return {
+            "seq": self.seq,
+            "received": dict(self.received),
+            "published": self.published,
+            "heartbeats": self.heartbeats,
+            "pings": self.pings,
+            "per_app_env": {k.decode("ascii", "replace"): v for k, v in dict(self.per_app_env).items()}
+            | ({OTHER_LABEL: self.other_app_envs} if self.other_app_envs else {}),
+            "dropped": dict(self.dropped),
+        }

@@ -1,0 +1,61 @@
+"""Prometheus exposition for --metrics-port, built on prometheus_client.
+
+The hot loop keeps plain integer counters; a custom collector turns a snapshot of
+them into metric families at scrape time, so counting costs the loop nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from devices.device import Device
+from devices.stamp import REASONS
+
+
+class DeviceCollector(Collector):
+    def __init__(self, device: Device) -> None:
+        self.device = device
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        snap = self.device.snapshot()
+        received = CounterMetricFamily(
+            "logjam_device_received", "Messages taken from an input socket (pings excluded)", labels=["socket"]
+        )
+        for sock, n in sorted(snap["received"].items()):
+            received.add_metric([sock], n)
+        yield received
+        yield CounterMetricFamily("logjam_device_published", "Messages published on PUB, heartbeats included", value=snap["published"])
+        yield CounterMetricFamily("logjam_device_heartbeats", "Heartbeats published", value=snap["heartbeats"])
+        yield CounterMetricFamily("logjam_device_pings", "Pings answered", value=snap["pings"])
+        dropped = CounterMetricFamily(
+            "logjam_device_dropped", "Messages dropped, by reason and stream", labels=["reason", "app_env"]
+        )
+        by_reason = dict.fromkeys(REASONS, 0)
+        for (reason, app_env), n in sorted(snap["dropped"].items()):
+            dropped.add_metric([reason, app_env], n)
+            by_reason[reason] = by_reason.get(reason, 0) + n
+        yield dropped
+        totals = CounterMetricFamily(
+            "logjam_device_dropped_by_reason", "Messages dropped, by reason", labels=["reason"]
+        )
+        for reason, n in by_reason.items():
+            totals.add_metric([reason], n)
+        yield totals
+        per_app = CounterMetricFamily(
+            "logjam_device_app_env_messages", "Messages accepted and published, by stream", labels=["app_env"]
+        )
+        for app_env, n in sorted(snap["per_app_env"].items()):
+            per_app.add_metric([app_env], n)
+        yield per_app
+        yield GaugeMetricFamily("logjam_device_sequence", "The last sequence number the device used", value=snap["seq"])
+
+
+def serve(device: Device, port: int, address: str = "0.0.0.0") -> None:
+    """Serve /metrics from a daemon thread (prometheus_client's own HTTP server)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DeviceCollector(device))
+    start_http_server(port, addr=address, registry=registry)
