@@ -38,7 +38,7 @@ def _escape_table(keep: tuple[int, ...] = ()) -> dict[int, str]:
     for c in _CONTROLS:
         if c in keep:
             continue
-        table[c] = _NAMED.get(c) or (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}")
+        table[c] = _NAMED.get(c) or f"\\x{c:02x}"
     return table
 
 
