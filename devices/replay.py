@@ -55,7 +55,8 @@ class ReplayServer(threading.Thread):
         except ProtocolError as e:
             log.warning("bad replay request: %s", e)
             return
-        result = self.journal.read(from_seq, CHUNK_MESSAGES, CHUNK_BYTES)
+        wanted = max(1, min(CHUNK_MESSAGES, to_seq - from_seq + 1))
+        result = self.journal.read(from_seq, wanted, CHUNK_BYTES)
         if isinstance(result, Gone):
             sock.send_multipart([rid, GONE, u64(result.first_seq)])
             return
