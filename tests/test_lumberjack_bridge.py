@@ -1,0 +1,330 @@
+"""`logjam-bridge lumberjack` over real sockets, with a real `logjam-device` and a subscriber:
+N events in, N Logjam messages out (body, @metadata, app-env, created_ms); acks; TCP,
+TLS, mutual TLS; garbage next to a good client; the device paused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import threading
+import time
+import uuid
+
+import pytest
+
+from bridges.lumberjack.engine import V1, AckFrame, LumberjackClient, encode_data_frame, encode_window
+from logjam.validation import is_valid_app_env
+from tests.helpers import wait_for
+from tests.lumberjack_support import collect, no_more, ready_subscriber, start_bridge, stop_bridge
+
+
+def connect(port: int, ctx: ssl.SSLContext | None = None) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+    if ctx is not None:
+        sock = ctx.wrap_socket(sock, server_hostname="127.0.0.1")
+    return sock
+
+
+def read_acks_until(sock: socket.socket, client: LumberjackClient, seq: int, timeout: float = 20) -> list[AckFrame]:
+    """Every ack up to and including the one for `seq` (keepalives included)."""
+    acks: list[AckFrame] = []
+    deadline = time.monotonic() + timeout
+    while not acks or acks[-1].seq != seq:
+        assert time.monotonic() < deadline, f"no ack for {seq}; got {acks}"
+        data = sock.recv(65536)
+        assert data, f"connection closed before the ack for {seq}; got {acks}"
+        acks += client.feed(data)
+    return acks
+
+
+def send_window(sock: socket.socket, client: LumberjackClient, events: list) -> list[AckFrame]:
+    sock.sendall(client.send(events))
+    return read_acks_until(sock, client, client.last_seq)
+
+
+def tagged(n: int, run: str, start: int = 0) -> list[dict]:
+    return [
+        {"message": f"event {i}", "run": run, "n": i, "@timestamp": f"2024-05-01T12:00:{i % 60:02d}.250Z",
+         "@metadata": {"beat": "filebeat"}}
+        for i in range(start, start + n)
+    ]
+
+
+@pytest.fixture
+def bridge(device):
+    b = start_bridge(device.router)
+    yield b
+    stop_bridge(b)
+
+
+@pytest.mark.timeout(90)
+def test_v2_events_arrive_once_with_body_metadata_and_app_env(device, bridge) -> None:
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    client = LumberjackClient()  # counts across windows, like pylogbeat
+    run = uuid.uuid4().hex
+    with connect(bridge.port) as sock:
+        for w in range(3):
+            acks = send_window(sock, client, tagged(100, run, start=w * 100))
+            assert acks[-1] == AckFrame(0x32, (w + 1) * 100)
+        local = "%s:%d" % sock.getsockname()[:2]
+    got = collect(sub, bridge.app_env, 300)
+    assert no_more(sub, bridge.app_env, 0.5) == []
+    assert sorted(body["n"] for _, body in got) == list(range(300))
+    msg, body = got[0]
+    assert msg.topic == "logs.lumberjack"
+    assert body["message"] == f"event {body['n']}" and body["run"] == run
+    meta = body["@metadata"]
+    assert meta["beat"] == "filebeat"  # the client's own @metadata is kept
+    assert meta["protocol"] == "lumberjack" and meta["protocol_version"] == "2"
+    assert meta["peer"] == local
+    assert meta["seq"] == body["n"] + 1
+    assert abs(meta["received_at"] - time.time() * 1000) < 60_000
+    assert "tls" not in meta
+    # created_ms is the event's @timestamp.
+    n = body["n"]
+    assert msg.meta.created_ms == 1714564800250 + (n % 60) * 1000
+    sub.close()
+
+
+@pytest.mark.timeout(60)
+def test_v1_string_maps_line_becomes_message_and_acks_are_version_1(device, bridge) -> None:
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    client = LumberjackClient(version=V1, compress_level=None)
+    with connect(bridge.port) as sock:
+        acks = send_window(sock, client, [{"line": f"line {i}", "host": "web1", "offset": str(i)} for i in range(20)])
+    assert all(a.version == V1 for a in acks)
+    got = collect(sub, bridge.app_env, 20)
+    bodies = sorted((b for _, b in got), key=lambda b: int(b["offset"]))
+    assert bodies[3]["message"] == "line 3" and "line" not in bodies[3]
+    assert bodies[3]["host"] == "web1"
+    assert bodies[3]["@metadata"]["protocol_version"] == "1"
+    sub.close()
+
+
+@pytest.mark.timeout(60)
+def test_partial_windows_restart_numbering_and_empty_window(device, bridge) -> None:
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    client = LumberjackClient(restart_each_window=True)  # Filebeat numbers each window from 1
+    with connect(bridge.port) as sock:
+        # W 10 announced, only 4 events sent (end of a batch): the 4 must still be acked.
+        frames = client.send([{"message": f"a{i}"} for i in range(4)])
+        sock.sendall(encode_window(10) + frames[6:])
+        assert read_acks_until(sock, client, 4)[-1].seq == 4
+        assert send_window(sock, client, [{"message": f"b{i}"} for i in range(3)])[-1].seq == 3
+        # W 0 is answered with ack 0.
+        sock.sendall(encode_window(0))
+        assert client.feed(sock.recv(6)) == [AckFrame(0x32, 0)]
+    got = collect(sub, bridge.app_env, 7)
+    assert sorted(b["message"] for _, b in got) == ["a0", "a1", "a2", "a3", "b0", "b1", "b2"]
+    sub.close()
+
+
+@pytest.mark.timeout(60)
+def test_app_env_field_overrides_and_falls_back(device) -> None:
+    b = start_bridge(device.router, "--app-env-field", "fields.service")
+    try:
+        sub = ready_subscriber(device.pub, device.router, "shop-prod")
+        client = LumberjackClient()
+        with connect(b.port) as sock:
+            send_window(sock, client, [{"message": "x", "fields": {"service": "shop-prod"}}, {"message": "y"}])
+        (msg, body), = collect(sub, "shop-prod", 1)
+        assert body["message"] == "x" and is_valid_app_env(msg.app_env)
+        sub.close()
+    finally:
+        stop_bridge(b)
+
+
+# ---------------------------------------------------------------- TLS
+
+
+@pytest.fixture
+def client_tls(certs):
+    def make(cert: bool = False, other: bool = False) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(certs.ca))
+        if cert:
+            ctx.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+        if other:
+            ctx.load_cert_chain(str(certs.other_client_cert), str(certs.other_client_key))
+        return ctx
+
+    return make
+
+
+@pytest.mark.timeout(60)
+def test_tls(device, certs, client_tls) -> None:
+    b = start_bridge(device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
+    try:
+        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        client = LumberjackClient()
+        with connect(b.port, client_tls()) as sock:
+            send_window(sock, client, [{"message": f"m{i}"} for i in range(50)])
+        got = collect(sub, b.app_env, 50)
+        tls = got[0][1]["@metadata"]["tls"]
+        assert tls["version"] in ("TLSv1.2", "TLSv1.3") and tls["cipher"]
+        assert tls["cn"] is None  # no client certificate asked for
+        # Plain TCP to a TLS port gets nothing acknowledged.
+        with connect(b.port) as plain:
+            plain.sendall(LumberjackClient().send([{"message": "plain"}]))
+            try:
+                assert plain.recv(6)[:2] != b"2A"
+            except ConnectionError:
+                pass
+        assert no_more(sub, b.app_env, 0.5) == []
+        sub.close()
+    finally:
+        stop_bridge(b)
+
+
+def _refused(port: int, ctx: ssl.SSLContext) -> bool:
+    """True when the bridge ends the connection without acknowledging anything."""
+    try:
+        with connect(port, ctx) as sock:
+            sock.sendall(LumberjackClient().send([{"message": "intruder"}]))
+            return sock.recv(6) == b""
+    except (ssl.SSLError, ConnectionError):
+        return True
+
+
+@pytest.mark.timeout(60)
+def test_mutual_tls_and_refusals(device, certs, client_tls) -> None:
+    b = start_bridge(
+        device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+        "--tls-client-ca", str(certs.ca),
+    )
+    try:
+        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        client = LumberjackClient()
+        with connect(b.port, client_tls(cert=True)) as sock:
+            send_window(sock, client, [{"message": f"m{i}"} for i in range(20)])
+        got = collect(sub, b.app_env, 20)
+        tls = got[0][1]["@metadata"]["tls"]
+        assert tls["cn"] == "test-client" and "test-client" in tls["subject"]
+        assert _refused(b.port, client_tls())  # no certificate
+        assert _refused(b.port, client_tls(other=True))  # certificate from a CA we do not trust
+        assert no_more(sub, b.app_env, 0.5) == []
+        sub.close()
+    finally:
+        stop_bridge(b)
+
+
+# ---------------------------------------------------------------- bad peers
+
+
+@pytest.mark.timeout(60)
+def test_garbage_connections_next_to_a_good_one(device, bridge) -> None:
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    client = LumberjackClient()
+    window = client.send([{"message": f"g{i}"} for i in range(10)])
+    with connect(bridge.port) as good:
+        good.sendall(window[:20])  # part of a window first
+        bad = [connect(bridge.port) for _ in range(4)]
+        bad[0].sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        bad[1].sendall(b"2J\x00\x00\x00\x01\xff\xff\xff\xff")  # a 4 GiB frame
+        bad[2].sendall(b"2C\x00\x00\x00\x05hello")  # not zlib
+        bad[3].sendall(b"\x00" + os.urandom(4095))  # never a valid version byte
+        for s in bad:
+            assert s.recv(100) == b""  # closed by the bridge, nothing acked
+            s.close()
+        good.sendall(window[20:])
+        assert read_acks_until(good, client, 10)[-1].seq == 10
+    got = collect(sub, bridge.app_env, 10)
+    assert sorted(b["message"] for _, b in got) == sorted(f"g{i}" for i in range(10))
+    sub.close()
+
+
+# ---------------------------------------------------------------- device paused
+
+
+def _vm_rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.timeout(120)
+def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
+    b = start_bridge(device.router)
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    stopped = False
+    halt = threading.Event()  # stops the sender
+    done = threading.Event()  # stops the ack reader
+    try:
+        # A v1 stream of D frames that never waits for acks (like stashward): one W, then D forever.
+        sock = connect(b.port)
+        sock.settimeout(0.5)
+        acks: list[AckFrame] = []
+        ack_client = LumberjackClient(version=V1)
+        sent = 0
+        last_progress = time.monotonic()
+
+        def pump() -> None:
+            nonlocal sent, last_progress
+            sock.sendall(encode_window(2**32 - 1, V1))
+            pad = "x" * 150
+            while not halt.is_set():
+                frame = encode_data_frame(sent + 1, {"line": f"p{sent + 1}", "pad": pad})
+                view = memoryview(frame)
+                while view and not halt.is_set():
+                    try:
+                        view = view[sock.send(view):]
+                        last_progress = time.monotonic()
+                    except (TimeoutError, BlockingIOError):
+                        continue
+                if not view:
+                    sent += 1
+
+        def read_acks() -> None:
+            while not done.is_set():
+                try:
+                    data = sock.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    return
+                acks.extend(ack_client.feed(data))
+
+        # Everything flows while the device runs.
+        pump_thread = threading.Thread(target=pump, daemon=True)
+        ack_thread = threading.Thread(target=read_acks, daemon=True)
+        pump_thread.start()
+        ack_thread.start()
+        wait_for(lambda: acks and acks[-1].seq > 1000, timeout=30, what="acks while the device runs")
+
+        os.kill(device.proc.pid, signal.SIGSTOP)
+        stopped = True
+        # The sender stalls once the bridge stops reading (its buffers are bounded).
+        wait_for(lambda: time.monotonic() - last_progress > 1.5, timeout=40, interval=0, what="the sender to be back-pressured")
+        highest = max(a.seq for a in acks)
+        rss_stalled = _vm_rss_kib(b.proc.pid)
+        n_acks = len(acks)
+        # Keepalives keep coming (interval 0.5 s) but acknowledge nothing new.
+        wait_for(lambda: len(acks) >= n_acks + 3, timeout=10, what="keepalive acks while paused")
+        assert max(a.seq for a in acks) == highest
+        assert sent > highest
+        rss_later = _vm_rss_kib(b.proc.pid)
+        assert rss_later - rss_stalled < 8 * 1024, (rss_stalled, rss_later)
+        assert rss_later < 400 * 1024
+
+        os.kill(device.proc.pid, signal.SIGCONT)
+        stopped = False
+        halt.set()
+        pump_thread.join(5)
+        total = sent
+        wait_for(lambda: acks and acks[-1].seq == total, timeout=60, what=f"the ack for {total} (last acks {acks[-3:]})")
+        got = collect(sub, b.app_env, total, timeout=60)
+        lines = [body["message"] for _, body in got]
+        assert len(set(lines)) == total == len(lines)
+        assert no_more(sub, b.app_env, 0.5) == []
+        done.set()
+        ack_thread.join(5)
+        sock.close()
+        sub.close()
+    finally:
+        halt.set()
+        done.set()
+        if stopped:
+            os.kill(device.proc.pid, signal.SIGCONT)
+        stop_bridge(b)
