@@ -899,7 +899,7 @@ class ClientConnection:
         self._framer = _Framer(max_frame)
 
     def send(self, request: Request) -> bytes:
-        if request.dialect is Dialect.JSON:
+        if getattr(request, "dialect", None) is Dialect.JSON:
             return frame(_encode_json_request(request))
         return frame(_encode_binary_request(request))
 
