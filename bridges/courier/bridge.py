@@ -1,0 +1,277 @@
+"""`logjam-bridge courier`: the asyncio session glue between Log Courier clients and a device.
+
+Bytes from the client go through the sans-IO `CourierServer`; each event becomes a
+Logjam message (the event object as is, plus `@metadata` with the payload's nonce
+and the event's index) and is published to the device in pipelined batches.
+
+Acknowledgement follows the delivery rule of the bridge contract: an ACKN for a
+payload never covers an event the device has not accepted. Batches complete in any
+order, so each payload counts only the contiguous prefix of accepted batches, and
+only the oldest unfinished payload is ever acknowledged, so ACKNs go out in payload
+order. A timer sends a partial ACKN for that payload every `--ack-interval` seconds
+(Courier clients give up after 15 s without one), including while the device is
+slow or paused and this session has stopped reading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from bridges.courier.engine import (
+    DEFAULT_MAX_DECOMPRESSED,
+    DEFAULT_MAX_EVENT,
+    DEFAULT_MAX_MESSAGE,
+    Ack,
+    CourierServer,
+    EventReceived,
+    Hello,
+    PayloadEnded,
+    PayloadStarted,
+    Ping,
+    Pong,
+    Unknown,
+    UnknownMessage,
+    Version,
+)
+from bridges.host import BridgeProtocol, Connection, DeviceRejected, IdleTimeout
+from logjam.errors import ProtocolError
+from logjam.message import Message
+
+log = logging.getLogger("logjam-bridge.courier")
+
+
+class DeviceRefused(ProtocolError):
+    """The device answered 400 for events of this connection; Courier has no way to say so but closing."""
+
+    reason = "device_rejected"
+
+
+class _Batch:
+    __slots__ = ("n", "done")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.done = False
+
+
+class _Payload:
+    """One JDAT/EVNT payload awaiting its final ACKN."""
+
+    __slots__ = ("nonce", "total", "accepted", "batches")
+
+    def __init__(self, nonce: bytes) -> None:
+        self.nonce = nonce
+        self.total: int | None = None  # known once the payload ended
+        self.accepted = 0  # contiguous prefix of events the device accepted
+        self.batches: deque[_Batch] = deque()
+
+    def collect(self) -> None:
+        while self.batches and self.batches[0].done:
+            self.accepted += self.batches.popleft().n
+
+    @property
+    def finished(self) -> bool:
+        return self.total is not None and not self.batches
+
+
+class Bridge(BridgeProtocol):
+    name = "courier"
+    default_port = 5043
+    default_max_frame = DEFAULT_MAX_MESSAGE
+    default_idle_timeout = 1800.0
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("courier")
+        g.add_argument("--max-event-size", type=int, default=DEFAULT_MAX_EVENT, metavar="BYTES",
+                       help="largest single event (default %(default)s)")
+        g.add_argument("--max-decompressed", type=int, default=DEFAULT_MAX_DECOMPRESSED, metavar="BYTES",
+                       help="largest inflated size of one payload (default %(default)s)")
+        g.add_argument("--ack-interval", type=float, default=2.0, metavar="SECONDS",
+                       help="partial ACKN period while a payload is in flight; clients time out at 15 s (default %(default)s)")
+        g.add_argument("--batch-size", type=int, default=256, metavar="EVENTS",
+                       help="events per pipelined device batch (default %(default)s)")
+        g.add_argument("--max-pending-batches", type=int, default=16, metavar="N",
+                       help="device batches in flight per connection before it stops reading (default %(default)s)")
+
+    def __init__(self, args: argparse.Namespace, host: Any) -> None:
+        super().__init__(args, host)
+        if not 0 < args.ack_interval <= 5:
+            raise SystemExit("logjam-bridge courier: --ack-interval must be in (0, 5] seconds")
+
+    async def serve(self, conn: Connection) -> None:
+        await _Session(self, conn).run()
+
+
+class _Session:
+    def __init__(self, bridge: Bridge, conn: Connection) -> None:
+        args = bridge.args
+        self.args = args
+        self.conn = conn
+        self.link = bridge.host.link
+        self.mapper = bridge.host.mapper
+        self.metrics = bridge.host.metrics
+        self.engine = CourierServer(
+            max_message=args.max_frame_size,
+            max_event=args.max_event_size,
+            max_decompressed=args.max_decompressed,
+        )
+        self.pending: deque[_Payload] = deque()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.slots = asyncio.Semaphore(args.max_pending_batches)
+        self.batch: list[Message] = []
+        self.batch_payload: _Payload | None = None
+        self.failure: ProtocolError | None = None
+        self.base_meta: dict[str, Any] = {}
+        self.nonce_hex = ""
+
+    # -- main loop --------------------------------------------------------------
+    async def run(self) -> None:
+        keepalive = asyncio.create_task(self._keepalive(), name=f"courier acks {self.conn.peer}")
+        try:
+            await self._read_loop()
+            # EOF or shutdown: finish what was forwarded, ack it, then close.
+            await self._flush()
+            await self._wait_inflight()
+            self._check_failure()
+            self._advance()
+            self._partial_ack()
+            await self.conn.drain()
+        except BaseException:
+            for t in self.tasks:
+                t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            raise
+        finally:
+            keepalive.cancel()
+            await asyncio.gather(keepalive, return_exceptions=True)
+
+    async def _read_loop(self) -> None:
+        conn, engine = self.conn, self.engine
+        while True:
+            self._check_failure()
+            try:
+                data = await conn.read(65536)
+            except IdleTimeout:
+                if self.pending:
+                    continue  # the client is waiting for our acks, not idle
+                raise
+            if not data:
+                return
+            # A ProtocolError propagates: the host logs and counts it, and Courier's answer
+            # to bad data is the close (nothing of the payload is acked, so nothing is lost).
+            for ev in engine.feed(data):
+                if type(ev) is EventReceived:
+                    self._add_event(ev)
+                    if len(self.batch) >= self.args.batch_size:
+                        await self._flush()
+                else:
+                    await self._on_control(ev)
+            # Don't hold events while waiting for more bytes of a slow stream.
+            await self._flush()
+            await conn.drain()
+
+    async def _on_control(self, ev: object) -> None:
+        if isinstance(ev, PayloadStarted):
+            payload = _Payload(ev.nonce)
+            self.pending.append(payload)
+            self.batch_payload = payload
+            hs = self.engine.handshake
+            self.base_meta = self.conn.metadata("1" if hs is None else "2")
+            if hs is not None:
+                self.base_meta["client"] = hs.describe()
+            self.nonce_hex = ev.nonce.hex()
+        elif isinstance(ev, PayloadEnded):
+            await self._flush()
+            payload = self.pending[-1]
+            payload.total = ev.count
+            self._advance()
+        elif isinstance(ev, Hello):
+            log.debug("%s: HELO from %s", self.conn.peer, ev.handshake.describe())
+            self.conn.write(self.engine.send(Version()))
+        elif isinstance(ev, Ping):
+            self.conn.write(self.engine.send(Pong()))
+        elif isinstance(ev, UnknownMessage):
+            log.info("%s: unknown message type %r (%d bytes); answered ????", self.conn.peer, ev.type, ev.length)
+            self.metrics.protocol_error("unknown_message")
+            self.conn.write(self.engine.send(Unknown()))
+
+    def _add_event(self, ev: EventReceived) -> None:
+        meta = {**self.base_meta, "nonce": self.nonce_hex, "index": ev.index}
+        self.batch.append(self.mapper.message(ev.body, meta, created_ms=self.base_meta["received_at"]))
+
+    # -- device side -------------------------------------------------------------
+    async def _flush(self) -> None:
+        if not self.batch:
+            return
+        messages, self.batch = self.batch, []
+        payload = self.batch_payload
+        assert payload is not None
+        self.metrics.events_received.inc(len(messages))
+        # Back-pressure: with every slot taken, this session stops reading its client.
+        await self.slots.acquire()
+        batch = _Batch(len(messages))
+        payload.batches.append(batch)
+        task = asyncio.create_task(self._publish(batch, messages))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _publish(self, batch: _Batch, messages: list[Message]) -> None:
+        try:
+            await self.link.publish(messages)
+        except DeviceRejected as e:
+            self.metrics.device_rejected.inc(e.rejected)
+            log.error("%s: device rejected %d of %d events; closing without acking them", self.conn.peer, e.rejected, e.total)
+            self._fail(DeviceRefused(str(e)))
+            return
+        finally:
+            self.slots.release()
+        batch.done = True
+        self.metrics.events_acked.inc(batch.n)
+        self._advance()
+
+    def _fail(self, error: ProtocolError) -> None:
+        if self.failure is None:
+            self.failure = error
+            # Wake a read that waits for client bytes so the session ends now.
+            self.conn.stop_reading()
+
+    def _check_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    async def _wait_inflight(self) -> None:
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+    # -- acks ---------------------------------------------------------------------
+    def _advance(self) -> None:
+        """Send the final ACKN of every finished payload at the head, in order."""
+        if self.failure is not None:
+            return
+        pending = self.pending
+        while pending:
+            head = pending[0]
+            head.collect()
+            if not head.finished:
+                return
+            self.conn.write(self.engine.send(Ack(head.nonce, head.accepted)))
+            pending.popleft()
+
+    def _partial_ack(self) -> None:
+        if self.failure is not None or not self.pending:
+            return
+        head = self.pending[0]
+        head.collect()
+        self.conn.write(self.engine.send(Ack(head.nonce, head.accepted)))
+
+    async def _keepalive(self) -> None:
+        interval = self.args.ack_interval
+        while True:
+            await asyncio.sleep(interval)
+            self._advance()
+            self._partial_ack()
