@@ -1,0 +1,350 @@
+"""The segment bridge's session glue: Pravega wire protocol in, durable segments, Logjam out.
+
+`logjam-bridge segment` serves Pravega's segment-store protocol (see engine.py). Each
+append is written to the segment store under --data-dir, every event in it becomes
+one Logjam message, and DataAppended goes back only after the append is durable and
+the device accepted every one of its events. Acks leave in the order appends came in.
+
+Exactly-once resume, and what survives a kill (docs/protocols/segment.md has more):
+
+1. An append is stored first (data + index record), then published to the device.
+2. When the device has accepted all of it, the segment's forwarded watermark moves
+   past it (durably), and only then is DataAppended sent.
+3. At start, every segment's appends between the watermark and its end (stored, but
+   maybe never accepted by the device because the bridge died) are forwarded again.
+   SetupAppend waits until the segment's watermark reaches its end before answering,
+   so the lastEventNumber in AppendSetup (which tells a reconnecting writer to skip
+   everything up to it) never covers an event the device has not accepted.
+
+A kill between the device's 202 and the watermark write makes step 3 forward that
+append a second time: at the device, delivery across a crash is at-least-once in
+that window, and each message's @metadata (segment, segment_offset) is a unique key
+to drop the copy. In the segment itself there are never duplicates: writer state is
+stored with the data and a writer resending old event numbers is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import uuid
+from typing import Any, Sequence
+
+from bridges.host import BridgeProtocol, Connection, DeviceRejected, Host, body_from_bytes
+from bridges.segment import engine as wire
+from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
+from logjam.errors import ProtocolError
+from logjam.message import Message
+from logjam.meta import now_ms
+
+log = logging.getLogger("logjam-bridge.segment")
+
+ILLEGAL_ARGUMENT = 0  # ErrorMessage.ErrorCode.ILLEGAL_ARGUMENT_EXCEPTION
+UNSPECIFIED = -1
+
+
+class Bridge(BridgeProtocol):
+    name = "segment"
+    default_port = 12345
+    default_max_frame = wire.MAX_COMMAND_SIZE
+    default_idle_timeout = 120.0
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--data-dir", default="./data/segment", help="where segments are stored (default %(default)s)")
+        parser.add_argument(
+            "--fsync", default="always", choices=["always", "interval", "never"],
+            help="always: fsync before every ack (group commit); interval: every --fsync-interval s; never: leave it to the OS",
+        )
+        parser.add_argument("--fsync-interval", type=float, default=1.0, metavar="SECONDS")
+        parser.add_argument("--max-read-size", type=int, default=2 * 1024 * 1024, metavar="BYTES",
+                            help="largest SegmentRead reply (default %(default)s)")
+        parser.add_argument("--max-pending-appends", type=int, default=32,
+                            help="appends awaiting the device per connection before reading stops")
+        parser.add_argument("--keepalive-interval", type=float, default=10.0, metavar="SECONDS",
+                            help="KeepAlive sent to a client whose acks wait on the device")
+
+    def __init__(self, args: argparse.Namespace, host: Host) -> None:
+        super().__init__(args, host)
+        self.store = SegmentStore(args.data_dir, args.fsync)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self.store.open()
+        for seg in self.store:
+            pending = seg.unforwarded()
+            if pending:
+                log.warning("segment %s: %d stored appends not yet accepted by the device; forwarding them", seg.name, len(pending))
+                self._tasks.append(asyncio.create_task(self._recover(seg, pending), name=f"recover {seg.name}"))
+        if self.args.fsync == "interval":
+            self._tasks.append(asyncio.create_task(self._flusher(), name="fsync"))
+        log.info("segment store at %s: %d segments, fsync %s", self.store.root, len(self.store.segments), self.args.fsync)
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(self.args.fsync_interval)
+            await self.store.flush()
+
+    async def _recover(self, seg: Segment, records: Sequence[AppendRecord]) -> None:
+        base = {"protocol": self.name, "protocol_version": str(wire.WIRE_VERSION), "received_at": now_ms(), "recovered": True}
+        for rec in records:
+            data = await asyncio.to_thread(_pread, seg, rec)
+            events, _ = wire.split_events(data)
+            first = rec.last_event_number - rec.num_events + 1
+            msgs = [
+                self.message(payload, base, seg.name, rec.writer_id, first + i, rec.start + off)
+                for i, (off, payload) in enumerate(events)
+            ]
+            try:
+                await self.host.link.publish(msgs)
+                self.host.metrics.events_acked.inc(len(msgs))
+            except DeviceRejected as e:
+                self.host.metrics.device_rejected.inc(e.rejected)
+                log.error("segment %s: device rejected %d of %d recovered events at offset %d", seg.name, e.rejected, e.total, rec.start)
+            seg.mark_forwarded(rec)
+        log.info("segment %s: recovery forwarding done", seg.name)
+
+    def message(
+        self, payload: bytes, base: dict[str, Any], segment: str, writer: uuid.UUID, number: int, offset: int
+    ) -> Message:
+        meta = dict(base)
+        meta["segment"] = segment
+        meta["writer_id"] = str(writer)
+        meta["event_number"] = number
+        meta["segment_offset"] = offset
+        return self.host.mapper.message(body_from_bytes(payload), meta)
+
+    async def serve(self, conn: Connection) -> None:
+        await Session(self, conn).run()
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.args.fsync != "never":
+            await self.store.flush()
+        self.store.close()
+
+
+def _pread(seg: Segment, rec: AppendRecord) -> bytes:
+    data, _, _ = seg.read(rec.start, rec.end - rec.start)
+    return data
+
+
+class Session:
+    """One client connection: requests in order, acks in order, keepalives while waiting."""
+
+    def __init__(self, bridge: Bridge, conn: Connection) -> None:
+        self.bridge = bridge
+        self.store = bridge.store
+        self.host = bridge.host
+        self.conn = conn
+        self.engine = wire.SegmentServer(min(bridge.args.max_frame_size, wire.MAX_COMMAND_SIZE))
+        # Ordered replies: each item is a future of (replies, close_after).
+        self.queue: asyncio.Queue[asyncio.Future | None] = asyncio.Queue(max(1, bridge.args.max_pending_appends))
+        self.acked: dict[uuid.UUID, int] = {}
+        self.version = str(wire.WIRE_VERSION)
+        self.ending = False  # read no more requests
+        self.closed = False  # write no more replies
+        self.waiting = 0
+
+    def write(self, replies: Sequence[wire.Reply]) -> None:
+        if not self.closed and replies:
+            self.conn.write(b"".join(self.engine.send(r) for r in replies))
+
+    def done(self, replies: Sequence[wire.Reply], close: bool = False) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result((list(replies), close))
+        return fut
+
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._write_replies())
+        keepalive = asyncio.create_task(self._keepalive())
+        error: BaseException | None = None
+        try:
+            try:
+                while not self.ending:
+                    data = await self.conn.read()
+                    if not data:
+                        break
+                    for request in self.engine.feed(data):
+                        await self._dispatch(request)
+                        if self.ending:
+                            break
+            except wire.EventNumberWentBackwards as e:
+                await self.queue.put(self.done([wire.InvalidEventNumber(e.writer_id, e.request_id, "", e.event_number)], True))
+                error = e
+            except (ProtocolError, Exception) as e:  # noqa: B014 (ProtocolError named for the reader)
+                error = e
+            # Whatever was forwarded still gets its ack before the connection ends.
+            await self.queue.put(None)
+            await writer
+        except asyncio.CancelledError:
+            # Shutdown grace is over: stored appends are forwarded again at the next start.
+            writer.cancel()
+            raise
+        finally:
+            keepalive.cancel()
+        if error is not None:
+            raise error
+
+    async def _write_replies(self) -> None:
+        while True:
+            item = await self.queue.get()
+            if item is None:
+                return
+            self.waiting += 1
+            try:
+                replies, close = await item
+            finally:
+                self.waiting -= 1
+            self.write(replies)
+            if close and not self.closed:
+                self.closed = self.ending = True
+                await self.conn.drain()
+                self.conn.stop_reading()
+            if self.queue.empty() and not self.closed:
+                await self.conn.drain()
+
+    async def _keepalive(self) -> None:
+        # While acks wait on a slow or absent device the client must not time out.
+        while True:
+            await asyncio.sleep(self.bridge.args.keepalive_interval)
+            if self.waiting or not self.queue.empty():
+                self.write([wire.KeepAlive()])
+
+    async def _dispatch(self, req: wire.Request) -> None:
+        if isinstance(req, wire.Append):
+            await self._append(req)
+        elif isinstance(req, wire.Hello):
+            self.version = str(req.high_version)
+            self.write([wire.Hello()])
+            if not req.compatible():
+                log.warning("%s: incompatible wire versions %d..%d; closing", self.conn.peer, req.low_version, req.high_version)
+                await self.queue.put(self.done([], True))
+                self.ending = True
+        elif isinstance(req, wire.KeepAlive):
+            self.write([req])
+        elif isinstance(req, wire.SetupAppend):
+            await self._setup_append(req)
+        elif isinstance(req, wire.ReadSegment):
+            self.write([self._read(req)])
+        elif isinstance(req, wire.GetStreamSegmentInfo):
+            seg = self.store.get(req.segment)
+            if seg is None:
+                self.write([wire.NoSuchSegment(req.request_id, req.segment, "", -1)])
+            else:
+                self.write([wire.StreamSegmentInfo(
+                    req.request_id, req.segment, True, seg.sealed, False, seg.last_modified, seg.durable, 0
+                )])
+        elif isinstance(req, wire.CreateSegment):
+            self.write([self._create(req)])
+        elif isinstance(req, wire.SealSegment):
+            seg = self.store.get(req.segment)
+            if seg is None:
+                self.write([wire.NoSuchSegment(req.request_id, req.segment, "", -1)])
+            else:
+                seg.seal()
+                self.write([wire.SegmentSealed(req.request_id, req.segment)])
+        elif isinstance(req, wire.Unsupported):
+            self.write([wire.OperationUnsupported(req.request_id, req.name, "")])
+
+    def _create(self, req: wire.CreateSegment) -> wire.Reply:
+        if not req.segment:
+            return wire.ErrorMessage(req.request_id, req.segment, "segment name is empty", ILLEGAL_ARGUMENT)
+        try:
+            self.store.create(req.segment)
+        except SegmentExists:
+            return wire.SegmentAlreadyExists(req.request_id, req.segment, "")
+        except StoreError as e:
+            log.error("%s: %s", self.conn.peer, e)
+            return wire.ErrorMessage(req.request_id, req.segment, str(e), UNSPECIFIED)
+        return wire.SegmentCreated(req.request_id, req.segment)
+
+    async def _setup_append(self, req: wire.SetupAppend) -> None:
+        seg = self.store.get(req.segment)
+        if seg is None:
+            self.write([wire.NoSuchSegment(req.request_id, req.segment, "", -1)])
+            return
+        if seg.sealed:
+            self.write([wire.SegmentIsSealed(req.request_id, req.segment, "", -1)])
+            return
+        # lastEventNumber is an implicit ack: it must not cover events the device lacks.
+        if seg.forwarded < seg.length:
+            self.waiting += 1
+            try:
+                await seg.wait_forwarded(seg.length)
+            finally:
+                self.waiting -= 1
+        last = seg.last_event(req.writer_id)
+        self.acked[req.writer_id] = last
+        self.write([wire.AppendSetup(req.request_id, req.segment, req.writer_id, last)])
+
+    def _read(self, req: wire.ReadSegment) -> wire.Reply:
+        seg = self.store.get(req.segment)
+        if seg is None:
+            return wire.NoSuchSegment(req.request_id, req.segment, "", req.offset)
+        if req.offset < 0 or req.offset > seg.durable:
+            return wire.ErrorMessage(
+                req.request_id, req.segment,
+                f"offset {req.offset} is outside the segment (0..{seg.durable})", ILLEGAL_ARGUMENT,
+            )
+        # The reply must fit one command: leave room for its header and fields.
+        room = self.engine.max_command - 64 - len(req.segment.encode("utf-8", "surrogatepass")) * 3
+        size = max(wire.HEADER_SIZE, min(req.suggested_length, self.bridge.args.max_read_size, room))
+        data, at_tail, end = seg.read(req.offset, size)
+        return wire.SegmentRead(req.segment, req.offset, at_tail, end, data, req.request_id)
+
+    async def _append(self, a: wire.Append) -> None:
+        seg = self.store.get(a.segment)
+        if seg is None:
+            await self.queue.put(self.done([wire.NoSuchSegment(a.request_id, a.segment, "", -1)]))
+            return
+        if seg.sealed:
+            await self.queue.put(self.done([wire.SegmentIsSealed(a.request_id, a.segment, "", a.last_event_number)]))
+            return
+        stored = seg.last_event(a.writer_id)
+        if a.last_event_number <= stored:
+            # Already in the segment (a resend past AppendSetup) or going backwards: Pravega refuses it.
+            log.warning("%s: writer %s sent event number %d, already at %d", self.conn.peer, a.writer_id, a.last_event_number, stored)
+            await self.queue.put(self.done([wire.InvalidEventNumber(a.writer_id, a.request_id, "", a.last_event_number)], True))
+            self.ending = True
+            return
+        if a.expected_offset is not None and a.expected_offset != seg.length:
+            await self.queue.put(self.done([wire.ConditionalCheckFailed(a.writer_id, a.last_event_number, a.request_id)]))
+            return
+        try:
+            rec = seg.append(a.writer_id, a.data, a.num_events, a.last_event_number)
+        except StoreError as e:
+            log.error("%s: %s", self.conn.peer, e)
+            await self.queue.put(self.done([wire.ErrorMessage(a.request_id, a.segment, str(e), UNSPECIFIED)], True))
+            self.ending = True
+            return
+        self.host.metrics.events_received.inc(a.num_events)
+        base = self.conn.metadata(self.version)
+        first = a.first_event_number
+        msgs = [
+            self.bridge.message(p, base, a.segment, a.writer_id, first + i, rec.start + off)
+            for i, (p, off) in enumerate(zip(a.payloads, a.event_offsets))
+        ]
+        previous = self.acked.get(a.writer_id, stored)
+        self.acked[a.writer_id] = a.last_event_number
+        task = asyncio.ensure_future(self._complete(seg, rec, msgs, a, previous))
+        await self.queue.put(task)
+
+    async def _complete(
+        self, seg: Segment, rec: AppendRecord, msgs: list[Message], a: wire.Append, previous: int
+    ) -> tuple[list[wire.Reply], bool]:
+        await seg.sync(rec.end)
+        try:
+            await self.host.link.publish(msgs)
+        except DeviceRejected as e:
+            # Stored but refused by the device: say so, and let the writer reconnect.
+            seg.mark_forwarded(rec)
+            self.host.metrics.device_rejected.inc(e.rejected)
+            log.error("%s: device rejected %d of %d events of segment %s at offset %d", self.conn.peer, e.rejected, e.total, seg.name, rec.start)
+            return [wire.ErrorMessage(a.request_id, a.segment, str(e), UNSPECIFIED)], True
+        seg.mark_forwarded(rec)
+        self.host.metrics.events_acked.inc(a.num_events)
+        return [wire.DataAppended(a.writer_id, a.last_event_number, previous, a.request_id, rec.end)], False

@@ -1,0 +1,669 @@
+"""The segment bridge end to end: a real `logjam-device`, a real `logjam-bridge segment`
+process, the Pravega-protocol test client, and a subscriber on the device.
+
+Covers both append forms, many writers on one connection, SIGKILL mid-stream and
+exactly-once resume, recovery of stored-but-unforwarded appends, reads, conditional
+appends, every error reply, garbage and oversize headers, TLS and mutual TLS, the
+device paused, and --app-env-field."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import struct
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import zmq
+
+from bridges.segment import engine as wire
+from logjam.message import Message
+from logjam.producer import Producer
+from logjam.subscriber import Subscriber
+from tests.conftest import start_device
+from tests.helpers import command, free_port, port_open, start, stop, wait_for
+from tests.segment_client import SegmentTestClient, ServerClosed
+
+SEG = "mesh/logs/0.#epoch.0"
+
+
+@dataclass
+class BridgeProcess:
+    proc: subprocess.Popen
+    port: int
+    app_env: str
+    data_dir: Path
+
+    def output(self) -> str:
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+def start_bridge(device_router: str, data_dir: Path, *extra: str, app_env: str | None = None, port: int | None = None) -> BridgeProcess:
+    port = port or free_port()
+    app_env = app_env or f"segtest-{uuid.uuid4().hex[:8]}"
+    proc = start([
+        command("logjam-bridge"), "segment", "--listen", f"127.0.0.1:{port}", "--device", device_router,
+        "--app-env", app_env, "--data-dir", str(data_dir), "--keepalive-interval", "0.5", *extra,
+    ])
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"logjam-bridge exited early:\n{proc.stdout.read() if proc.stdout else ''}")
+        return port_open(port)
+
+    wait_for(up, timeout=20, what="logjam-bridge segment to listen")
+    return BridgeProcess(proc, port, app_env, data_dir)
+
+
+def stop_bridge(b: BridgeProcess) -> str:
+    code = stop(b.proc)
+    out = b.output()
+    assert code == 0, out
+    return out
+
+
+def ready_subscriber(device_pub: str, device_router: str, app_env: str) -> Subscriber:
+    """A subscriber for `app_env` that has provably joined (ZeroMQ's slow joiner)."""
+    ctx = zmq.Context.instance()
+    sub = Subscriber(device_pub, [app_env], context=ctx)
+    probe = Producer(device_router, context=ctx, linger_ms=0)
+    try:
+        def joined() -> bool:
+            probe.send(app_env, "logs.probe", {"probe": True})
+            return any(isinstance(m, Message) and m.topic == "logs.probe" for m in sub.recv_batch(timeout=0.1))
+
+        wait_for(joined, timeout=15, what="subscriber to join the device")
+    finally:
+        probe.close()
+    return sub
+
+
+def drain(sub: Subscriber, app_env: str, wait: float) -> list[tuple[Message, dict[str, Any]]]:
+    out = []
+    deadline = time.monotonic() + wait
+    while (left := deadline - time.monotonic()) > 0:
+        for m in sub.recv_batch(max_items=5000, timeout=left):
+            if isinstance(m, Message) and m.app_env == app_env and m.topic != "logs.probe":
+                out.append((m, m.json()))
+    return out
+
+
+def collect(sub: Subscriber, app_env: str, n: int, timeout: float = 30.0) -> list[tuple[Message, dict[str, Any]]]:
+    got: list[tuple[Message, dict[str, Any]]] = []
+
+    def enough() -> bool:
+        for m in sub.recv_batch(max_items=5000, timeout=0.2):
+            if isinstance(m, Message) and m.app_env == app_env and m.topic != "logs.probe":
+                got.append((m, m.json()))
+        return len(got) >= n
+
+    wait_for(enough, timeout=timeout, interval=0, what=f"{n} messages (have {len(got)})")
+    return got
+
+
+@pytest.fixture
+def bridge(device, tmp_path):
+    b = start_bridge(device.router, tmp_path / "data")
+    yield b
+    stop_bridge(b)
+
+
+@pytest.fixture
+def client_tls(certs):
+    def make(cert: bool = False, other: bool = False) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(certs.ca))
+        if cert:
+            ctx.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+        if other:
+            ctx.load_cert_chain(str(certs.other_client_cert), str(certs.other_client_key))
+        return ctx
+
+    return make
+
+
+def writer_ready(c: SegmentTestClient, segment: str = SEG, writer: uuid.UUID | None = None) -> uuid.UUID:
+    writer = writer or uuid.uuid4()
+    reply = c.create_segment(segment)
+    assert isinstance(reply, (wire.SegmentCreated, wire.SegmentAlreadyExists)), reply
+    setup = c.setup_append(writer, segment)
+    assert isinstance(setup, wire.AppendSetup) and setup.last_event_number == wire.NULL_EVENT_NUMBER, setup
+    return writer
+
+
+def js(**fields: Any) -> bytes:
+    return orjson.dumps(fields)
+
+
+# ---------------------------------------------------------------- forms and mapping
+
+
+@pytest.mark.timeout(60)
+def test_simple_and_batched_forms_arrive_once_with_body_and_metadata(device, bridge) -> None:
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    with SegmentTestClient(bridge.port) as c:
+        assert c.hello(15, 5) == wire.Hello(17, 5)
+        w = writer_ready(c)
+        first = [js(n=1, kind="json", **{"@timestamp": "2024-05-01T10:00:00Z"}), b"plain 2", b"\xff\xfe 3", js(n=4), b"[5]"]
+        second = [js(n=i) for i in range(6, 11)]
+        third = [js(n=11), js(n=12), b"13"]
+        fourth = [b"x" * 300 + b"14", js(n=15)]
+        c.append(w, first, 5)  # standalone AppendBlockEnd (the Rust client's form)
+        c.append(w, second, 10, split_at=40)  # block + PartialEvent + rest in AppendBlockEnd
+        sizes = sum(len(wire.event_bytes(p)) for p in third)
+        c.append(w, third, 13, split_at=sizes, padding=24)  # block + Padding
+        c.append(w, fourth, 15, split_at=5)  # split inside the first EVENT header
+        acks = [c.expect(wire.DataAppended) for _ in range(4)]
+        assert [a.event_number for a in acks] == [5, 10, 13, 15]
+        assert [a.previous_event_number for a in acks] == [wire.NULL_EVENT_NUMBER, 5, 10, 13]
+        assert [a.request_id for a in acks] == [3, 4, 5, 6]
+        payloads = first + second + third + fourth
+        total = sum(len(wire.event_bytes(p)) for p in payloads)
+        assert acks[-1].current_segment_write_offset == total
+        assert c.read_all(SEG) == payloads
+        info = c.info(SEG)
+        assert isinstance(info, wire.StreamSegmentInfo) and info.exists and info.write_offset == total and not info.is_sealed
+    got = collect(sub, bridge.app_env, 15)
+    assert drain(sub, bridge.app_env, 0.5) == []
+    bodies = [b for _, b in got]
+    by_number = {b["@metadata"]["event_number"]: b for b in bodies}
+    assert sorted(by_number) == list(range(1, 16))
+    assert by_number[1]["n"] == 1 and by_number[1]["kind"] == "json"
+    assert by_number[2]["message"] == "plain 2"
+    assert by_number[3]["message_base64"] == "//4gMw=="
+    assert by_number[5]["message"] == "[5]"  # JSON, but not an object
+    assert by_number[13]["message"] == "13"
+    meta = by_number[7]["@metadata"]
+    assert meta["protocol"] == "segment" and meta["protocol_version"] == "15" and meta["segment"] == SEG
+    assert meta["writer_id"] == str(w) and meta["peer"].startswith("127.0.0.1:") and "tls" not in meta
+    offsets = [b["@metadata"]["segment_offset"] for b in sorted(bodies, key=lambda b: b["@metadata"]["event_number"])]
+    assert offsets == [sum(len(wire.event_bytes(p)) for p in payloads[:i]) for i in range(15)]
+    msg1 = next(m for m, b in got if b["@metadata"]["event_number"] == 1)
+    assert msg1.meta.created_ms == 1714557600000 and msg1.topic == "logs.segment"
+    sub.close()
+
+
+@pytest.mark.timeout(60)
+def test_many_writers_on_one_connection(device, bridge) -> None:
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    segments = [SEG, "mesh/logs/1.#epoch.0"]
+    with SegmentTestClient(bridge.port) as c:
+        c.hello()
+        for s in segments:
+            assert isinstance(c.create_segment(s), wire.SegmentCreated)
+        writers = [uuid.uuid4() for _ in range(6)]
+        for i, w in enumerate(writers):
+            assert isinstance(c.setup_append(w, segments[i % 2]), wire.AppendSetup)
+        rounds = 10
+        for r in range(rounds):  # interleaved and pipelined: no waiting for acks
+            for i, w in enumerate(writers):
+                c.append(w, [js(w=i, r=r, k=k) for k in range(3)], (r + 1) * 3, split_at=(7 if r % 2 else None))
+        acks = [c.expect(wire.DataAppended) for _ in range(rounds * len(writers))]
+        for w in writers:
+            mine = [a for a in acks if a.writer_id == w]
+            assert [a.event_number for a in mine] == [(r + 1) * 3 for r in range(rounds)]
+            assert [a.previous_event_number for a in mine] == [wire.NULL_EVENT_NUMBER] + [(r + 1) * 3 for r in range(rounds - 1)]
+        assert len(c.read_all(segments[0])) == len(c.read_all(segments[1])) == 3 * 3 * rounds
+    got = collect(sub, bridge.app_env, rounds * len(writers) * 3)
+    keys = {(b["w"], b["r"], b["k"]) for _, b in got}
+    assert len(keys) == len(got) == rounds * len(writers) * 3
+    for _, b in got:
+        assert b["@metadata"]["segment"] == segments[b["w"] % 2]
+        assert b["@metadata"]["event_number"] == b["r"] * 3 + b["k"] + 1
+    sub.close()
+
+
+# ---------------------------------------------------------------- crashes and resume
+
+
+def _segment_events(port: int, segment: str = SEG) -> list[int]:
+    with SegmentTestClient(port) as c:
+        c.hello()
+        return [orjson.loads(p)["n"] for p in c.read_all(segment)]
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_mid_stream_then_resume_without_duplicates_or_loss(device, tmp_path) -> None:
+    b = start_bridge(device.router, tmp_path / "data")
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    batch, total = 20, 6000
+    acked: list[int] = []
+    sent_upto = 0
+
+    def stream(c: SegmentTestClient, w: uuid.UUID, start_after: int) -> None:
+        """Pipelined appends with up to 8 outstanding, until done or the bridge dies."""
+        nonlocal sent_upto
+        n = start_after
+        outstanding = 0
+        try:
+            while n < total or outstanding:
+                while n < total and outstanding < 8:
+                    nums = range(n + 1, min(n + batch, total) + 1)
+                    c.append(w, [js(n=i, pad="p" * 150) for i in nums], nums[-1], split_at=(33 if nums[0] % 40 == 1 else None))
+                    n = nums[-1]
+                    sent_upto = n
+                    outstanding += 1
+                ack = c.expect(wire.DataAppended)
+                acked.append(ack.event_number)
+                outstanding -= 1
+        except (ServerClosed, ConnectionError, OSError):
+            pass
+
+    w = uuid.uuid4()
+    c = SegmentTestClient(b.port)
+    c.hello()
+    writer_ready(c, writer=w)
+    t = threading.Thread(target=stream, args=(c, w, 0), daemon=True)
+    t.start()
+    wait_for(lambda: len(acked) >= 40, timeout=60, what="acks before the kill")
+    b.proc.send_signal(signal.SIGKILL)
+    b.proc.wait(10)
+    t.join(20)
+    c.close()
+    last_acked = max(acked)
+    assert last_acked < total, "the kill came too late to be mid-stream"
+
+    b2 = start_bridge(device.router, b.data_dir, app_env=b.app_env, port=b.port)
+    try:
+        with SegmentTestClient(b2.port) as c2:
+            c2.hello()
+            setup = c2.setup_append(w, SEG)
+            assert isinstance(setup, wire.AppendSetup)
+            resume = setup.last_event_number
+            assert last_acked <= resume <= sent_upto
+            acked.clear()
+            stream(c2, w, resume)
+            assert acked and acked[-1] == total
+        # The segment holds every event exactly once, in order.
+        assert _segment_events(b2.port) == list(range(1, total + 1))
+        # At the device: nothing missing. A copy is possible only for appends that were
+        # stored but not yet acknowledged when the bridge died (see docs/protocols/segment.md).
+        got = collect(sub, b.app_env, total, timeout=60)
+        got += drain(sub, b.app_env, 1.0)
+        numbers = [body["n"] for _, body in got]
+        assert set(numbers) == set(range(1, total + 1))
+        dups = {n for n in numbers if numbers.count(n) > 1} if len(numbers) != total else set()
+        assert all(last_acked < n <= resume for n in dups), sorted(dups)
+        print(f"kill: last_acked={last_acked} resume={resume} sent={sent_upto} duplicates at the device={len(dups)}")
+        # A consumer drops such copies by their (segment, segment_offset) key: then exactly once.
+        unique = {(body["@metadata"]["segment"], body["@metadata"]["segment_offset"]): body["n"] for _, body in got}
+        assert sorted(unique.values()) == list(range(1, total + 1))
+        for _, body in got:
+            assert body["@metadata"]["event_number"] == body["n"]
+    finally:
+        sub.close()
+        stop_bridge(b2)
+
+
+@pytest.mark.timeout(120)
+def test_stored_but_unforwarded_appends_are_forwarded_before_append_setup(device_factory, tmp_path) -> None:
+    dev = device_factory()
+    ports = {"router": dev.router_port, "pull": dev.pull_port, "pub": dev.pub_port, "stats": dev.stats_port}
+    b = start_bridge(dev.router, tmp_path / "data")
+    w = uuid.uuid4()
+    with SegmentTestClient(b.port) as c:
+        c.hello()
+        writer_ready(c, writer=w)
+        c.append(w, [js(n=i) for i in range(1, 11)], 10)
+        c.expect(wire.DataAppended)
+        assert stop(dev.proc) == 0  # the device goes away
+        c.append(w, [js(n=i) for i in range(11, 31)], 30, split_at=50)
+        c.append(w, [js(n=i) for i in range(31, 41)], 40)
+        # Stored, but the device never saw them: no ack.
+        with pytest.raises(TimeoutError):
+            c.expect(wire.DataAppended, timeout=1.0)
+        info = c.info(SEG)
+        assert info.write_offset > 0
+    b.proc.send_signal(signal.SIGKILL)
+    b.proc.wait(10)
+
+    dev2 = start_device(ports=ports)
+    try:
+        sub = ready_subscriber(dev2.pub, dev2.router, b.app_env)
+        b2 = start_bridge(dev2.router, b.data_dir, app_env=b.app_env)
+        try:
+            with SegmentTestClient(b2.port) as c:
+                c.hello()
+                setup = c.setup_append(w, SEG)
+                assert isinstance(setup, wire.AppendSetup) and setup.last_event_number == 40
+            # Everything AppendSetup implicitly acknowledged is already at the device, once.
+            got = collect(sub, b.app_env, 30, timeout=30)
+            got += drain(sub, b.app_env, 0.5)
+            assert sorted(body["n"] for _, body in got) == list(range(11, 41))
+            assert all(body["@metadata"].get("recovered") for _, body in got)
+            assert _segment_events(b2.port) == list(range(1, 41))
+        finally:
+            sub.close()
+            out = stop_bridge(b2)
+        assert "not yet accepted by the device" in out
+    finally:
+        stop(dev2.proc)
+
+
+# ---------------------------------------------------------------- reads, conditional appends, errors
+
+
+@pytest.mark.timeout(60)
+def test_reads_from_the_middle_at_the_tail_and_after_sealing(bridge) -> None:
+    payloads = [f"event {i}".encode() for i in range(10)]
+    sizes = [len(wire.event_bytes(p)) for p in payloads]
+    with SegmentTestClient(bridge.port) as c:
+        c.hello()
+        w = writer_ready(c)
+        c.append(w, payloads, 10)
+        assert c.expect(wire.DataAppended).current_segment_write_offset == sum(sizes)
+        middle = sum(sizes[:3])
+        r = c.read(SEG, middle, 2 * sizes[3])
+        assert isinstance(r, wire.SegmentRead) and r.offset == middle
+        assert r.data == b"".join(wire.event_bytes(p) for p in payloads[3:5])
+        assert not r.at_tail and not r.end_of_segment and r.request_id == c._next_request
+        r = c.read(SEG, middle + 4, 1000)  # not on an event boundary: bytes are bytes
+        assert r.data == b"".join(wire.event_bytes(p) for p in payloads)[middle + 4 :] and r.at_tail
+        r = c.read(SEG, sum(sizes))
+        assert r.data == b"" and r.at_tail and not r.end_of_segment
+        err = c.read(SEG, sum(sizes) + 1)
+        assert isinstance(err, wire.ErrorMessage) and err.error_code == 0 and err.segment == SEG
+        c.send(wire.SealSegment(99, SEG, ""))
+        assert c.recv() == wire.SegmentSealed(99, SEG)
+        r = c.read(SEG, sum(sizes[:9]))
+        assert r.data == wire.event_bytes(payloads[9]) and r.at_tail and r.end_of_segment
+        info = c.info(SEG)
+        assert info.is_sealed and info.write_offset == sum(sizes)
+        assert isinstance(c.setup_append(uuid.uuid4(), SEG), wire.SegmentIsSealed)
+        c.append(w, [b"late"], 11)
+        assert isinstance(c.recv(), wire.SegmentIsSealed)
+
+
+@pytest.mark.timeout(60)
+def test_conditional_append(device, bridge) -> None:
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    with SegmentTestClient(bridge.port) as c:
+        c.hello()
+        w = writer_ready(c)
+        c.send(wire.ConditionalAppend(w, 1, 0, js(n=1), 50))
+        ack = c.expect(wire.DataAppended)
+        assert (ack.event_number, ack.request_id) == (1, 50)
+        end = ack.current_segment_write_offset
+        c.send(wire.ConditionalAppend(w, 2, 0, js(n=2), 51))  # stale offset
+        assert c.recv() == wire.ConditionalCheckFailed(w, 2, 51)
+        c.send(wire.ConditionalAppend(w, 2, end, js(n=2), 52))  # the connection is still good
+        ack = c.expect(wire.DataAppended)
+        assert (ack.event_number, ack.previous_event_number, ack.request_id) == (2, 1, 52)
+        assert [orjson.loads(p)["n"] for p in c.read_all(SEG)] == [1, 2]
+    got = collect(sub, bridge.app_env, 2)
+    assert drain(sub, bridge.app_env, 0.5) == []
+    assert sorted(b["n"] for _, b in got) == [1, 2]
+    sub.close()
+
+
+@pytest.mark.timeout(60)
+def test_every_error_reply(bridge) -> None:
+    with SegmentTestClient(bridge.port) as c:
+        c.hello()
+        c.send(wire.KeepAlive())
+        assert c.recv() == wire.KeepAlive()
+        assert c.setup_append(uuid.uuid4(), "nope") == wire.NoSuchSegment(1, "nope", "", -1)
+        assert isinstance(c.read("nope", 0), wire.NoSuchSegment)
+        assert isinstance(c.info("nope"), wire.NoSuchSegment)
+        assert isinstance(c.create_segment(SEG), wire.SegmentCreated)
+        assert c.create_segment(SEG) == wire.SegmentAlreadyExists(c._next_request, SEG, "")
+        assert isinstance(c.create_segment(""), wire.ErrorMessage)
+        c.send_raw(struct.pack(">iiq", 30, 8 + 4, 77) + b"\x00\x00\x00\x00")  # DeleteSegment
+        assert c.recv() == wire.OperationUnsupported(77, "DELETE_SEGMENT", "")
+        err = c.read(SEG, 5)
+        assert isinstance(err, wire.ErrorMessage) and err.error_code == 0
+        w = uuid.uuid4()
+        assert isinstance(c.setup_append(w, SEG), wire.AppendSetup)
+        c.append(w, [b"a", b"b"], 2)
+        c.expect(wire.DataAppended)
+        # Event numbers going backwards on one connection: InvalidEventNumber, then close.
+        c.append(w, [b"c"], 1, request_id=9)
+        assert c.recv() == wire.InvalidEventNumber(w, 9, "", 1)
+        assert c.closed_by_server()
+    with SegmentTestClient(bridge.port) as c:
+        # A new connection resending what the segment already holds is refused the same way.
+        c.hello()
+        setup = c.setup_append(w, SEG)
+        assert setup.last_event_number == 2
+        c.append(w, [b"b"], 2, request_id=5)
+        assert c.recv() == wire.InvalidEventNumber(w, 5, "", 2)
+        assert c.closed_by_server()
+    with SegmentTestClient(bridge.port) as c:
+        # Incompatible versions: our Hello, then the connection closes.
+        c.send(wire.Hello(4, 2))
+        assert c.recv() == wire.Hello(17, 5)
+        assert c.closed_by_server()
+    assert _segment_events_raw(bridge.port) == [b"a", b"b"]
+
+
+def _segment_events_raw(port: int) -> list[bytes]:
+    with SegmentTestClient(port) as c:
+        return c.read_all(SEG)
+
+
+# ---------------------------------------------------------------- bad peers
+
+
+@pytest.mark.timeout(60)
+def test_garbage_and_oversize_headers_next_to_a_good_one(device, bridge) -> None:
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    with SegmentTestClient(bridge.port) as good:
+        good.hello()
+        w = writer_ready(good)
+        data = good.engine.append(w, [js(n=i) for i in range(10)], 10, 1, split_at=30)
+        good.send_raw(data[:25])  # half a command
+        bad = [socket.create_connection(("127.0.0.1", bridge.port), timeout=10) for _ in range(5)]
+        bad[0].sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # an unknown command type
+        bad[1].sendall(struct.pack(">ii", 3, 0x7FFFFFF0))  # a 2 GiB AppendBlock: refused on the header
+        bad[2].sendall(struct.pack(">ii", 100, 0xFFFFFF - 7))  # one byte over 16 MiB - 1
+        bad[3].sendall(struct.pack(">ii", 9, -1))  # negative length
+        bad[4].sendall(os.urandom(4096))
+        for s in bad:
+            s.settimeout(10)
+            assert s.recv(100) == b""  # closed by the bridge without the body ever arriving
+            s.close()
+        good.send_raw(data[25:])
+        assert good.expect(wire.DataAppended).event_number == 10
+    got = collect(sub, bridge.app_env, 10)
+    assert sorted(b["n"] for _, b in got) == list(range(10))
+    sub.close()
+
+
+# ---------------------------------------------------------------- TLS
+
+
+@pytest.mark.timeout(60)
+def test_tls(device, certs, client_tls, tmp_path) -> None:
+    b = start_bridge(device.router, tmp_path / "data", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
+    try:
+        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        with SegmentTestClient(b.port, tls=client_tls()) as c:
+            c.hello()
+            w = writer_ready(c)
+            c.append(w, [js(n=i) for i in range(20)], 20, split_at=100)
+            assert c.expect(wire.DataAppended).event_number == 20
+        got = collect(sub, b.app_env, 20)
+        tls = got[0][1]["@metadata"]["tls"]
+        assert tls["version"] in ("TLSv1.2", "TLSv1.3") and tls["cipher"] and tls["cn"] is None
+        # Plain TCP to the TLS port is not served.
+        with socket.create_connection(("127.0.0.1", b.port), timeout=10) as plain:
+            plain.sendall(wire.SegmentClient().send(wire.Hello()))
+            try:
+                assert plain.recv(100) in (b"",) or not plain.recv(100).startswith(b"\xff\xff\xff\x81")
+            except ConnectionError:
+                pass
+        assert drain(sub, b.app_env, 0.3) == []
+        sub.close()
+    finally:
+        stop_bridge(b)
+
+
+def _refused(port: int, ctx: ssl.SSLContext) -> bool:
+    try:
+        with SegmentTestClient(port, tls=ctx, timeout=10) as c:
+            c.send(wire.Hello())
+            c.recv()
+            return False
+    except (ssl.SSLError, ConnectionError, ServerClosed, OSError):
+        return True
+
+
+@pytest.mark.timeout(60)
+def test_mutual_tls_and_refusals(device, certs, client_tls, tmp_path) -> None:
+    b = start_bridge(
+        device.router, tmp_path / "data", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+        "--tls-client-ca", str(certs.ca),
+    )
+    try:
+        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        with SegmentTestClient(b.port, tls=client_tls(cert=True)) as c:
+            c.hello()
+            w = writer_ready(c)
+            c.append(w, [js(n=i) for i in range(5)], 5)
+            assert c.expect(wire.DataAppended).event_number == 5
+        got = collect(sub, b.app_env, 5)
+        tls = got[0][1]["@metadata"]["tls"]
+        assert tls["cn"] == "test-client" and "test-client" in tls["subject"]
+        assert _refused(b.port, client_tls())
+        assert _refused(b.port, client_tls(other=True))
+        assert drain(sub, b.app_env, 0.3) == []
+        sub.close()
+    finally:
+        stop_bridge(b)
+
+
+# ---------------------------------------------------------------- device paused
+
+
+def _vm_rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.timeout(120)
+def test_device_paused_no_ack_keepalives_flat_memory_then_everything_once(device, tmp_path) -> None:
+    b = start_bridge(device.router, tmp_path / "data", "--fsync", "never")
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    stopped = False
+    try:
+        c = SegmentTestClient(b.port)
+        c.hello()
+        w = writer_ready(c)
+        sock = c.sock
+        sock.settimeout(0.5)
+        replies: list[wire.Reply] = []
+        sent = 0
+        last_progress = time.monotonic()
+        halt = threading.Event()
+        pad = "x" * 150
+
+        def pump() -> None:
+            nonlocal sent, last_progress
+            engine = wire.SegmentClient()
+            while not halt.is_set():
+                nums = range(sent + 1, sent + 51)
+                view = memoryview(engine.append(w, [js(n=i, pad=pad) for i in nums], nums[-1]))
+                while view and not halt.is_set():
+                    try:
+                        view = view[sock.send(view):]
+                        last_progress = time.monotonic()
+                    except (TimeoutError, BlockingIOError):
+                        continue
+                if not view:
+                    sent = nums[-1]
+
+        def read_replies() -> None:
+            engine = wire.SegmentClient()
+            while not halt.is_set() or (not replies or getattr(replies[-1], "event_number", 0) < sent):
+                try:
+                    data = sock.recv(65536)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                replies.extend(engine.feed(data))
+
+        def acked() -> int:
+            return max((r.event_number for r in replies if isinstance(r, wire.DataAppended)), default=0)
+
+        pump_thread = threading.Thread(target=pump, daemon=True)
+        reply_thread = threading.Thread(target=read_replies, daemon=True)
+        pump_thread.start()
+        reply_thread.start()
+        wait_for(lambda: acked() > 2000, timeout=30, what="acks while the device runs")
+
+        os.kill(device.proc.pid, signal.SIGSTOP)
+        stopped = True
+        wait_for(lambda: time.monotonic() - last_progress > 1.5, timeout=40, interval=0, what="the sender to be back-pressured")
+        highest = acked()
+        rss_stalled = _vm_rss_kib(b.proc.pid)
+        n_replies = len(replies)
+        # KeepAlives keep the client waiting (interval 0.5 s) but nothing new is acknowledged.
+        wait_for(lambda: sum(isinstance(r, wire.KeepAlive) for r in replies[n_replies:]) >= 3, timeout=10, what="keepalives while paused")
+        assert acked() == highest and sent > highest
+        rss_later = _vm_rss_kib(b.proc.pid)
+        assert rss_later - rss_stalled < 8 * 1024, (rss_stalled, rss_later)
+        assert rss_later < 400 * 1024
+
+        os.kill(device.proc.pid, signal.SIGCONT)
+        stopped = False
+        halt.set()
+        pump_thread.join(5)
+        total = sent
+        wait_for(lambda: acked() == total, timeout=60, what=f"the ack for {total}")
+        got = collect(sub, b.app_env, total, timeout=60)
+        numbers = [body["n"] for _, body in got]
+        assert sorted(numbers) == list(range(1, total + 1))
+        assert drain(sub, b.app_env, 0.5) == []
+        reply_thread.join(5)
+        c.close()
+        sub.close()
+    finally:
+        if stopped:
+            os.kill(device.proc.pid, signal.SIGCONT)
+        stop_bridge(b)
+
+
+# ---------------------------------------------------------------- --app-env-field
+
+
+@pytest.mark.timeout(60)
+def test_app_env_field_on_json_payloads(device, tmp_path) -> None:
+    b = start_bridge(device.router, tmp_path / "data", "--app-env-field", "fields.app")
+    try:
+        ctx = zmq.Context.instance()
+        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        other = Subscriber(device.pub, ["shop-prod"], context=ctx)
+        probe = Producer(device.router, context=ctx, linger_ms=0)
+
+        def joined() -> bool:
+            probe.send("shop-prod", "logs.probe", {"probe": True})
+            return any(isinstance(m, Message) and m.topic == "logs.probe" for m in other.recv_batch(timeout=0.1))
+
+        wait_for(joined, timeout=15, what="second subscriber")
+        probe.close()
+        with SegmentTestClient(b.port) as c:
+            c.hello()
+            w = writer_ready(c)
+            c.append(w, [js(fields={"app": "shop-prod"}, n=1), js(fields={"app": "no dash"}, n=2), b"text 3", js(n=4)], 4)
+            c.expect(wire.DataAppended)
+        routed = collect(other, "shop-prod", 1)
+        assert routed[0][1]["n"] == 1
+        fallback = collect(sub, b.app_env, 3)
+        assert sorted(body.get("n", 3) for _, body in fallback) == [2, 3, 4]
+        other.close()
+        sub.close()
+    finally:
+        stop_bridge(b)
