@@ -1,0 +1,252 @@
+"""`logjam-send`: a console producer for every protocol the mesh speaks, like kafka-console-producer.
+
+Each line (from the arguments, or from stdin when there are none or one is `-`) becomes
+one event: a line holding a JSON object is sent as that object, any other line as
+{"message": line}. Lines are sent in batches; each batch must be acknowledged by the
+peer within --timeout, else the command stops and exits 1. The protocol work happens
+in the project's own client engines, driven by logjam.send_clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import ssl
+import sys
+import time
+from typing import Any, Iterator, Sequence
+
+import orjson
+
+from logjam.config import add_config_flag, parse_args
+from logjam.send_clients import DEFAULT_PORTS, SENDERS, Options, Sender, SendFailed, tls_context
+from logjam.validation import is_valid_app_env
+
+PROG = "logjam-send"
+# A batch is flushed after this much quiet on stdin, so `tail -f | logjam-send` ships promptly.
+STDIN_IDLE_S = 0.2
+MAX_BATCH_BYTES = 1024 * 1024
+# RustLog's per-request limit.
+MAX_BATCH_EVENTS = 1000
+
+EPILOG = """\
+acknowledgements:
+  logjam      DEALER: each message is answered 202 Accepted (400 Bad Request fails the run).
+              PUSH (--mode push): there is no acknowledgement; the command exits 0 once
+              the messages are handed to ZeroMQ and the socket closed (with a linger of
+              --timeout), even if no device is listening. Use DEALER to be sure.
+  lumberjack  one window per batch; the ack of its last sequence number
+  courier     the final ACKN of each payload (EVNT, or JDAT for servers without EVNT)
+  segment     DataAppended for each append (a new writer id per run; the segment is
+              created when missing)
+  rustlog     ProduceResponse for each batch (the topic is created when missing)
+
+examples:
+  logjam-send logjam 'hello' '{"message": "hi", "level": "warn"}'
+  tail -f app.log | logjam-send lumberjack --to beats.example.com:5044 --tls-ca ca.pem
+  logjam-send rustlog --rustlog-topic app-logs --dialect binary < events.jsonl
+Empty lines are skipped; bytes that are not UTF-8 are replaced with U+FFFD.
+Exit status: 0 when everything was acknowledged, 1 when something was not, 2 for usage errors.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Messages may come before, between or after flags (`logjam-send courier a --to h:1 b`)."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        return self.parse_intermixed_args(args, namespace)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Send lines as events through one of the mesh's protocols and wait for the acknowledgement.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("protocol", choices=sorted(SENDERS), help="protocol to speak")
+    p.add_argument("messages", nargs="*", metavar="MESSAGE",
+                   help="one event per argument; none, or '-', reads lines from stdin (use -- before messages starting with -)")
+    p.add_argument("--to", metavar="HOST:PORT",
+                   help="where to send (default 127.0.0.1 and the protocol's port: logjam 9604, or 9605 with "
+                        "--mode push; lumberjack 5044; courier 5043; segment 12345; rustlog 9092)")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="wait this long for each connection and acknowledgement (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=500, metavar="N",
+                   help=f"events per window/payload/append/request (at most {MAX_BATCH_EVENTS}; default %(default)s)")
+    tls = p.add_argument_group("TLS (bridge protocols)")
+    tls.add_argument("--tls", action="store_true", help="use TLS, verifying the server with the system's CAs")
+    tls.add_argument("--tls-ca", metavar="FILE", help="verify the server against this CA (PEM); implies --tls")
+    tls.add_argument("--tls-cert", metavar="FILE", help="client certificate for mutual TLS (PEM); implies --tls")
+    tls.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
+    lj = p.add_argument_group("logjam")
+    lj.add_argument("--mode", choices=["dealer", "push"], default="dealer",
+                    help="dealer: acknowledged requests (default); push: fire and forget, cannot be acknowledged")
+    lj.add_argument("--app-env", default="send-default", help="stream name, application-environment (default %(default)s)")
+    lj.add_argument("--topic", default="logs.send", help="Logjam topic (default %(default)s)")
+    lj.add_argument("--compress", choices=["none", "zlib", "snappy", "lz4"], default="none", help="body compression")
+    lb = p.add_argument_group("lumberjack")
+    lb.add_argument("--lumberjack-version", type=int, choices=[1, 2], default=2,
+                    help="2: JSON frames (default); 1: string maps, nested values as JSON text")
+    sg = p.add_argument_group("segment")
+    sg.add_argument("--segment", default="logjam/send/0.#epoch.0", help="segment to append to (default %(default)s)")
+    rl = p.add_argument_group("rustlog")
+    rl.add_argument("--rustlog-topic", default="logjam-send", help="topic to produce to (default %(default)s)")
+    rl.add_argument("--partition", type=int, default=0, help="partition (default %(default)s)")
+    rl.add_argument("--dialect", choices=["json", "binary"], default="json", help="wire dialect (default %(default)s)")
+    add_config_flag(p)
+    return p
+
+
+def parse_target(to: str | None, default_port: int) -> tuple[str, int]:
+    if not to:
+        return "127.0.0.1", default_port
+    host, sep, port = to.rpartition(":")
+    if not sep:
+        host, port = to, str(default_port)
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--to {to!r}: expected HOST:PORT")
+    return host, int(port)
+
+
+def event_of(line: str) -> dict[str, Any]:
+    """A JSON object line is the event itself; any other line is its message."""
+    if line.startswith("{"):
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            value = None
+        if isinstance(value, dict):
+            return value
+    return {"message": line}
+
+
+def _decode(raw: bytes) -> str:
+    return raw.rstrip(b"\r").decode("utf-8", "replace")
+
+
+def stdin_lines(fd: int) -> Iterator[str | None]:
+    """Lines of `fd` as they arrive; None marks a pause (nothing more to read for a moment)."""
+    pending = b""
+    while True:
+        try:
+            ready, _, _ = select.select([fd], [], [], STDIN_IDLE_S)
+        except (OSError, ValueError):  # not selectable (e.g. some Windows handles): just read
+            ready = [fd]
+        if not ready:
+            yield None
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for raw in lines:
+            yield _decode(raw)
+    if pending:
+        yield _decode(pending)
+
+
+def lines_of(messages: Sequence[str], stdin_fd: int) -> Iterator[str | None]:
+    if not messages:
+        messages = ["-"]
+    for m in messages:
+        if m == "-":
+            yield from stdin_lines(stdin_fd)
+        else:
+            yield from m.split("\n")
+
+
+def batches(lines: Iterator[str | None], size: int) -> Iterator[list[dict[str, Any]]]:
+    """Groups of at most `size` events (and about MAX_BATCH_BYTES); a pause on stdin ends a group early."""
+    batch: list[dict[str, Any]] = []
+    nbytes = 0
+    for line in lines:
+        if line is None:
+            if batch:
+                yield batch
+                batch, nbytes = [], 0
+            continue
+        if not line.strip():
+            continue
+        batch.append(event_of(line))
+        nbytes += len(line)
+        if len(batch) >= size or nbytes >= MAX_BATCH_BYTES:
+            yield batch
+            batch, nbytes = [], 0
+    if batch:
+        yield batch
+
+
+def options(args: argparse.Namespace) -> Options:
+    key = "logjam-push" if args.protocol == "logjam" and args.mode == "push" else args.protocol
+    host, port = parse_target(args.to, DEFAULT_PORTS[key])
+    tls: ssl.SSLContext | None = None
+    if args.tls_key and not args.tls_cert:
+        raise ValueError("--tls-key needs --tls-cert")
+    if args.tls or args.tls_ca or args.tls_cert:
+        try:
+            tls = tls_context(args.tls_ca, args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as e:
+            raise ValueError(f"cannot load TLS files: {e}") from None
+    return Options(
+        host=host, port=port, timeout=args.timeout, tls=tls, mode=args.mode, app_env=args.app_env,
+        topic=args.topic, compress=args.compress, lumberjack_version=args.lumberjack_version,
+        segment=args.segment, rustlog_topic=args.rustlog_topic, partition=args.partition, dialect=args.dialect,
+    )
+
+
+def run(args: argparse.Namespace, stdin_fd: int) -> int:
+    try:
+        if args.timeout <= 0:
+            raise ValueError("--timeout must be positive")
+        if not 1 <= args.batch_size <= MAX_BATCH_EVENTS:
+            raise ValueError(f"--batch-size must be within 1..{MAX_BATCH_EVENTS}")
+        if args.protocol == "logjam" and not is_valid_app_env(args.app_env):
+            print(f"{PROG}: warning: --app-env {args.app_env!r} is not application-environment; the device will refuse it",
+                  file=sys.stderr)
+        opts = options(args)
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    sent = acked = 0
+    sender: Sender | None = None
+    what = f"{args.protocol} {opts.where}" + (" (PUSH)" if args.protocol == "logjam" and args.mode == "push" else "")
+    try:
+        for batch in batches(lines_of(args.messages, stdin_fd), args.batch_size):
+            sent += len(batch)
+            if sender is None:
+                sender = SENDERS[args.protocol](opts)
+            sender.send(batch)
+            acked += len(batch)
+    except SendFailed as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: {acked} of {sent} events acknowledged by {what}; the rest may not have arrived", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; {acked} of {sent} events acknowledged by {what}", file=sys.stderr)
+        return 130
+    finally:
+        if sender is not None:
+            sender.close()
+    elapsed = time.monotonic() - started
+    if sender is not None and not sender.acknowledged:
+        print(f"{PROG}: {_events(sent)} sent to {what} in {elapsed:.2f} s (PUSH: not acknowledged)", file=sys.stderr)
+    else:
+        print(f"{PROG}: {_events(acked)} sent to {what} and acknowledged in {elapsed:.2f} s", file=sys.stderr)
+    return 0
+
+
+def _events(n: int) -> str:
+    return f"{n} event" if n == 1 else f"{n} events"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    return run(args, sys.stdin.fileno())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

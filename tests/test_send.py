@@ -1,0 +1,205 @@
+"""`logjam-send` as a subprocess against a real `logjam-device` and real `logjam-bridge` processes.
+
+A subscriber on the device's PUB checks that every line arrived once with the right
+body; failures (nothing listening, the device answering 400, a TLS peer refusing us)
+must give a non-zero exit and a clear message."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import command, free_port, port_open, start, stop, wait_for
+from tests.lumberjack_support import collect, no_more, ready_subscriber
+
+SEND = command("logjam-send")
+
+
+@dataclass
+class Bridge:
+    proc: subprocess.Popen
+    port: int
+    app_env: str
+
+    @property
+    def to(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def start_bridge(protocol: str, device, data_dir: Path, *extra: str) -> Bridge:
+    port = free_port()
+    app_env = f"sendtest-{uuid.uuid4().hex[:8]}"
+    argv = [command("logjam-bridge"), protocol, "--listen", f"127.0.0.1:{port}", "--device", device.router,
+            "--app-env", app_env, *extra]
+    if protocol in ("segment", "rustlog"):
+        argv += ["--data-dir", str(data_dir / protocol)]
+    proc = start(argv)
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"logjam-bridge {protocol} exited early:\n{proc.stdout.read() if proc.stdout else ''}")
+        return port_open(port)
+
+    wait_for(up, timeout=20, what=f"logjam-bridge {protocol} to listen")
+    return Bridge(proc, port, app_env)
+
+
+def stop_bridge(b: Bridge) -> None:
+    code = stop(b.proc)
+    out = b.proc.stdout.read() if b.proc.stdout else ""
+    assert code == 0, out
+
+
+def send(*args: str, stdin: str = "", timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([SEND, *args], input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def bodies(sub, app_env: str, n: int) -> list[dict[str, Any]]:
+    got = [{k: v for k, v in body.items() if k != "@metadata"} for _, body in collect(sub, app_env, n)]
+    assert no_more(sub, app_env, 0.3) == []
+    return got
+
+
+def key(body: dict[str, Any]) -> str:
+    return repr(sorted(body.items()))
+
+
+ARG_LINES = ["plain line one", '{"message": "from json", "level": "warn", "n": 3}', "plain line two"]
+STDIN_TEXT = "stdin a\r\n\n{\"message\": \"stdin json\", \"tags\": [\"x\"]}\n[1, 2]\nstdin b"  # no final newline
+STDIN_EVENTS = [{"message": "stdin a"}, {"message": "stdin json", "tags": ["x"]}, {"message": "[1, 2]"}, {"message": "stdin b"}]
+ARG_EVENTS = [{"message": "plain line one"}, {"message": "from json", "level": "warn", "n": 3}, {"message": "plain line two"}]
+
+
+def as_v1(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lumberjack v1 carries strings: nested values arrive as their JSON text."""
+    import json
+
+    return [{k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for k, v in e.items()} for e in events]
+
+
+@pytest.mark.timeout(60)
+def test_logjam_dealer_arguments_and_stdin(device) -> None:
+    app_env = f"sendtest-{uuid.uuid4().hex[:8]}"
+    sub = ready_subscriber(device.pub, device.router, app_env)
+    try:
+        r = send("logjam", "--to", f"127.0.0.1:{device.router_port}", "--app-env", app_env, *ARG_LINES)
+        assert r.returncode == 0, r.stderr
+        assert "3 events sent to logjam" in r.stderr and "acknowledged" in r.stderr
+        # '-' splices stdin in between arguments.
+        r = send("logjam", "--to", f"127.0.0.1:{device.router_port}", "--app-env", app_env,
+                 "--topic", "logs.send.test", "--compress", "lz4", "first", "-", "last", stdin=STDIN_TEXT)
+        assert r.returncode == 0, r.stderr
+        got = collect(sub, app_env, 3 + 6)
+        assert [m.topic for m, _ in got] == ["logs.send"] * 3 + ["logs.send.test"] * 6
+        assert [b for _, b in got] == ARG_EVENTS + [{"message": "first"}, *STDIN_EVENTS, {"message": "last"}]
+        assert no_more(sub, app_env, 0.3) == []
+    finally:
+        sub.close()
+
+
+@pytest.mark.timeout(60)
+def test_logjam_push_sends_without_acknowledgement(device) -> None:
+    app_env = f"sendtest-{uuid.uuid4().hex[:8]}"
+    sub = ready_subscriber(device.pub, device.router, app_env)
+    try:
+        r = send("logjam", "--mode", "push", "--to", f"127.0.0.1:{device.pull_port}", "--app-env", app_env, stdin=STDIN_TEXT)
+        assert r.returncode == 0, r.stderr
+        assert "not acknowledged" in r.stderr
+        assert sorted(map(key, bodies(sub, app_env, 4))) == sorted(map(key, STDIN_EVENTS))
+    finally:
+        sub.close()
+    assert "cannot be acknowledged" in " ".join(send("--help").stdout.split())
+
+
+@pytest.mark.timeout(60)
+def test_logjam_device_400_exits_nonzero(device) -> None:
+    r = send("logjam", "--to", f"127.0.0.1:{device.router_port}", "--topic", "bogus.topic", "refused")
+    assert r.returncode == 1, r.stderr
+    assert "400 Bad Request" in r.stderr and "--topic 'bogus.topic'" in r.stderr
+    assert "0 of 1 events acknowledged" in r.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("protocol", ["logjam", "lumberjack", "courier", "segment", "rustlog"])
+def test_nothing_listening_exits_nonzero(protocol: str) -> None:
+    port = free_port()
+    r = send(protocol, "--to", f"127.0.0.1:{port}", "--timeout", "1", "hello")
+    assert r.returncode == 1, r.stderr
+    if protocol == "logjam":  # ZeroMQ connects lazily: the request goes unanswered
+        assert "got no reply" in r.stderr
+    else:
+        assert f"cannot connect to 127.0.0.1:{port}" in r.stderr
+    assert "0 of 1 events acknowledged" in r.stderr
+
+
+BRIDGE_CASES = {
+    "lumberjack-v2": ("lumberjack", []),
+    "lumberjack-v1": ("lumberjack", ["--lumberjack-version", "1"]),
+    "courier": ("courier", []),
+    "segment": ("segment", ["--segment", "send/test/0.#epoch.0"]),
+    "rustlog-json-partition-1": ("rustlog", ["--rustlog-topic", "send-test", "--partition", "1"]),
+    "rustlog-binary": ("rustlog", ["--dialect", "binary"]),
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("protocol,flags", list(BRIDGE_CASES.values()), ids=list(BRIDGE_CASES))
+def test_bridge_protocols_arguments_and_stdin(device, tmp_path, protocol: str, flags: list[str]) -> None:
+    b = start_bridge(protocol, device, tmp_path)
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    try:
+        # The first run creates the segment or topic; the second finds it.
+        r = send(protocol, "--to", b.to, *flags, *ARG_LINES)
+        assert r.returncode == 0, r.stderr
+        assert f"3 events sent to {protocol} {b.to} and acknowledged" in r.stderr
+        # stdin in two batches, so a second window/payload/append/request follows the first.
+        r = send(protocol, "--to", b.to, "--batch-size", "2", *flags, stdin=STDIN_TEXT)
+        assert r.returncode == 0, r.stderr
+        expected = ARG_EVENTS + STDIN_EVENTS
+        if "1" in flags and protocol == "lumberjack":
+            expected = as_v1(expected)
+        assert sorted(map(key, bodies(sub, b.app_env, 7))) == sorted(map(key, expected))
+    finally:
+        sub.close()
+        stop_bridge(b)
+
+
+@pytest.mark.timeout(90)
+def test_tls_and_mutual_tls(device, tmp_path, certs) -> None:
+    server = ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
+    # TLS: verified against the test CA.
+    b = start_bridge("courier", device, tmp_path, *server)
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    try:
+        r = send("courier", "--to", b.to, "--tls-ca", str(certs.ca), "over tls")
+        assert r.returncode == 0, r.stderr
+        assert bodies(sub, b.app_env, 1) == [{"message": "over tls"}]
+        # Without the CA the server is not trusted: refused, nothing sent.
+        r = send("courier", "--to", b.to, "--tls", "--timeout", "5", "untrusted")
+        assert r.returncode == 1 and "TLS handshake" in r.stderr and "CERTIFICATE_VERIFY_FAILED" in r.stderr, r.stderr
+    finally:
+        sub.close()
+        stop_bridge(b)
+    # Mutual TLS: the bridge requires a client certificate signed by the test CA.
+    b = start_bridge("lumberjack", device, tmp_path, *server, "--tls-client-ca", str(certs.ca))
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    try:
+        r = send("lumberjack", "--to", b.to, "--tls-ca", str(certs.ca),
+                 "--tls-cert", str(certs.client_cert), "--tls-key", str(certs.client_key), stdin="mutual\n")
+        assert r.returncode == 0, r.stderr
+        got = collect(sub, b.app_env, 1)
+        assert got[0][1]["message"] == "mutual"
+        assert got[0][1]["@metadata"]["tls"]["cn"] == "test-client"
+        r = send("lumberjack", "--to", b.to, "--tls-ca", str(certs.ca), "--timeout", "5", "no client cert")
+        assert r.returncode == 1, r.stderr
+        assert "client certificate" in r.stderr or "TLS handshake" in r.stderr  # TLS 1.3 or 1.2
+        assert "0 of 1 events acknowledged" in r.stderr
+        assert no_more(sub, b.app_env, 0.3) == []
+    finally:
+        sub.close()
+        stop_bridge(b)
