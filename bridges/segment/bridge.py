@@ -197,6 +197,10 @@ class Session:
             self.waiting += 1
             try:
                 replies, close = await item
+            except Exception:
+                # E.g. an fsync failed: nothing more is acknowledged on this connection.
+                log.exception("%s: append failed; closing the connection", self.conn.peer)
+                replies, close = [], True
             finally:
                 self.waiting -= 1
             self.write(replies)
