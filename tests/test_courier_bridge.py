@@ -22,7 +22,7 @@ import orjson
 import pytest
 import zmq
 
-from bridges.courier.engine import CourierClient, VersionReceived, encode_jdat
+from bridges.courier.engine import CourierClient, VersionReceived
 from logjam.message import Message
 from logjam.producer import Producer
 from logjam.subscriber import Subscriber
