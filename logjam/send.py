@@ -12,13 +12,16 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import signal
 import ssl
 import sys
+import threading
 import time
 from typing import Any, Iterator, Sequence
 
 import orjson
 
+from logjam import lifecycle
 from logjam.config import add_config_flag, parse_args
 from logjam.send_clients import DEFAULT_PORTS, SENDERS, Options, Sender, SendFailed, tls_context
 from logjam.validation import is_valid_app_env
@@ -27,6 +30,8 @@ PROG = "logjam-send"
 # A batch is flushed after this much quiet on stdin, so `tail -f | logjam-send` ships promptly.
 STDIN_IDLE_S = 0.2
 MAX_BATCH_BYTES = 1024 * 1024
+# After SIGTERM, read at most this much more of what a writer already queued.
+STOP_DRAIN_BYTES = 4 * 1024 * 1024
 # RustLog's per-request limit.
 MAX_BATCH_EVENTS = 1000
 
@@ -127,15 +132,23 @@ def _decode(raw: bytes) -> str:
     return raw.rstrip(b"\r").decode("utf-8", "replace")
 
 
-def stdin_lines(fd: int) -> Iterator[str | None]:
-    """Lines of `fd` as they arrive; None marks a pause (nothing more to read for a moment)."""
+def stdin_lines(fd: int, stop: threading.Event | None = None) -> Iterator[str | None]:
+    """Lines of `fd` as they arrive; None marks a pause (nothing more to read for a moment).
+
+    Setting `stop` (SIGTERM) ends the input as EOF would, once what is already waiting in
+    the pipe (up to STOP_DRAIN_BYTES) has been read, so it still goes out.
+    """
     pending = b""
+    drained = 0
     while True:
+        stopping = stop is not None and stop.is_set()
         try:
-            ready, _, _ = select.select([fd], [], [], STDIN_IDLE_S)
+            ready, _, _ = select.select([fd], [], [], 0 if stopping else STDIN_IDLE_S)
         except (OSError, ValueError):  # not selectable (e.g. some Windows handles): just read
             ready = [fd]
         if not ready:
+            if stopping:
+                break
             yield None
             continue
         chunk = os.read(fd, 65536)
@@ -144,16 +157,20 @@ def stdin_lines(fd: int) -> Iterator[str | None]:
         *lines, pending = (pending + chunk).split(b"\n")
         for raw in lines:
             yield _decode(raw)
+        if stopping:
+            drained += len(chunk)
+            if drained >= STOP_DRAIN_BYTES:
+                break
     if pending:
         yield _decode(pending)
 
 
-def lines_of(messages: Sequence[str], stdin_fd: int) -> Iterator[str | None]:
+def lines_of(messages: Sequence[str], stdin_fd: int, stop: threading.Event | None = None) -> Iterator[str | None]:
     if not messages:
         messages = ["-"]
     for m in messages:
         if m == "-":
-            yield from stdin_lines(stdin_fd)
+            yield from stdin_lines(stdin_fd, stop)
         else:
             yield from m.split("\n")
 
@@ -183,6 +200,8 @@ def options(args: argparse.Namespace) -> Options:
     key = "logjam-push" if args.protocol == "logjam" and args.mode == "push" else args.protocol
     host, port = parse_target(args.to, DEFAULT_PORTS[key])
     tls: ssl.SSLContext | None = None
+    if args.protocol == "logjam" and (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
+        raise ValueError("the logjam protocol runs on ZeroMQ without TLS; the --tls flags are for the bridge protocols")
     if args.tls_key and not args.tls_cert:
         raise ValueError("--tls-key needs --tls-cert")
     if args.tls or args.tls_ca or args.tls_cert:
@@ -210,12 +229,14 @@ def run(args: argparse.Namespace, stdin_fd: int) -> int:
     except ValueError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    # SIGTERM: stop reading, send and wait for what was read, exit 0 (Ctrl-C aborts).
+    stop = lifecycle.stop_event((signal.SIGTERM,))
     started = time.monotonic()
     sent = acked = 0
     sender: Sender | None = None
     what = f"{args.protocol} {opts.where}" + (" (PUSH)" if args.protocol == "logjam" and args.mode == "push" else "")
     try:
-        for batch in batches(lines_of(args.messages, stdin_fd), args.batch_size):
+        for batch in batches(lines_of(args.messages, stdin_fd, stop), args.batch_size):
             sent += len(batch)
             if sender is None:
                 sender = SENDERS[args.protocol](opts)

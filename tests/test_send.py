@@ -6,6 +6,7 @@ must give a non-zero exit and a clear message."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -99,6 +100,33 @@ def test_logjam_dealer_arguments_and_stdin(device) -> None:
         assert [b for _, b in got] == ARG_EVENTS + [{"message": "first"}, *STDIN_EVENTS, {"message": "last"}]
         assert no_more(sub, app_env, 0.3) == []
     finally:
+        sub.close()
+
+
+@pytest.mark.timeout(60)
+def test_stdin_lines_go_out_as_they_arrive_and_sigterm_flushes(device) -> None:
+    """`tail -f | logjam-send`: a line is sent while stdin stays open; SIGTERM ends cleanly."""
+    app_env = f"sendtest-{uuid.uuid4().hex[:8]}"
+    sub = ready_subscriber(device.pub, device.router, app_env)
+    proc = subprocess.Popen([SEND, "logjam", "--to", f"127.0.0.1:{device.router_port}", "--app-env", app_env],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in ("first", "second"):
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            assert [b for _, b in collect(sub, app_env, 1, timeout=10)] == [{"message": line}]
+        proc.stdin.write("last\n")
+        proc.stdin.flush()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert "3 events sent to logjam" in proc.stderr.read()
+        assert [b for _, b in collect(sub, app_env, 1, timeout=10)] == [{"message": "last"}]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
+        proc.stderr.close()
         sub.close()
 
 
