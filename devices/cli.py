@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-S", "--snd-hwm", type=int, default=1_000_000, help="send high-water mark of PUB (default 1000000)")
     p.add_argument("--heartbeat-interval", type=_positive, default=5.0, metavar="SECONDS", help="seconds between heartbeats (default 5)")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port (default off)")
+    p.add_argument(
+        "--engine", choices=("auto", "native", "python"), default="auto",
+        help="PULL hot loop: the C fast path (native, built once with cffi), the pure-Python loop, "
+        "or native when it can be built (auto, the default)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_config_flag(p)
     return p
@@ -64,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         router_port=args.router_port, pull_port=args.pull_port, pub_port=args.pub_port,
         stats_port=args.stats_port, bind=args.bind, device_id=args.device_id,
         compress=int(args.compress), rcv_hwm=args.rcv_hwm, snd_hwm=args.snd_hwm,
-        heartbeat_interval=args.heartbeat_interval,
+        heartbeat_interval=args.heartbeat_interval, engine=args.engine,
     )
     stop = lifecycle.stop_event()
     try:
@@ -77,8 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         serve(device, args.metrics_port, "0.0.0.0" if config.bind == "*" else config.bind)
     log.info(
-        "device %d: ROUTER %d, PULL %d, PUB %d, stats %d on %s%s",
-        config.device_id, config.router_port, config.pull_port, config.pub_port, config.stats_port,
+        "device %d (%s engine): ROUTER %d, PULL %d, PUB %d, stats %d on %s%s",
+        config.device_id, device.engine, config.router_port, config.pull_port, config.pub_port, config.stats_port,
         config.bind, f", metrics {args.metrics_port}" if args.metrics_port else "",
     )
     try:

@@ -12,6 +12,10 @@ what we control is the Python work per message, so:
 - checks are cache lookups on raw bytes (valid stream names and topics are
   remembered), and the only new object per message is the 24-byte meta.
 
+PULL traffic (the bulk) can instead take the C fast path in `devices.native`, which
+holds a whole batch as zmq_msg_t's and never makes a Python object per message;
+`--engine python` turns it off, and it is off with --compress.
+
 Everything accepted goes through `_commit`, the one place where messages are
 numbered and published (a journal append belongs between those two steps).
 Replies to requests are sent after `_commit`, so a 202 is never ahead of the publish.
@@ -31,9 +35,11 @@ from zmq.backend import Socket as _RawSocket
 
 from logjam import lifecycle
 from logjam.compression import compress
-from logjam.meta import Compression
+from logjam.meta import Compression, now_ms
 from logjam.validation import is_valid_app_env, is_valid_topic
 from devices import stamp
+from devices import native
+from devices.native import NativeBatch
 from devices.stamp import FRESH_META, HEADS, INVALID_LABEL, OTHER_LABEL, ZERO_MS
 
 log = logging.getLogger("logjam-device")
@@ -73,6 +79,41 @@ class DeviceConfig:
     snd_hwm: int = 1_000_000
     heartbeat_interval: float = 5.0
     linger_ms: int = lifecycle.DEFAULT_LINGER_MS
+    # "auto": the C fast path for PULL when it can be built (and --compress is off),
+    # "native": the same but fail if it cannot, "python": never.
+    engine: str = "auto"
+
+
+class TupleBatch(list):
+    """Accepted messages as (app-env, topic, body, client meta); frames are bytes or zmq.Frame."""
+
+    __slots__ = ("metas",)
+
+    def number(self, device: int, first_seq: int, now: int) -> int:
+        dev = stamp.device_bytes(device)
+        now_b = now.to_bytes(8, "big")
+        pack = stamp._STAMP.pack
+        heads = HEADS
+        seq = first_seq - 1
+        metas = []
+        add = metas.append
+        for _, _, _, meta in self:
+            seq += 1
+            created = meta[8:16]
+            add(pack(heads[meta[:4]], dev, now_b if created == ZERO_MS else created, seq))
+        self.metas = metas
+        return len(metas)
+
+    def publish(self, sock: zmq.Socket) -> None:
+        send = _send
+        metas = self.metas
+        i = 0
+        for app, topic, body, _ in self:
+            send(sock, app, _SM)
+            send(sock, topic, _SM)
+            send(sock, body, _SM, False)
+            send(sock, metas[i])
+            i += 1
 
 
 class Device:
@@ -83,7 +124,8 @@ class Device:
         self.ctx = context or zmq.Context()
         self.fqdn = pysocket.getfqdn()
         self.heartbeat_address = f"tcp://{self.fqdn}:{config.pub_port}".encode()
-        self._device = stamp.device_bytes(config.device_id)
+        self._device_id = config.device_id
+        stamp.device_bytes(config.device_id)  # range check
         self._device_label = str(config.device_id).encode()
         self._compress = int(config.compress)
 
@@ -104,6 +146,19 @@ class Device:
         self.pull = lifecycle.socket(self.ctx, zmq.PULL, linger_ms=linger, rcvhwm=config.rcv_hwm)
         self.pub = lifecycle.socket(self.ctx, zmq.PUB, linger_ms=linger, sndhwm=config.snd_hwm)
         self.stats = lifecycle.socket(self.ctx, zmq.PUB, linger_ms=linger)
+        self._native: NativeBatch | None = None
+        if config.engine not in ("auto", "native", "python"):
+            raise ValueError(f"engine must be auto, native or python, not {config.engine!r}")
+        if config.engine != "python":
+            if self._compress and config.engine == "native":
+                raise ValueError("the native engine does not compress; use --engine python or auto")
+            loaded = None if self._compress else native.load()
+            if loaded is None and config.engine == "native":
+                raise RuntimeError("the native engine could not be built (see the log)")
+            if loaded is not None:
+                self._native = NativeBatch(*loaded)
+                self._pull_handle = loaded[0].cast("void *", self.pull.underlying)
+        self.engine = "native" if self._native is not None else "python"
         for sock, port in (
             (self.router, config.router_port),
             (self.pull, config.pull_port),
@@ -114,35 +169,17 @@ class Device:
 
     # -- the one place where messages are numbered and published -----------------
 
-    def _commit(self, batch: list[tuple[Any, Any, Any, bytes]]) -> None:
-        """Number every accepted message of `batch`, then publish them in order.
+    def _commit(self, batch: "TupleBatch | NativeBatch") -> None:
+        """Number every message of `batch`, then publish them in order.
 
-        Entries are (app-env, topic, body, client meta); frames may be bytes or
-        zmq.Frame. The client's meta has passed the checks. A durable journal append
-        of (entries, metas) goes between the two loops.
+        The batch is either Python tuples or the C fast path's zmq_msg_t array; both
+        number and publish the same way. A durable journal appends the numbered batch
+        between the two calls, before anything is published or acknowledged.
         """
-        device = self._device
-        seq = self.seq
-        now = stamp.now_bytes()
-        pack = stamp._STAMP.pack
-        heads = HEADS
-        metas = []
-        add = metas.append
-        for _, _, _, meta in batch:
-            seq += 1
-            created = meta[8:16]
-            add(pack(heads[meta[:4]], device, now if created == ZERO_MS else created, seq))
-        self.seq = seq
-        pub = self.pub
-        send = _send
-        i = 0
-        for app, topic, body, _ in batch:
-            send(pub, app, _SM)
-            send(pub, topic, _SM)
-            send(pub, body, _SM, False)
-            send(pub, metas[i])
-            i += 1
-        self.published += i
+        n = batch.number(self._device_id, self.seq + 1, now_ms())
+        self.seq += n
+        batch.publish(self.pub)
+        self.published += n
 
     # -- input -------------------------------------------------------------------
 
@@ -196,52 +233,81 @@ class Device:
         topics = self._topics
         heads = HEADS
         compress_to = self._compress
-        batch: list[tuple[Any, Any, Any, bytes]] = []
+        batch = TupleBatch()
         add = batch.append
         n = 0
         while n < BATCH:
             try:
-                f = recv(sock, _NB, False)
+                f1 = recv(sock, _NB, False)
             except _Again:
                 break
             n += 1
-            parts = [f]
-            while f.more:
-                f = recv(sock, 0, False)
-                parts.append(f)
-            count = len(parts)
-            if count == 4:
-                meta = parts[3].bytes
-                if len(meta) != 24 or meta[:4] not in heads:
-                    self._drop("broken_meta", parts[0].bytes)
+            # Unrolled for the 3- and 4-frame shapes: no list, one branch per frame.
+            if f1.more:
+                f2 = recv(sock, 0, False)
+                if f2.more:
+                    f3 = recv(sock, 0, False)
+                    if f3.more:
+                        f4 = recv(sock, 0, False)
+                        if f4.more:
+                            while f4.more:
+                                f4 = recv(sock, 0, False)
+                            self._drop("frame_count", f1.bytes)
+                            continue
+                        meta = f4.bytes
+                        if len(meta) != 24 or meta[:4] not in heads:
+                            self._drop("broken_meta", f1.bytes)
+                            continue
+                    else:
+                        meta = FRESH_META  # a legacy client without meta
+                    app = f1.bytes
+                    c = per_app.get(app)
+                    if c is None and not self._new_app_env(app):
+                        self._drop("bad_app_env", None)
+                        continue
+                    topic = f2.bytes
+                    if topic not in topics and not self._new_topic(topic):
+                        self._drop("bad_topic", app)
+                        continue
+                    if c is None:
+                        self._count_app_env(app)
+                    else:
+                        per_app[app] = c + 1
+                    if compress_to and meta[2] == 0:
+                        add((app, topic, compress(compress_to, f3.bytes), stamp.with_compression(meta, compress_to)))
+                    else:
+                        add((app, topic, f3, meta))
                     continue
-            elif count == 3:
-                meta = FRESH_META
-            else:
-                self._drop("frame_count", parts[0].bytes)
-                continue
-            app = parts[0].bytes
-            c = per_app.get(app)
-            if c is None and not self._new_app_env(app):
-                self._drop("bad_app_env", None)
-                continue
-            topic = parts[1].bytes
-            if topic not in topics and not self._new_topic(topic):
-                self._drop("bad_topic", app)
-                continue
-            if c is None:
-                self._count_app_env(app)
-            else:
-                per_app[app] = c + 1
-            body = parts[2]
-            if compress_to and meta[2] == 0:
-                body = compress(compress_to, body.bytes)
-                meta = stamp.with_compression(meta, compress_to)
-            add((app, topic, body, meta))
+            self._drop("frame_count", f1.bytes)
         self.received["pull"] += n
         if batch:
             self._commit(batch)
         return n
+
+    def _drain_pull_native(self) -> int:
+        """The PULL drain of the C fast path: checks run in C, Python only does bookkeeping per batch."""
+        batch = self._native
+        assert batch is not None
+        taken = batch.drain(self._pull_handle, BATCH)
+        if taken <= 0:
+            if taken < 0:
+                raise zmq.ZMQError(-taken)
+            return 0
+        self.received["pull"] += taken
+        if batch.b.ndrops:
+            for reason, app in batch.drops():
+                self._drop(reason, None if reason == "bad_app_env" else app)
+        if len(batch):
+            per_app = self.per_app_env
+            for app, count in batch.app_env_counts():
+                if app in per_app:
+                    per_app[app] += count
+                elif len(per_app) < NAME_CACHE:
+                    per_app[app] = count
+                else:
+                    self.other_app_envs += count
+            self._commit(batch)
+        return taken
 
     def _drain_router(self) -> int:
         """Take up to BATCH messages from ROUTER; commit the good ones, then answer requests."""
@@ -251,7 +317,7 @@ class Device:
         topics = self._topics
         heads = HEADS
         compress_to = self._compress
-        batch: list[tuple[Any, Any, Any, bytes]] = []
+        batch = TupleBatch()
         add = batch.append
         replies: list[tuple[bytes, bytes, bytes | None]] = []
         answer = replies.append
@@ -350,7 +416,7 @@ class Device:
     # -- timers ----------------------------------------------------------------
 
     def heartbeat(self) -> None:
-        self._commit([(HEARTBEAT, self.heartbeat_address, b"{}", FRESH_META)])
+        self._commit(TupleBatch([(HEARTBEAT, self.heartbeat_address, b"{}", FRESH_META)]))
         self.heartbeats += 1
 
     def publish_stats(self) -> None:
@@ -371,7 +437,7 @@ class Device:
         next_heartbeat = now + interval
         next_stats = now + 1.0
         monotonic = time.monotonic
-        drain_pull = self._drain_pull
+        drain_pull = self._drain_pull_native if self._native is not None else self._drain_pull
         drain_router = self._drain_router
         with lifecycle.eterm_is_clean():
             while not stop.is_set():
@@ -393,11 +459,14 @@ class Device:
         """On shutdown, publish what already sits in our input queues (bounded in time)."""
         deadline = time.monotonic() + budget_s
         while time.monotonic() < deadline:
-            if not (self._drain_pull() + self._drain_router()):
+            pull = self._drain_pull_native() if self._native is not None else self._drain_pull()
+            if not (pull + self._drain_router()):
                 break
 
     def close(self) -> None:
         """Close with LINGER so queued publications still go out, then end the context."""
+        if self._native is not None:
+            self._native.discard()
         for sock in (self.router, self.pull, self.pub, self.stats):
             sock.close()
         self.ctx.term()

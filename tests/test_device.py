@@ -24,6 +24,19 @@ def tap(device):
     t.close()
 
 
+@pytest.fixture(params=["native", "python"])
+def engine_device(request, device_factory):
+    """A device on each PULL engine: the C fast path and the pure-Python loop."""
+    return device_factory(extra=["--engine", request.param])
+
+
+@pytest.fixture
+def engine_tap(engine_device):
+    t = Tap(engine_device.pub, engine_device.pull)
+    yield t
+    t.close()
+
+
 def test_dealer_request_is_accepted_and_published_with_device_numbering(device, tap):
     with Producer(device.router) as p:
         assert p.request("shop-production", "logs.rails.request", {"n": 1}, created_ms=1_700_000_000_555)
@@ -36,15 +49,15 @@ def test_dealer_request_is_accepted_and_published_with_device_numbering(device, 
     assert m.seq >= 1
 
 
-def test_push_and_dealer_share_one_sequence(device, tap):
-    d = dealer(device.router)
-    s = push(device.pull)
+def test_push_and_dealer_share_one_sequence(engine_device, engine_tap):
+    d = dealer(engine_device.router)
+    s = push(engine_device.pull)
     s.send_multipart([b"a-b", b"logs", b"1", meta(seq=99)])
-    first = tap.expect()
+    first = engine_tap.expect()
     d.send_multipart([b"a-b", b"logs", b"2", meta(seq=5)])  # async DEALER, no reply expected
-    second = tap.expect()
+    second = engine_tap.expect()
     s.send_multipart([b"a-b", b"logs", b"3", meta(seq=7)])
-    third = tap.expect()
+    third = engine_tap.expect()
     seqs = [unpack(f[3]).seq for f in (first, second, third)]
     assert [f[2] for f in (first, second, third)] == [b"1", b"2", b"3"]
     assert seqs == [seqs[0], seqs[0] + 1, seqs[0] + 2]
@@ -53,24 +66,33 @@ def test_push_and_dealer_share_one_sequence(device, tap):
     s.close()
 
 
-def test_zero_created_ms_becomes_now(device, tap):
-    s = push(device.pull)
+def test_zero_created_ms_becomes_now(engine_device, engine_tap):
+    s = push(engine_device.pull)
     before = now_ms()
     s.send_multipart([b"a-b", b"logs", b"{}", meta(created_ms=0)])
-    m = unpack(tap.expect()[3])
+    m = unpack(engine_tap.expect()[3])
     assert before <= m.created_ms <= now_ms()
     s.close()
 
 
-def test_legacy_three_frame_push_gets_a_fresh_meta(device, tap):
-    s = push(device.pull)
+def test_legacy_three_frame_push_gets_a_fresh_meta(engine_device, engine_tap):
+    s = push(engine_device.pull)
     before = now_ms()
     s.send_multipart([b"old-client", b"logs.legacy", b'{"x":1}'])
-    frames = tap.expect()
+    frames = engine_tap.expect()
     assert frames[:3] == [b"old-client", b"logs.legacy", b'{"x":1}']
     m = unpack(frames[3])
     assert (m.device, m.compression, m.version) == (1, 0, 1)
     assert before <= m.created_ms <= now_ms()
+    s.close()
+
+
+def test_byte_swapped_tag_on_pull_is_normalised(engine_device, engine_tap):
+    s = push(engine_device.pull)
+    s.send_multipart([b"a-b", b"logs", b"{}", meta(tag=0xBDCA, compression=3, created_ms=77)])
+    out = engine_tap.expect()[3]
+    assert out[:4] == b"\xca\xbd\x03\x01"
+    assert unpack(out).created_ms == 77
     s.close()
 
 
@@ -136,17 +158,17 @@ def test_producer_ping_and_close(device, tap):
     assert [f[2] for f in got] == [b'{"i":%d}' % i for i in range(50)]
 
 
-def test_push_producer(device, tap):
-    with Producer(device.pull, mode="push") as p:
+def test_push_producer(engine_device, engine_tap):
+    with Producer(engine_device.pull, mode="push") as p:
         for i in range(100):
             p.send("shop-production", "events.signup", {"i": i})
-    got = [tap.expect() for _ in range(100)]
+    got = [engine_tap.expect() for _ in range(100)]
     seqs = [unpack(f[3]).seq for f in got]
     assert seqs == list(range(seqs[0], seqs[0] + 100))
 
 
-def test_many_clients_at_once(device, tap):
-    producers = [Producer(device.router) for _ in range(5)] + [Producer(device.pull, mode="push") for _ in range(5)]
+def test_many_clients_at_once(engine_device, engine_tap):
+    producers = [Producer(engine_device.router) for _ in range(5)] + [Producer(engine_device.pull, mode="push") for _ in range(5)]
     for k, p in enumerate(producers):
         for i in range(20):
             if p.mode == "dealer":
@@ -157,10 +179,10 @@ def test_many_clients_at_once(device, tap):
         if p.mode == "dealer":
             assert p.flush().accepted == 20
         p.close()
-    got = [tap.expect() for _ in range(200)]
+    got = [engine_tap.expect() for _ in range(200)]
     seqs = sorted(unpack(f[3]).seq for f in got)
     assert seqs == list(range(seqs[0], seqs[0] + 200))
-    assert tap.quiet(0.2)
+    assert engine_tap.quiet(0.2)
 
 
 def test_heartbeats_share_the_sequence(device_factory):
@@ -237,19 +259,24 @@ def test_compress_flag_compresses_only_uncompressed_bodies(device_factory, metho
     s.close()
 
 
-def test_sigterm_exits_zero_after_publishing_what_it_received(device_factory):
-    dev = device_factory()
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_sigterm_exits_zero_after_publishing_what_it_received(device_factory, engine):
+    dev = device_factory(extra=["--engine", engine])
     tap = Tap(dev.pub, dev.pull)
     with Producer(dev.router) as p:
         for i in range(200):
             p.submit("a-b", "logs", {"i": i})
         assert p.flush().accepted == 200
+    with Producer(dev.pull, mode="push") as p:
+        for i in range(200):
+            p.send("a-b", "logs", {"i": i})
     assert stop(dev.proc) == 0
     got = []
     while (frames := tap.recv(2.0)) is not None:
         got.append(frames)
-    assert len(got) == 200
+    assert len(got) == 400
     out = dev.output()
+    assert f"({engine} engine)" in out
     assert "stopped" in out and "Traceback" not in out
     tap.close()
 

@@ -48,9 +48,10 @@ def garbage(rng: random.Random) -> list[bytes]:
 
 
 @pytest.mark.timeout(120)
-def test_garbage_flood_loses_no_good_message_and_counts_every_drop(device_factory):
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_garbage_flood_loses_no_good_message_and_counts_every_drop(device_factory, engine):
     mport = free_port()
-    dev = device_factory(extra=["--metrics-port", str(mport)])
+    dev = device_factory(extra=["--metrics-port", str(mport), "--engine", engine])
     tap = Tap(dev.pub, dev.pull, subscribe=b"flood-test")
     rng = random.Random(20261121)
     expected = dict.fromkeys(REASONS, 0)

@@ -1,0 +1,388 @@
+"""The PULL fast path in C: drain, check, number and publish whole batches without Python objects.
+
+Why C: pyzmq makes one Python object per received frame and needs one more call per
+frame to learn whether another part follows; for a 4-frame message that alone costs
+several times what `zmq.proxy` spends on the whole message. This module compiles (with
+cffi, once, into a cache directory) a few functions that hold a batch of messages as
+`zmq_msg_t`s: `lj_drain` receives and checks them (the same rules as
+`logjam.meta`/`logjam.validation`, which the tests cross-check), `lj_number` stamps
+device, created_ms and sequence into fresh meta frames, and `lj_publish` hands the
+frames to the PUB socket without copying. Python keeps the control: `Device._commit`
+calls `number`, then (later) the journal, then `publish`, exactly as for the Python path.
+
+If no compiler or cffi is available, `load()` returns None and the device uses its
+pure-Python loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("logjam-device")
+
+MAX_BATCH = 1024
+REASON_CODES = {1: "frame_count", 2: "broken_meta", 3: "bad_app_env", 4: "bad_topic"}
+
+CDEF = """
+typedef struct { uint64_t _[8]; } lj_msg_t;
+typedef struct {
+    int n;
+    int ndrops;
+    int napps;
+    int app_first[64];
+    int app_count[64];
+    unsigned char drop_reason[1024];
+    unsigned short drop_len[1024];
+    unsigned char drop_app[1024][256];
+    lj_msg_t f[1024][4];
+} lj_batch_t;
+int lj_drain(lj_batch_t *b, void *sock, int max);
+void lj_number(lj_batch_t *b, uint32_t device, uint64_t first_seq, uint64_t now_ms);
+int lj_publish(lj_batch_t *b, void *pub);
+void lj_discard(lj_batch_t *b);
+const unsigned char *lj_data(lj_batch_t *b, int i, int k, size_t *len);
+"""
+
+# Our own declarations of the few libzmq calls we need (no zmq.h ships with pyzmq);
+# zmq_msg_t is 64 bytes, 8-aligned, in every libzmq 4.x ABI.
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <errno.h>
+
+typedef struct { uint64_t _[8]; } lj_msg_t;
+typedef struct {
+    int n;
+    int ndrops;
+    int napps;
+    int app_first[64];
+    int app_count[64];
+    unsigned char drop_reason[1024];
+    unsigned short drop_len[1024];
+    unsigned char drop_app[1024][256];
+    lj_msg_t f[1024][4];
+} lj_batch_t;
+
+int zmq_msg_init(lj_msg_t *m);
+int zmq_msg_init_size(lj_msg_t *m, size_t size);
+int zmq_msg_recv(lj_msg_t *m, void *s, int flags);
+int zmq_msg_send(lj_msg_t *m, void *s, int flags);
+int zmq_msg_close(lj_msg_t *m);
+void *zmq_msg_data(lj_msg_t *m);
+size_t zmq_msg_size(const lj_msg_t *m);
+int zmq_msg_more(const lj_msg_t *m);
+int zmq_errno(void);
+
+#define LJ_DONTWAIT 1
+#define LJ_SNDMORE 2
+#define LJ_MAX 1024
+#define LJ_APPS 64
+
+static const char *const topic_prefixes[] = {"logs", "javascript", "events", "frontend.page", "frontend.ajax", "mobile"};
+
+static int meta_ok(lj_msg_t *m) {
+    const unsigned char *d = zmq_msg_data(m);
+    if (zmq_msg_size(m) != 24) return 0;
+    if (!((d[0] == 0xCA && d[1] == 0xBD) || (d[0] == 0xBD && d[1] == 0xCA))) return 0;
+    return d[2] <= 3 && d[3] == 1;
+}
+
+static int app_env_ok(lj_msg_t *m) {
+    const unsigned char *d = zmq_msg_data(m);
+    size_t n = zmq_msg_size(m), i;
+    int dash = 0;
+    if (n == 0 || n > 255) return 0;
+    for (i = 0; i < n; i++) {
+        if (d[i] < 32 || d[i] > 127) return 0;
+        if (d[i] == '-') dash = 1;
+    }
+    return dash;
+}
+
+static int topic_ok(lj_msg_t *m) {
+    const unsigned char *d = zmq_msg_data(m);
+    size_t n = zmq_msg_size(m), i;
+    if (n > 255) return 0;
+    for (i = 0; i < sizeof(topic_prefixes) / sizeof(topic_prefixes[0]); i++) {
+        size_t p = strlen(topic_prefixes[i]);
+        if (n >= p && memcmp(d, topic_prefixes[i], p) == 0) return 1;
+    }
+    return 0;
+}
+
+/* Blocking receive of a further part (it is already queued: multipart is atomic). */
+static int recv_part(lj_msg_t *m, void *sock) {
+    int rc;
+    zmq_msg_init(m);
+    do { rc = zmq_msg_recv(m, sock, 0); } while (rc < 0 && zmq_errno() == EINTR);
+    return rc;
+}
+
+static void tally(lj_batch_t *b, int i) {
+    lj_msg_t *app = &b->f[i][0];
+    size_t n = zmq_msg_size(app);
+    const void *d = zmq_msg_data(app);
+    int j;
+    if (b->napps < 0) return;
+    for (j = 0; j < b->napps; j++) {
+        lj_msg_t *seen = &b->f[b->app_first[j]][0];
+        if (zmq_msg_size(seen) == n && memcmp(zmq_msg_data(seen), d, n) == 0) { b->app_count[j]++; return; }
+    }
+    if (b->napps == LJ_APPS) { b->napps = -1; return; }
+    b->app_first[b->napps] = i;
+    b->app_count[b->napps] = 1;
+    b->napps++;
+}
+
+/* Take up to `max` messages. Good ones stay in b->f[0..n), dropped ones are closed and
+   recorded. Returns the number taken, or -errno on a socket error (ETERM). */
+int lj_drain(lj_batch_t *b, void *sock, int max) {
+    int taken = 0, i, k, more, reason, err;
+    lj_msg_t scratch;
+    b->n = 0; b->ndrops = 0; b->napps = 0;
+    if (max > LJ_MAX) max = LJ_MAX;
+    while (taken < max) {
+        lj_msg_t *f = b->f[b->n];
+        zmq_msg_init(&f[0]);
+        if (zmq_msg_recv(&f[0], sock, LJ_DONTWAIT) < 0) {
+            err = zmq_errno();
+            zmq_msg_close(&f[0]);
+            if (err == EAGAIN || err == EINTR || taken > 0) break;
+            return -err;
+        }
+        taken++;
+        k = 1;
+        more = zmq_msg_more(&f[0]);
+        while (more && k < 4) {
+            if (recv_part(&f[k], sock) < 0) {
+                err = zmq_errno();
+                for (i = 0; i <= k; i++) zmq_msg_close(&f[i]);
+                return -err;
+            }
+            more = zmq_msg_more(&f[k]);
+            k++;
+        }
+        reason = 0;
+        if (more) {
+            reason = 1;
+            while (more) {
+                if (recv_part(&scratch, sock) < 0) { zmq_msg_close(&scratch); break; }
+                more = zmq_msg_more(&scratch);
+                zmq_msg_close(&scratch);
+            }
+        } else if (k < 3) {
+            reason = 1;
+        } else {
+            if (k == 3) {
+                /* A legacy client without meta: created_ms 0 makes lj_number use now. */
+                unsigned char *d;
+                zmq_msg_init_size(&f[3], 24);
+                d = zmq_msg_data(&f[3]);
+                memset(d, 0, 24);
+                d[0] = 0xCA; d[1] = 0xBD; d[3] = 1;
+                k = 4;
+            } else if (!meta_ok(&f[3])) {
+                reason = 2;
+            }
+            if (!reason && !app_env_ok(&f[0])) reason = 3;
+            if (!reason && !topic_ok(&f[1])) reason = 4;
+        }
+        if (reason) {
+            size_t n = zmq_msg_size(&f[0]);
+            if (n > 255) n = 255;
+            b->drop_reason[b->ndrops] = (unsigned char)reason;
+            b->drop_len[b->ndrops] = (unsigned short)n;
+            memcpy(b->drop_app[b->ndrops], zmq_msg_data(&f[0]), n);
+            b->ndrops++;
+            for (i = 0; i < k; i++) zmq_msg_close(&f[i]);
+            continue;
+        }
+        tally(b, b->n);
+        b->n++;
+    }
+    return taken;
+}
+
+static void put_be(unsigned char *p, uint64_t v, int bytes) {
+    int i;
+    for (i = bytes - 1; i >= 0; i--) { p[i] = (unsigned char)v; v >>= 8; }
+}
+
+/* Replace every meta with a fresh frame: normalised tag, our device, the client's
+   created_ms unless 0, and consecutive sequence numbers from first_seq. (A fresh
+   frame, because a received frame's bytes may be shared.) */
+void lj_number(lj_batch_t *b, uint32_t device, uint64_t first_seq, uint64_t now_ms) {
+    int i, j, zero;
+    for (i = 0; i < b->n; i++) {
+        lj_msg_t fresh;
+        const unsigned char *old = zmq_msg_data(&b->f[i][3]);
+        unsigned char *d;
+        zmq_msg_init_size(&fresh, 24);
+        d = zmq_msg_data(&fresh);
+        d[0] = 0xCA; d[1] = 0xBD; d[2] = old[2]; d[3] = 1;
+        put_be(d + 4, device, 4);
+        zero = 1;
+        for (j = 8; j < 16; j++) if (old[j]) { zero = 0; break; }
+        if (zero) put_be(d + 8, now_ms, 8); else memcpy(d + 8, old + 8, 8);
+        put_be(d + 16, first_seq + (uint64_t)i, 8);
+        zmq_msg_close(&b->f[i][3]);
+        b->f[i][3] = fresh;
+    }
+}
+
+/* Publish the batch in order; the frames move to the socket without a copy. */
+int lj_publish(lj_batch_t *b, void *pub) {
+    int i, k, rc;
+    for (i = 0; i < b->n; i++) {
+        for (k = 0; k < 4; k++) {
+            do { rc = zmq_msg_send(&b->f[i][k], pub, k < 3 ? LJ_SNDMORE : 0); } while (rc < 0 && zmq_errno() == EINTR);
+            if (rc < 0) {
+                int err = zmq_errno();
+                for (; k < 4; k++) zmq_msg_close(&b->f[i][k]);
+                for (i = i + 1; i < b->n; i++) for (k = 0; k < 4; k++) zmq_msg_close(&b->f[i][k]);
+                b->n = 0;
+                return -err;
+            }
+        }
+    }
+    b->n = 0;
+    return 0;
+}
+
+void lj_discard(lj_batch_t *b) {
+    int i, k;
+    for (i = 0; i < b->n; i++) for (k = 0; k < 4; k++) zmq_msg_close(&b->f[i][k]);
+    b->n = 0;
+}
+
+const unsigned char *lj_data(lj_batch_t *b, int i, int k, size_t *len) {
+    *len = zmq_msg_size(&b->f[i][k]);
+    return zmq_msg_data(&b->f[i][k]);
+}
+"""
+
+
+def _libzmq_path() -> str | None:
+    """The libzmq that pyzmq loaded into this process; the extension must use the same one."""
+    import zmq.backend.cython._zmq  # noqa: F401  (make sure it is mapped)
+
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if line.strip() else ""
+                if "libzmq" in os.path.basename(path) and os.path.exists(path):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("LOGJAM_NATIVE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "logjam-mesh"
+    )
+    return Path(base)
+
+
+def load() -> tuple[Any, Any] | None:
+    """(ffi, lib) of the compiled fast path, building it on first use; None if impossible."""
+    try:
+        import cffi
+    except ImportError:
+        log.info("cffi is not installed; using the Python loop")
+        return None
+    libzmq = _libzmq_path()
+    if libzmq is None:
+        log.info("cannot locate the loaded libzmq; using the Python loop")
+        return None
+    key = hashlib.sha256("\0".join([CDEF, SOURCE, libzmq, sys.version, cffi.__version__]).encode()).hexdigest()[:16]
+    name = f"_logjam_device_native_{key}"
+    cache = _cache_dir()
+    target = cache / f"{name}.so"
+    try:
+        if not target.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            ffi = cffi.FFI()
+            ffi.cdef(CDEF)
+            ffi.set_source(
+                name, SOURCE,
+                extra_compile_args=["-O2"],
+                extra_link_args=[libzmq, f"-Wl,-rpath,{os.path.dirname(libzmq)}"],
+            )
+            # Build privately, then rename: devices starting together never see half a file.
+            tmp = tempfile.mkdtemp(dir=cache, prefix="build-")
+            try:
+                built = ffi.compile(tmpdir=tmp, verbose=False)
+                os.replace(built, target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        spec = importlib.util.spec_from_file_location(name, target)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.ffi, module.lib
+    except Exception as e:  # no compiler, no Python headers, an unwritable cache...
+        log.warning("native fast path unavailable (%s); using the Python loop", e)
+        return None
+
+
+class NativeBatch:
+    """A batch held in C; `number` and `publish` are what `Device._commit` calls."""
+
+    __slots__ = ("ffi", "lib", "b", "_len")
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi = ffi
+        self.lib = lib
+        self.b = ffi.new("lj_batch_t *")
+        self._len = ffi.new("size_t *")
+
+    def __len__(self) -> int:
+        return self.b.n
+
+    def drain(self, sock_handle: Any, max_messages: int) -> int:
+        return self.lib.lj_drain(self.b, sock_handle, max_messages)
+
+    def number(self, device: int, first_seq: int, now_ms: int) -> int:
+        self.lib.lj_number(self.b, device, first_seq, now_ms)
+        return self.b.n
+
+    def publish(self, sock: Any) -> None:
+        rc = self.lib.lj_publish(self.b, self.ffi.cast("void *", sock.underlying))
+        if rc < 0:
+            import zmq
+
+            raise zmq.ZMQError(-rc)
+
+    def frame(self, i: int, k: int) -> bytes:
+        ptr = self.lib.lj_data(self.b, i, k, self._len)
+        return bytes(self.ffi.buffer(ptr, self._len[0]))
+
+    def drops(self) -> list[tuple[str, bytes]]:
+        b = self.b
+        return [
+            (REASON_CODES[b.drop_reason[j]], bytes(self.ffi.buffer(b.drop_app[j], b.drop_len[j])))
+            for j in range(b.ndrops)
+        ]
+
+    def app_env_counts(self) -> list[tuple[bytes, int]]:
+        """Accepted messages per stream name in this batch."""
+        b = self.b
+        if b.napps >= 0:
+            return [(self.frame(b.app_first[j], 0), b.app_count[j]) for j in range(b.napps)]
+        counts: dict[bytes, int] = {}
+        for i in range(b.n):
+            app = self.frame(i, 0)
+            counts[app] = counts.get(app, 0) + 1
+        return list(counts.items())
+
+    def discard(self) -> None:
+        self.lib.lj_discard(self.b)

@@ -1,0 +1,133 @@
+"""The C fast path (devices.native) against the wire library's rules, over real inproc sockets.
+
+Arbitrary multipart messages go through a real PUSH/PULL pair into `lj_drain`; what
+it accepts, drops (and why), numbers and publishes must match `Meta.unpack` and
+`logjam.validation` exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from devices import native
+from logjam.meta import Meta
+from tests.test_device_helpers import classify, meta
+
+pytestmark = pytest.mark.timeout(120)
+
+LOADED = native.load()
+if LOADED is None:  # pragma: no cover - the build needs a C compiler
+    pytest.skip("native fast path cannot be built here", allow_module_level=True)
+
+_ids = itertools.count()
+
+
+class Pipe:
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        name = f"inproc://native-{next(_ids)}"
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.sndhwm = 0
+        self.push.bind(name)
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.rcvhwm = 0
+        self.pull.connect(name)
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.bind(name + "-out")
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.subscribe(b"")
+        self.sub.connect(name + "-out")
+        self.batch = native.NativeBatch(*LOADED)
+        self.handle = LOADED[0].cast("void *", self.pull.underlying)
+
+    def close(self) -> None:
+        self.batch.discard()
+        for s in (self.push, self.pull, self.pub, self.sub):
+            s.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    p = Pipe()
+    yield p
+    p.close()
+
+
+frame = st.one_of(
+    st.binary(max_size=40),
+    st.sampled_from([b"a-b", b"shop-production", b"nodash", b"", b"logs", b"logs.x", b"events", b"frontend.ajax",
+                     b"front", b"mobile", meta(), meta(tag=0xBDCA), meta(version=2), meta(compression=4), meta()[:23]]),
+)
+message = st.lists(frame, min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(message, min_size=1, max_size=20))
+def test_drain_accepts_and_drops_exactly_like_the_library(pipe, messages):
+    for m in messages:
+        pipe.push.send_multipart(m)
+    expected = [classify(m) for m in messages]
+    taken = 0
+    drops: list[tuple[str, bytes]] = []
+    accepted: list[list[bytes]] = []
+    while taken < len(messages):
+        n = pipe.batch.drain(pipe.handle, 1024)
+        assert n >= 0
+        taken += n
+        drops += pipe.batch.drops()
+        accepted += [[pipe.batch.frame(i, k) for k in range(4)] for i in range(len(pipe.batch))]
+        pipe.batch.discard()
+    assert taken == len(messages)
+    assert [r for r in expected if r] == [r for r, _ in drops]
+    assert [m[0][:255] for m, r in zip(messages, expected) if r] == [app for _, app in drops]
+    good = [m for m, r in zip(messages, expected) if r is None]
+    assert [a[:3] for a in accepted] == [g[:3] for g in good]
+    for a, g in zip(accepted, good):
+        if len(g) == 4:
+            assert a[3] == g[3]
+        else:
+            assert Meta.unpack(a[3]) == Meta(0, 0, 0, 0)
+
+
+def test_number_and_publish(pipe):
+    msgs = [
+        [b"a-b", b"logs", b"one", meta(created_ms=5, seq=100, compression=1, device=9)],
+        [b"a-b", b"logs", b"two", meta(created_ms=0, tag=0xBDCA)],
+        [b"c-d", b"events", b"three"],
+    ]
+    for m in msgs:
+        pipe.push.send_multipart(m)
+    got = 0
+    while got < 3:
+        got += pipe.batch.drain(pipe.handle, 1024)
+        if len(pipe.batch) == 3:
+            break
+    assert len(pipe.batch) == 3
+    assert sorted(pipe.batch.app_env_counts()) == [(b"a-b", 2), (b"c-d", 1)]
+    assert pipe.batch.number(0xFFFFFFFE, 2**63, 1_234) == 3
+    pipe.batch.publish(pipe.pub)
+    out = [pipe.sub.recv_multipart() for _ in range(3)]
+    assert [o[:3] for o in out] == [m[:3] for m in msgs]
+    metas = [Meta.unpack(o[3]) for o in out]
+    assert [(x.device, x.seq) for x in metas] == [(0xFFFFFFFE, 2**63 + i) for i in range(3)]
+    assert [x.created_ms for x in metas] == [5, 1_234, 1_234]
+    assert [x.compression for x in metas] == [1, 0, 0]
+    assert all(o[3][:2] == b"\xca\xbd" for o in out)
+
+
+def test_many_distinct_app_envs_overflow_the_tally(pipe):
+    for i in range(100):
+        pipe.push.send_multipart([b"app%d-prod" % i, b"logs", b"{}", meta()])
+    counts: dict[bytes, int] = {}
+    taken = 0
+    while taken < 100:
+        taken += pipe.batch.drain(pipe.handle, 1024)
+        for app, n in pipe.batch.app_env_counts():
+            counts[app] = counts.get(app, 0) + n
+        pipe.batch.discard()
+    assert counts == {b"app%d-prod" % i: 1 for i in range(100)}
