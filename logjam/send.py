@@ -51,7 +51,9 @@ examples:
   logjam-send logjam 'hello' '{"message": "hi", "level": "warn"}'
   tail -f app.log | logjam-send lumberjack --to beats.example.com:5044 --tls-ca ca.pem
   logjam-send rustlog --rustlog-topic app-logs --dialect binary < events.jsonl
-Empty lines are skipped; bytes that are not UTF-8 are replaced with U+FFFD.
+Empty lines are skipped; bytes that are not UTF-8 are replaced with U+FFFD. Lines from stdin
+go out as they arrive (a batch closes after 0.2 s of quiet). SIGTERM stops reading stdin, sends
+what was read, and exits as usual; Ctrl-C aborts (exit 130).
 Exit status: 0 when everything was acknowledged, 1 when something was not, 2 for usage errors.
 """
 
