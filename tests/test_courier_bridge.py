@@ -191,6 +191,24 @@ def test_ten_payloads_pipelined_acked_in_order(device, bridge) -> None:
     check_once(got, range(10 * 1024))
 
 
+@pytest.mark.timeout(120)
+def test_large_evnt_payload_streams_through(device, bridge) -> None:
+    # 16384 events in one EVNT stream: decoded and forwarded while it still arrives,
+    # acknowledged once, completely, and every event published once.
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    run = uuid.uuid4().hex
+    n = 16384
+    with TestCourierClient(bridge.port) as client:
+        payload = client.send(events(n, run, pad=64), kind="EVNT")
+        client.wait_all_acked(90)
+        seqs = [seq for _, seq in payload.acks]
+        assert seqs[-1] == n and seqs == sorted(seqs)
+    got = collect(sub, bridge.app_env, n, timeout=90)
+    assert no_more(sub, bridge.app_env, 0.5) == []
+    check_once(got, range(n))
+    assert sorted(body["@metadata"]["index"] for _, body in got) == list(range(n))
+
+
 @pytest.mark.timeout(60)
 def test_legacy_client_without_handshake(device, bridge) -> None:
     sub = ready_subscriber(device.pub, device.router, bridge.app_env)
