@@ -13,6 +13,7 @@ which the gap tracker then reports. Memory stays bounded either way.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -39,6 +40,10 @@ def open_session(url: str, *, app_name: str = "logjam", warehouse: str | None = 
 
     if is_connect(url):
         return SparkSession.builder.remote(url).create()
+    # A master URL was asked for explicitly; a Connect mode inherited from the environment
+    # (a parent process that used Spark Connect exports this) would override it.
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+        os.environ.pop(name, None)
     builder = (
         SparkSession.builder.master(url)
         .appName(app_name)
