@@ -57,6 +57,7 @@ def start_bridge(device_router: str, *extra: str, app_env: str | None = None) ->
 def stop_bridge(bridge: BridgeProcess) -> str:
     code = stop(bridge.proc)
     out = bridge.output()
+    print(out)  # shown by pytest when the test fails
     assert code == 0, out
     return out
 

@@ -252,7 +252,7 @@ def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
     halt = threading.Event()  # stops the sender
     done = threading.Event()  # stops the ack reader
     try:
-        # A v1 stream of D frames that never waits for acks (like stashward): one W, then D forever.
+        # Like npm lumberjack-protocol: one W 1000, then D frames forever, reading acks as they come.
         sock = connect(b.port)
         sock.settimeout(0.5)
         acks: list[AckFrame] = []
@@ -262,7 +262,7 @@ def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
 
         def pump() -> None:
             nonlocal sent, last_progress
-            sock.sendall(encode_window(2**32 - 1, V1))
+            sock.sendall(encode_window(1000, V1))
             pad = "x" * 150
             while not halt.is_set():
                 frame = encode_data_frame(sent + 1, {"line": f"p{sent + 1}", "pad": pad})

@@ -32,6 +32,7 @@ from bridges.lumberjack.engine import (
     DataFrame,
     JsonFrame,
     Keepalive,
+    SEQ_MAX,
     LumberjackServer,
     WindowFrame,
 )
@@ -41,7 +42,7 @@ from logjam.meta import now_ms
 
 log = logging.getLogger(__name__)
 
-Item = DataFrame | JsonFrame | WindowFrame  # WindowFrame only for W 0, which must be acked with 0
+Item = DataFrame | JsonFrame | WindowFrame  # windows are queued to act on them in order
 
 
 def event_body(event: DataFrame | JsonFrame) -> dict[str, Any]:
@@ -58,6 +59,20 @@ def event_body(event: DataFrame | JsonFrame) -> dict[str, Any]:
     if "line" in body and "message" not in body:
         body["message"] = body.pop("line")
     return body
+
+
+def _unread(conn: Connection) -> bytes:
+    """Bytes the stream had received when the peer reset the connection.
+
+    asyncio's StreamReader.read() raises the reset even when data is still buffered;
+    this takes that data. (A workaround until Connection.read returns it first.)
+    """
+    buffer = getattr(getattr(conn, "_reader", None), "_buffer", None)
+    if not buffer:
+        return b""
+    data = bytes(buffer)
+    buffer.clear()
+    return data
 
 
 class Session:
@@ -78,6 +93,11 @@ class Session:
         self.reader_done = False
         self.error: BaseException | None = None
         self.last_write = time.monotonic()
+        # Inside a window of 2^32-1 the client has said it never waits for acks (stashward).
+        # Like Logstash, which acks a full window, we send none there: such a client never
+        # reads, and closing a socket with unread data turns its FIN into a reset that
+        # discards whatever it had not yet transmitted.
+        self.silent = False
 
     # -- tasks
 
@@ -105,6 +125,14 @@ class Session:
                     if self.unacked:  # the client is waiting for us, not idle
                         continue
                     raise
+                except ConnectionResetError:
+                    # Clients that never read acks (stashward) reset the connection when they
+                    # close; what they sent before that is still theirs to deliver.
+                    data = _unread(self.conn)
+                    if not data:
+                        raise
+                    self._enqueue(self.engine.feed(data))
+                    raise
                 if not data:
                     break
                 events = self.engine.feed(data)
@@ -119,12 +147,9 @@ class Session:
     def _enqueue(self, events: list[Any]) -> None:
         n = 0
         for event in events:
-            if isinstance(event, WindowFrame):
-                if event.size == 0:
-                    self.unacked.append(event)
-                continue
             self.unacked.append(event)
-            n += 1
+            if not isinstance(event, WindowFrame):
+                n += 1
         if n:
             self.host.metrics.events_received.inc(n)
         self.queued.set()
@@ -188,12 +213,16 @@ class Session:
                 if last is not None:
                     self._write(engine.send(Ack(last.seq, last.window)))
                     last = None
-                self._write(engine.send(Ack(0, item.window)))
+                self.silent = item.size == SEQ_MAX
+                if item.size == 0:
+                    self._write(engine.send(Ack(0, item.window)))
+                continue
+            acked += 1
+            if self.silent:
                 continue
             if last is not None and item.window != last.window:
                 self._write(engine.send(Ack(last.seq, last.window)))
             last = item
-            acked += 1
         if last is not None:
             self._write(engine.send(Ack(last.seq, last.window)))
         if acked:
@@ -208,6 +237,9 @@ class Session:
         while True:
             await asyncio.sleep(max(0.05, interval - (time.monotonic() - self.last_write)))
             if time.monotonic() - self.last_write < interval:
+                continue
+            if self.silent:
+                self.last_write = time.monotonic()
                 continue
             if self.unacked:
                 window = self.unacked[0].window
