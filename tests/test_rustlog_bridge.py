@@ -196,9 +196,10 @@ def test_produce_fetch_round_trip_across_segment_rolls_and_every_record_reaches_
 
 
 @pytest.mark.timeout(90)
-def test_restart_keeps_data_topics_and_committed_offsets(device, tmp_path) -> None:
+@pytest.mark.parametrize("fsync", ["always", "interval"])
+def test_restart_keeps_data_topics_and_committed_offsets(device, tmp_path, fsync) -> None:
     data = tmp_path / "data"
-    b = start_bridge(device, data, "--segment-bytes", "2048")
+    b = start_bridge(device, data, "--segment-bytes", "2048", "--fsync", fsync, "--fsync-interval-ms", "50")
     records = json_records("r", 120)
     with b.conn() as c:
         j, bc = JsonClient(c), BinaryClient(c)
@@ -209,7 +210,7 @@ def test_restart_keeps_data_topics_and_committed_offsets(device, tmp_path) -> No
         assert j.call(type="OffsetCommit", group="g1", topic="keep", partition=2, offset=50)["success"] is True
     stop_bridge(b)
 
-    b = start_bridge(device, data, "--segment-bytes", "2048", port=b.port)
+    b = start_bridge(device, data, "--segment-bytes", "2048", "--fsync", fsync, port=b.port)
     try:
         with b.conn() as c:
             j, bc = JsonClient(c), BinaryClient(c)
@@ -434,6 +435,20 @@ def test_both_dialects_pipelined_on_one_connection(device, bridge) -> None:
         assert [r["payload"] for r in fetched["records"]] == ["YQ==", "Yg=="] and fetched["next_offset"] == 2
         assert binary_response(answers[6])[:2] == ("error", 2)
         assert json.loads(answers[7])["code"] == 400
+
+
+@pytest.mark.timeout(90)
+def test_fetch_answers_stay_within_the_frame_limit(device, bridge) -> None:
+    with bridge.conn() as c:
+        j, bc = JsonClient(c), BinaryClient(c)
+        j.create("wide", 1)
+        for _ in range(8):
+            assert bc.produce("wide", 0, [os.urandom(2000) for _ in range(1000)])[0] == "produce"
+        resp = j.fetch("wide", 0, 0, max_bytes=2**63)  # recv_frame asserts <= 10 MiB
+        assert 0 < len(resp["records"]) < 8000 and resp["next_offset"] == len(resp["records"])
+        kind, records, nxt = bc.fetch("wide", 0, 0, max_bytes=2**32 - 1)
+        assert 0 < len(records) < 8000 and nxt == len(records)
+        assert len(bc.fetch_all("wide", 0, max_bytes=2**32 - 1)) == 8000
 
 
 @pytest.mark.timeout(90)

@@ -221,3 +221,22 @@ def test_a_topic_without_metadata_is_ignored(tmp_path: Path) -> None:
     assert log.topics() == {"half": 1}
     log.close()
     assert os.path.exists(tmp_path / "topics" / "half" / "topic.json")
+
+
+def test_a_thousand_partitions_do_not_hold_a_thousand_files_open(tmp_path: Path) -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    log = Log(tmp_path, SMALL)
+    log.create_topic("wide", 1000)
+    for p in (0, 500, 999):
+        log.partition("wide", p).append(recs(200))  # rolls several segments each
+        log.partition("wide", p).read(0, 1 << 30)
+    assert open_fds() - before <= 3 * 2 + 2
+    log.close()
+    log = Log(tmp_path, SMALL)
+    assert open_fds() - before <= 2
+    assert log.partition("wide", 500).high_watermark == 200
+    log.close()
+    assert open_fds() == before

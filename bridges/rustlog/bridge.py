@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -59,6 +60,16 @@ def parse_app_env_map(items: Sequence[str] | str | None) -> dict[str, str]:
                 raise ValueError(f"--app-env-map {pair!r}: expected TOPIC=APP-ENV with a valid app-env such as shop-production")
             out[topic] = app_env
     return out
+
+
+def _raise_open_file_limit() -> None:
+    """Every partition in use holds a segment and an index open; allow what the hard limit allows."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 65536), hard))
+    except (ValueError, OSError) as err:
+        log.warning("could not raise the open-file limit: %s", err)
 
 
 @dataclass
@@ -155,6 +166,7 @@ class Bridge(BridgeProtocol):
             retention_bytes=args.retention_bytes,
             fsync=args.fsync,
         )
+        _raise_open_file_limit()
         self.log = Log(args.data_dir, self.config)
         self.stats = RustlogMetrics()
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
@@ -402,7 +414,11 @@ class Bridge(BridgeProtocol):
                 e.ErrorKind.OFFSET_OUT_OF_RANGE, f"offset {offset} out of range",
                 {"valid_range": {"start": start, "end": hw}, "high_watermark": hw},
             )
-        records: list[StoredRecord] = plog.read(offset, ev.max_bytes) if offset < hw else []
+        # max_bytes is the client's soft limit; the frame limit is ours: a JSON answer costs
+        # up to about 3 bytes per stored byte (Base64 plus per-record fields).
+        frame = self.args.max_frame_size
+        cap = frame // 3 if ev.dialect is e.Dialect.JSON else frame - 1024
+        records: list[StoredRecord] = plog.read(offset, min(ev.max_bytes, cap)) if offset < hw else []
         self.stats.records_out += len(records)
         self.stats.bytes_out += sum(len(r.payload) for r in records)
         self.stats.fetch.observe(time.perf_counter() - started)

@@ -122,13 +122,41 @@ class Segment:
         self.config = config
         self.path = directory / f"{base:020d}.log"
         self.index_path = directory / f"{base:020d}.index"
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.size = os.fstat(self.fd).st_size
+        # Descriptors are opened on use and released when the segment is sealed or idle,
+        # so that a thousand-partition topic does not hold thousands of files open.
+        self._fd: int | None = None
+        self._index_fd: int | None = None
+        try:
+            self.size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            self.size = 0
+            self.fd  # create it: an empty active segment still marks its base offset
         self.next_offset = base
         self.max_timestamp = 0
         self.index: list[tuple[int, int]] = []  # (offset, position), sorted
         self._since_index = 0
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self._fd
+
+    @property
+    def index_fd(self) -> int:
+        if self._index_fd is None:
+            self._index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self._index_fd
+
+    def release(self) -> None:
+        """Close the descriptors; the next use opens them again."""
+        for fd in (self._fd, self._index_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._fd = self._index_fd = None
 
     # -- opening
 
@@ -241,8 +269,10 @@ class Segment:
         self.max_timestamp = max(self.max_timestamp, timestamp)
 
     def sync(self) -> None:
-        os.fsync(self.fd)
-        os.fsync(self.index_fd)
+        # Writes only ever go through open descriptors, and release() follows a sync.
+        for fd in (self._fd, self._index_fd):
+            if fd is not None:
+                os.fsync(fd)
 
     # -- reading
 
@@ -267,14 +297,10 @@ class Segment:
         return budget
 
     def close(self) -> None:
-        for fd in (self.fd, self.index_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self.release()
 
     def delete(self) -> None:
-        self.close()
+        self.release()
         for p in (self.path, self.index_path):
             try:
                 p.unlink()
@@ -300,12 +326,14 @@ class PartitionLog:
                 seg.load_index()
                 seg.recover(full=False)
                 seg.next_offset = bases[i + 1]
+            seg.release()
             self.segments.append(seg)
         if not self.segments:
             self.segments.append(Segment(directory, 0, config))
+            self.segments[-1].release()
             if config.fsync != "never":
                 _fsync_dir(directory)
-        self._wm_fd = os.open(directory / "forwarded", os.O_RDWR | os.O_CREAT, 0o644)
+        self._wm_path = directory / "forwarded"
         self._forwarded = self._read_watermark()
         self._dirty = False
 
@@ -330,7 +358,10 @@ class PartitionLog:
     # -- the forwarded watermark (see docs/protocols/rustlog.md, "Crash between log and device")
 
     def _read_watermark(self) -> int:
-        raw = os.pread(self._wm_fd, WATERMARK.size, 0)
+        try:
+            raw = self._wm_path.read_bytes()
+        except FileNotFoundError:
+            raw = b""
         if len(raw) == WATERMARK.size:
             value, check = WATERMARK.unpack(raw)
             if check == value ^ _WATERMARK_CHECK and value <= self.high_watermark:
@@ -348,7 +379,13 @@ class PartitionLog:
             return
         self._forwarded = offset
         # One 16-byte write inside one sector; a lost or torn one only causes re-forwarding.
-        os.pwrite(self._wm_fd, WATERMARK.pack(offset, offset ^ _WATERMARK_CHECK), 0)
+        fd = os.open(self._wm_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, WATERMARK.pack(offset, offset ^ _WATERMARK_CHECK), 0)
+        except OSError as e:
+            raise _storage_error(f"writing {self._wm_path}", e) from None
+        finally:
+            os.close(fd)
 
     # -- appending and reading
 
@@ -360,44 +397,45 @@ class PartitionLog:
         batch: list[bytes] = []
         batch_bytes = 0
         limit = self.config.segment_bytes
-        touched: list[Segment] = []
-        for payload in records:
-            size = HEADER_SIZE + len(payload)
-            active = self.segments[-1]
-            if active.size + batch_bytes + size > limit and (active.size + batch_bytes) > 0:
-                if batch:
-                    active.append(batch, offset, ts)
-                    offset += len(batch)
-                    batch, batch_bytes = [], 0
-                touched.append(active)
-                self._roll()
-            batch.append(payload)
-            batch_bytes += size
-        if batch:
-            self.segments[-1].append(batch, offset, ts)
-        touched.append(self.segments[-1])
-        self._dirty = True
-        if self.config.fsync == "always":
-            self._sync_segments(touched)
+        try:
+            for payload in records:
+                size = HEADER_SIZE + len(payload)
+                active = self.segments[-1]
+                if active.size + batch_bytes + size > limit and (active.size + batch_bytes) > 0:
+                    if batch:
+                        active.append(batch, offset, ts)
+                        offset += len(batch)
+                        batch, batch_bytes = [], 0
+                    self._roll()
+                batch.append(payload)
+                batch_bytes += size
+            if batch:
+                self.segments[-1].append(batch, offset, ts)
+            self._dirty = True
+            if self.config.fsync == "always":
+                self.sync()
+        except OSError as e:
+            raise _storage_error(f"appending in {self.dir}", e) from None
         return base
 
     def _roll(self) -> None:
+        """Seal the active segment (synced unless fsync is never) and start the next one."""
+        old = self.segments[-1]
+        if self.config.fsync != "never":
+            old.sync()
+        old.release()
         seg = Segment(self.dir, self.high_watermark, self.config)
         self.segments.append(seg)
         if self.config.fsync != "never":
             _fsync_dir(self.dir)
 
-    def _sync_segments(self, segments: Sequence[Segment]) -> None:
-        try:
-            for seg in segments:
-                seg.sync()
-        except OSError as e:
-            raise _storage_error(f"fsync in {self.dir}", e) from None
-        self._dirty = False
-
     def sync(self) -> None:
         if self._dirty:
-            self._sync_segments([self.segments[-1]])
+            try:
+                self.segments[-1].sync()
+            except OSError as e:
+                raise _storage_error(f"fsync in {self.dir}", e) from None
+            self._dirty = False
 
     def read(self, offset: int, max_bytes: int) -> list[StoredRecord]:
         """Records from `offset` (must be within [log_start, high_watermark]); at least one if any."""
@@ -409,6 +447,8 @@ class PartitionLog:
                 if seg.next_offset <= offset:
                     continue
                 budget = seg.read(offset, max_bytes, out, budget)
+                if seg is not self.segments[-1]:
+                    seg.release()
                 if budget <= 0:
                     break
         except OSError as e:
@@ -444,7 +484,6 @@ class PartitionLog:
         finally:
             for seg in self.segments:
                 seg.close()
-            os.close(self._wm_fd)
 
 
 class Log:
