@@ -389,6 +389,23 @@ def test_storage_errors_503_and_507(device, tmp_path) -> None:
     finally:
         stop_bridge(b)
 
+    # 503 / binary 4: a sealed segment that can no longer be read.
+    b = start_bridge(device, tmp_path / "unreadable", "--segment-bytes", "1024")
+    try:
+        with b.conn() as c:
+            j, bc = JsonClient(c), BinaryClient(c)
+            j.create("t", 1)
+            j.produce("t", 0, json_records("u", 40))
+            first = b.data_dir / "topics" / "t" / "0" / f"{0:020d}.log"
+            first.rename(first.with_suffix(".moved"))
+            first.mkdir()  # opening it now fails with EISDIR
+            resp = j.fetch("t", 0, 0)
+            assert resp["type"] == "Error" and resp["code"] == 503, resp
+            assert bc.fetch("t", 0, 0)[:2] == ("error", 4)
+            assert j.fetch("t", 0, 39)["records"][0]["offset"] == 39  # later segments still serve
+    finally:
+        stop_bridge(b)
+
     # 503: a file-size limit makes writes fail with EFBIG (Python ignores SIGXFSZ).
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))

@@ -418,7 +418,11 @@ class Bridge(BridgeProtocol):
         # up to about 3 bytes per stored byte (Base64 plus per-record fields).
         frame = self.args.max_frame_size
         cap = frame // 3 if ev.dialect is e.Dialect.JSON else frame - 1024
-        records: list[StoredRecord] = plog.read(offset, min(ev.max_bytes, cap)) if offset < hw else []
+        try:
+            records: list[StoredRecord] = plog.read(offset, min(ev.max_bytes, cap)) if offset < hw else []
+        except StorageError as err:
+            log.error("fetch from %s/%d failed: %s", ev.topic, ev.partition, err)
+            return e.Error(e.ErrorKind.FETCH_FAILED, f"fetch failed: {err}")
         self.stats.records_out += len(records)
         self.stats.bytes_out += sum(len(r.payload) for r in records)
         self.stats.fetch.observe(time.perf_counter() - started)
