@@ -885,7 +885,9 @@ class ServerConnection:
         """A last Error frame before closing, in the best guess of the peer's dialect."""
         if isinstance(err, (MalformedJson, InvalidUtf8)):
             return frame(_encode_json_response(Error(ErrorKind.INVALID_REQUEST, str(err))))
-        first = self._framer.peek_first_payload_byte()
+        # An oversized frame shows its dialect in its first payload byte; an empty one has
+        # none, so the connection's last dialect is the best guess.
+        first = None if isinstance(err, EmptyFrame) else self._framer.peek_first_payload_byte()
         dialect = self._last if first is None else (Dialect.JSON if first == _BRACE else Dialect.BINARY)
         kind = ErrorKind.FRAME_TOO_LARGE if isinstance(err, FrameTooLarge) else ErrorKind.FRAME_ERROR
         resp = Error(kind, f"frame error: {err}")
