@@ -10,6 +10,7 @@ import signal
 import ssl
 import struct
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -193,6 +194,45 @@ def test_produce_fetch_round_trip_across_segment_rolls_and_every_record_reaches_
         sub.close()
         sub_mapped.close()
         stop_bridge(b)
+
+
+@pytest.mark.timeout(90)
+def test_concurrent_producers_on_one_partition(device, bridge) -> None:
+    sub = ready_subscriber(device, bridge.app_env)
+    try:
+        with bridge.conn() as c:
+            JsonClient(c).create("shared", 1)
+        bases: list[int] = []
+        failures: list[BaseException] = []
+
+        def producer(k: int) -> None:
+            try:
+                with bridge.conn() as c:
+                    client = JsonClient(c) if k % 2 else BinaryClient(c)
+                    for n in range(10):
+                        batch = [json.dumps({"k": k, "n": n, "i": i}).encode() for i in range(50)]
+                        resp = client.produce("shared", 0, batch)
+                        bases.append(resp["base_offset"] if isinstance(resp, dict) else resp[1])
+            except BaseException as err:  # reported below; a thread cannot fail the test itself
+                failures.append(err)
+
+        threads = [threading.Thread(target=producer, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not failures, failures
+        assert sorted(bases) == list(range(0, 1500, 50))
+        with bridge.conn() as c:
+            fetched = JsonClient(c).fetch_all("shared", 0, max_bytes=1 << 20)
+        assert [f[0] for f in fetched] == list(range(1500))
+        keys = {(d["k"], d["n"], d["i"]) for d in (json.loads(f[2]) for f in fetched)}
+        assert len(keys) == 1500
+        got = collect(sub, 1500)
+        assert len(got) == 1500
+        assert {body["@metadata"]["offset"] for _, body in got} == set(range(1500))
+    finally:
+        sub.close()
 
 
 @pytest.mark.timeout(90)
