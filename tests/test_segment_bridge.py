@@ -667,3 +667,51 @@ def test_app_env_field_on_json_payloads(device, tmp_path) -> None:
         sub.close()
     finally:
         stop_bridge(b)
+
+
+# ---------------------------------------------------------------- the real client: PyPI `pravega`
+
+
+@pytest.mark.timeout(90)
+def test_pypi_pravega_writer_through_a_minimal_controller(device, bridge) -> None:
+    import sys
+
+    import pravega_client
+
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    # The controller runs in its own process: the client's blocking calls hold the GIL.
+    ctl = start([sys.executable, "-m", "tests.pravega_controller", "--bridge-port", str(bridge.port)], cwd=str(Path(__file__).resolve().parent.parent))
+    try:
+        line = ctl.stdout.readline()
+        assert line.startswith("port "), line + ctl.stdout.read()
+        manager = pravega_client.StreamManager(f"tcp://127.0.0.1:{int(line.split()[1])}")
+        assert manager.create_scope("mesh")
+        assert manager.create_stream("mesh", "logs", 1)
+        writer = manager.create_writer("mesh", "logs", 64)
+        n = 300
+        for i in range(n):
+            if i % 3 == 2:
+                writer.write_event_bytes(b"\xfe bytes %d" % i)
+            else:
+                writer.write_event(orjson.dumps({"n": i, "who": "pravega-rust"}).decode() if i % 3 == 0 else f"text {i}")
+        writer.flush()
+        segment = "mesh/logs/0.#epoch.0"
+        with SegmentTestClient(bridge.port) as c:
+            c.hello()
+            stored = c.read_all(segment)
+        assert len(stored) == n and stored[0] == b'{"n":0,"who":"pravega-rust"}' and stored[1] == b"text 1"
+        got = collect(sub, bridge.app_env, n)
+        assert drain(sub, bridge.app_env, 0.5) == []
+        metas = [b["@metadata"] for _, b in got]
+        assert {m["segment"] for m in metas} == {segment} and len({m["writer_id"] for m in metas}) == 1
+        numbers = sorted(m["event_number"] for m in metas)
+        assert numbers == list(range(numbers[0], numbers[0] + n))
+        assert metas[0]["protocol_version"] == "15"  # the Rust client's Hello
+        bodies = sorted(got, key=lambda g: g[1]["@metadata"]["event_number"])
+        assert bodies[0][1]["n"] == 0 and bodies[1][1]["message"] == "text 1" and "message_base64" in bodies[2][1]
+    finally:
+        assert stop(ctl) == 0
+        out = ctl.stdout.read()
+        sub.close()
+    calls = next(line for line in out.splitlines() if line.startswith("calls")).split()
+    assert {"createScope", "createStream", "getCurrentSegments", "getURI"} <= set(calls), out
