@@ -348,6 +348,53 @@ def test_stored_but_unforwarded_appends_are_forwarded_before_append_setup(device
         stop(dev2.proc)
 
 
+@pytest.mark.timeout(120)
+def test_sigterm_mid_stream_finishes_in_flight_appends_then_resume_is_exactly_once(device, tmp_path) -> None:
+    b = start_bridge(device.router, tmp_path / "data")
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    w = uuid.uuid4()
+    total, batch = 4000, 25
+    acked: list[int] = []
+    c = SegmentTestClient(b.port)
+    c.hello()
+    writer_ready(c, writer=w)
+    n = 0
+    for _ in range(12):  # pipelined, no waiting
+        c.append(w, [js(n=i) for i in range(n + 1, n + batch + 1)], n + batch)
+        n += batch
+    acked.append(c.expect(wire.DataAppended).event_number)
+    assert stop(b.proc) == 0  # SIGTERM with appends in flight
+    out = b.output()
+    try:
+        while True:
+            reply = c.recv(5)
+            if isinstance(reply, wire.DataAppended):
+                acked.append(reply.event_number)
+    except (ServerClosed, TimeoutError, OSError):
+        pass
+    c.close()
+    assert "stopped" in out
+    b2 = start_bridge(device.router, b.data_dir, app_env=b.app_env)
+    try:
+        with SegmentTestClient(b2.port) as c2:
+            c2.hello()
+            resume = c2.setup_append(w, SEG).last_event_number
+            assert max(acked) <= resume <= n
+            m = resume
+            while m < total:
+                c2.append(w, [js(n=i) for i in range(m + 1, min(m + batch, total) + 1)], min(m + batch, total))
+                m = min(m + batch, total)
+                c2.expect(wire.DataAppended)
+        assert _segment_events(b2.port) == list(range(1, total + 1))
+        got = collect(sub, b.app_env, total, timeout=60)
+        got += drain(sub, b.app_env, 0.5)
+        assert sorted(body["n"] for _, body in got) == list(range(1, total + 1))  # exactly once
+    finally:
+        sub.close()
+        out2 = stop_bridge(b2)
+    assert "not yet accepted by the device" not in out2
+
+
 # ---------------------------------------------------------------- reads, conditional appends, errors
 
 
