@@ -124,6 +124,11 @@ def test_retention_by_size_and_age_moves_log_start(tmp_path: Path) -> None:
     for i in range(10):
         plog.append(recs(10, 10 * i))
     before = plog.segment_count
+    assert log.enforce_retention() == 0  # nothing was accepted by the device yet: keep it all
+    plog.set_forwarded(60)
+    assert log.enforce_retention() > 0
+    assert plog.log_start_offset <= 60  # only what the device has
+    plog.set_forwarded(100)
     assert log.enforce_retention() > 0
     assert plog.segment_count < before and plog.log_start_offset > 0
     assert plog.size_bytes <= 2048 + 1024
@@ -138,6 +143,7 @@ def test_retention_by_size_and_age_moves_log_start(tmp_path: Path) -> None:
         plog.append(recs(10, 10 * i), timestamp=1_000_000)
     assert log.enforce_retention(now=1_500_000) == 0  # nothing is a second old yet
     plog.append(recs(5, 50), timestamp=10_000_000)
+    plog.set_forwarded(55)
     assert plog.enforce_retention(now=10_500_000) > 0  # every segment holding only old records goes
     start = plog.log_start_offset
     assert 0 < start <= 50 and plog.read(start, 1 << 20)[-1].offset == 54

@@ -458,20 +458,29 @@ class PartitionLog:
     # -- retention
 
     def enforce_retention(self, now: int | None = None) -> int:
-        """Delete whole segments older than retention_ms or beyond retention_bytes; returns how many."""
+        """Delete whole segments older than retention_ms or beyond retention_bytes; returns how many.
+
+        A segment holding records the device has not accepted yet is never deleted:
+        retention waits for the device rather than lose what it was promised.
+        """
         deleted = 0
         cfg = self.config
+
+        def deletable() -> bool:
+            first = self.segments[0]
+            return len(self.segments) > 1 and first.next_offset <= self._forwarded
+
         if cfg.retention_ms is not None:
             cutoff = (now_us() if now is None else now) - cfg.retention_ms * 1000
             active = self.segments[-1]
             # An expired active segment is rolled first so that it can go too.
             if active.size and active.max_timestamp < cutoff and all(s.max_timestamp < cutoff for s in self.segments):
                 self._roll()
-            while len(self.segments) > 1 and self.segments[0].max_timestamp < cutoff:
+            while deletable() and self.segments[0].max_timestamp < cutoff:
                 self.segments.pop(0).delete()
                 deleted += 1
         if cfg.retention_bytes is not None:
-            while len(self.segments) > 1 and self.size_bytes > cfg.retention_bytes:
+            while deletable() and self.size_bytes > cfg.retention_bytes:
                 self.segments.pop(0).delete()
                 deleted += 1
         if deleted and cfg.fsync != "never":
