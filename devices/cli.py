@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port (default off)")
     p.add_argument(
         "--engine", choices=("auto", "native", "python"), default="auto",
-        help="PULL hot loop: the C fast path (native, built once with cffi), the pure-Python loop, "
-        "or native when it can be built (auto, the default)",
+        help="hot loop for ROUTER and PULL: the C fast path (native, built once with cffi), the pure-Python "
+        "loop, or native when it can be built and --compress is off (auto, the default)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_config_flag(p)

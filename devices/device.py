@@ -12,9 +12,10 @@ what we control is the Python work per message, so:
 - checks are cache lookups on raw bytes (valid stream names and topics are
   remembered), and the only new object per message is the 24-byte meta.
 
-PULL traffic (the bulk) can instead take the C fast path in `devices.native`, which
-holds a whole batch as zmq_msg_t's and never makes a Python object per message;
-`--engine python` turns it off, and it is off with --compress.
+Where it can be built, both input sockets instead take the C fast path in
+`devices.native`, which holds a whole batch as zmq_msg_t's and never makes a Python
+object per message; the Python loop below is the fallback (`--engine python`, and
+always with --compress).
 
 Everything accepted goes through `_commit`, the one place where messages are
 numbered and published (a journal append belongs between those two steps).
@@ -123,6 +124,7 @@ class Device:
         self.config = config
         self.ctx = context or zmq.Context()
         self.fqdn = pysocket.getfqdn()
+        self._fqdn = self.fqdn.encode()
         self.heartbeat_address = f"tcp://{self.fqdn}:{config.pub_port}".encode()
         self._device_id = config.device_id
         stamp.device_bytes(config.device_id)  # range check
@@ -157,7 +159,9 @@ class Device:
                 raise RuntimeError("the native engine could not be built (see the log)")
             if loaded is not None:
                 self._native = NativeBatch(*loaded)
+                self._native_router = NativeBatch(*loaded)
                 self._pull_handle = loaded[0].cast("void *", self.pull.underlying)
+                self._router_handle = loaded[0].cast("void *", self.router.underlying)
         self.engine = "native" if self._native is not None else "python"
         for sock, port in (
             (self.router, config.router_port),
@@ -294,6 +298,31 @@ class Device:
                 raise zmq.ZMQError(-taken)
             return 0
         self.received["pull"] += taken
+        self._account_native(batch)
+        if len(batch):
+            self._commit(batch)
+        return taken
+
+    def _drain_router_native(self) -> int:
+        """ROUTER on the C fast path: as for PULL, then the replies, after the publish."""
+        batch = self._native_router
+        taken = batch.drain_router(self._router_handle, BATCH)
+        if taken <= 0:
+            if taken < 0:
+                raise zmq.ZMQError(-taken)
+            return 0
+        pings = batch.b.pings
+        self.received["router"] += taken - pings
+        self.pings += pings
+        self._account_native(batch)
+        if len(batch):
+            self._commit(batch)
+        if batch.b.nreplies:
+            batch.reply(self._router_handle, self._fqdn)
+        return taken
+
+    def _account_native(self, batch: NativeBatch) -> None:
+        """Per-batch bookkeeping of the C path: drops, and accepted messages per stream."""
         if batch.b.ndrops:
             for reason, app in batch.drops():
                 self._drop(reason, None if reason == "bad_app_env" else app)
@@ -306,8 +335,6 @@ class Device:
                     per_app[app] = count
                 else:
                     self.other_app_envs += count
-            self._commit(batch)
-        return taken
 
     def _drain_router(self) -> int:
         """Take up to BATCH messages from ROUTER; commit the good ones, then answer requests."""
@@ -438,7 +465,7 @@ class Device:
         next_stats = now + 1.0
         monotonic = time.monotonic
         drain_pull = self._drain_pull_native if self._native is not None else self._drain_pull
-        drain_router = self._drain_router
+        drain_router = self._drain_router_native if self._native is not None else self._drain_router
         with lifecycle.eterm_is_clean():
             while not stop.is_set():
                 busy = drain_pull() + drain_router()
@@ -459,14 +486,18 @@ class Device:
         """On shutdown, publish what already sits in our input queues (bounded in time)."""
         deadline = time.monotonic() + budget_s
         while time.monotonic() < deadline:
-            pull = self._drain_pull_native() if self._native is not None else self._drain_pull()
-            if not (pull + self._drain_router()):
+            if self._native is not None:
+                busy = self._drain_pull_native() + self._drain_router_native()
+            else:
+                busy = self._drain_pull() + self._drain_router()
+            if not busy:
                 break
 
     def close(self) -> None:
         """Close with LINGER so queued publications still go out, then end the context."""
         if self._native is not None:
             self._native.discard()
+            self._native_router.discard()
         for sock in (self.router, self.pull, self.pub, self.stats):
             sock.close()
         self.ctx.term()

@@ -1,13 +1,14 @@
-"""The PULL fast path in C: drain, check, number and publish whole batches without Python objects.
+"""The C fast path for ROUTER and PULL: drain, check, number and publish whole batches.
 
 Why C: pyzmq makes one Python object per received frame and needs one more call per
 frame to learn whether another part follows; for a 4-frame message that alone costs
 several times what `zmq.proxy` spends on the whole message. This module compiles (with
 cffi, once, into a cache directory) a few functions that hold a batch of messages as
-`zmq_msg_t`s: `lj_drain` receives and checks them (the same rules as
-`logjam.meta`/`logjam.validation`, which the tests cross-check), `lj_number` stamps
-device, created_ms and sequence into fresh meta frames, and `lj_publish` hands the
-frames to the PUB socket without copying. Python keeps the control: `Device._commit`
+`zmq_msg_t`s: `lj_drain` (PULL) and `lj_drain_router` (ROUTER) receive and check them
+(the same rules as `logjam.meta`/`logjam.validation`, which the tests cross-check),
+`lj_number` stamps device, created_ms and sequence into fresh meta frames, `lj_publish`
+hands the frames to the PUB socket without copying, and `lj_reply` sends the queued
+202/400/pong replies after that. Python keeps the control: `Device._commit`
 calls `number`, then (later) the journal, then `publish`, exactly as for the Python path.
 
 If no compiler or cffi is available, `load()` returns None and the device uses its
@@ -43,10 +44,17 @@ typedef struct {
     unsigned short drop_len[1024];
     unsigned char drop_app[1024][256];
     lj_msg_t f[1024][4];
+    int nreplies;
+    int pings;
+    unsigned char reply_status[1024];
+    lj_msg_t reply_rid[1024];
+    lj_msg_t reply_app[1024];
 } lj_batch_t;
 int lj_drain(lj_batch_t *b, void *sock, int max);
 void lj_number(lj_batch_t *b, uint32_t device, uint64_t first_seq, uint64_t now_ms);
 int lj_publish(lj_batch_t *b, void *pub);
+int lj_drain_router(lj_batch_t *b, void *sock, int max);
+void lj_reply(lj_batch_t *b, void *sock, const char *fqdn, size_t fqdn_len);
 void lj_discard(lj_batch_t *b);
 const unsigned char *lj_data(lj_batch_t *b, int i, int k, size_t *len);
 """
@@ -69,6 +77,11 @@ typedef struct {
     unsigned short drop_len[1024];
     unsigned char drop_app[1024][256];
     lj_msg_t f[1024][4];
+    int nreplies;
+    int pings;
+    unsigned char reply_status[1024];
+    lj_msg_t reply_rid[1024];
+    lj_msg_t reply_app[1024];
 } lj_batch_t;
 
 int zmq_msg_init(lj_msg_t *m);
@@ -79,6 +92,9 @@ int zmq_msg_close(lj_msg_t *m);
 void *zmq_msg_data(lj_msg_t *m);
 size_t zmq_msg_size(const lj_msg_t *m);
 int zmq_msg_more(const lj_msg_t *m);
+int zmq_msg_move(lj_msg_t *dest, lj_msg_t *src);
+int zmq_msg_copy(lj_msg_t *dest, lj_msg_t *src);
+int zmq_send(void *s, const void *buf, size_t len, int flags);
 int zmq_errno(void);
 
 #define LJ_DONTWAIT 1
@@ -147,7 +163,7 @@ static void tally(lj_batch_t *b, int i) {
 int lj_drain(lj_batch_t *b, void *sock, int max) {
     int taken = 0, i, k, more, reason, err;
     lj_msg_t scratch;
-    b->n = 0; b->ndrops = 0; b->napps = 0;
+    b->n = 0; b->ndrops = 0; b->napps = 0; b->nreplies = 0; b->pings = 0;
     if (max > LJ_MAX) max = LJ_MAX;
     while (taken < max) {
         lj_msg_t *f = b->f[b->n];
@@ -233,8 +249,8 @@ void lj_number(lj_batch_t *b, uint32_t device, uint64_t first_seq, uint64_t now_
         for (j = 8; j < 16; j++) if (old[j]) { zero = 0; break; }
         if (zero) put_be(d + 8, now_ms, 8); else memcpy(d + 8, old + 8, 8);
         put_be(d + 16, first_seq + (uint64_t)i, 8);
-        zmq_msg_close(&b->f[i][3]);
-        b->f[i][3] = fresh;
+        zmq_msg_move(&b->f[i][3], &fresh);  /* releases the client's meta */
+        zmq_msg_close(&fresh);
     }
 }
 
@@ -257,10 +273,144 @@ int lj_publish(lj_batch_t *b, void *pub) {
     return 0;
 }
 
+static void record_drop(lj_batch_t *b, int reason, lj_msg_t *app) {
+    size_t n = app ? zmq_msg_size(app) : 0;
+    if (n > 255) n = 255;
+    b->drop_reason[b->ndrops] = (unsigned char)reason;
+    b->drop_len[b->ndrops] = (unsigned short)n;
+    if (n) memcpy(b->drop_app[b->ndrops], zmq_msg_data(app), n);
+    b->ndrops++;
+}
+
+/* Queue a reply: the routing id moves in; the app-env (if any) is shared, not copied. */
+static void add_reply(lj_batch_t *b, lj_msg_t *rid, lj_msg_t *app, int status) {
+    int j = b->nreplies++;
+    zmq_msg_init(&b->reply_rid[j]);
+    zmq_msg_move(&b->reply_rid[j], rid);
+    zmq_msg_init(&b->reply_app[j]);
+    if (app) zmq_msg_copy(&b->reply_app[j], app);
+    b->reply_status[j] = (unsigned char)status;
+}
+
+#define LJ_ACCEPTED 1
+#define LJ_BAD_REQUEST 2
+#define LJ_PONG 3
+#define LJ_PING_BAD 4
+#define LJ_PARTS 7
+
+/* ROUTER: [rid] [""]? app topic body meta, or a ping ["", "ping", app, body, meta].
+   Good messages go to b->f as on PULL; requests and pings queue a reply for lj_reply,
+   which the caller sends after publishing. */
+int lj_drain_router(lj_batch_t *b, void *sock, int max) {
+    int taken = 0, np, more, extra, request, first, count, reason, i, err;
+    lj_msg_t parts[LJ_PARTS], scratch;
+    b->n = 0; b->ndrops = 0; b->napps = 0; b->nreplies = 0; b->pings = 0;
+    if (max > LJ_MAX) max = LJ_MAX;
+    while (taken < max) {
+        zmq_msg_init(&parts[0]);
+        if (zmq_msg_recv(&parts[0], sock, LJ_DONTWAIT) < 0) {
+            err = zmq_errno();
+            zmq_msg_close(&parts[0]);
+            if (err == EAGAIN || err == EINTR || taken > 0) break;
+            return -err;
+        }
+        taken++;
+        np = 1; extra = 0;
+        more = zmq_msg_more(&parts[0]);
+        while (more) {
+            if (np < LJ_PARTS) {
+                if (recv_part(&parts[np], sock) < 0) {
+                    err = zmq_errno();
+                    for (i = 0; i <= np; i++) zmq_msg_close(&parts[i]);
+                    return -err;
+                }
+                more = zmq_msg_more(&parts[np]);
+                np++;
+            } else {
+                if (recv_part(&scratch, sock) < 0) { zmq_msg_close(&scratch); break; }
+                more = zmq_msg_more(&scratch);
+                zmq_msg_close(&scratch);
+                extra = 1;
+            }
+        }
+        request = np >= 2 && zmq_msg_size(&parts[1]) == 0;
+        first = request ? 2 : 1;
+        count = extra ? 99 : np - first;
+        reason = 0;
+        if (request && count >= 1 && zmq_msg_size(&parts[first]) == 4
+                && memcmp(zmq_msg_data(&parts[first]), "ping", 4) == 0) {
+            b->pings++;
+            if (count == 4 && meta_ok(&parts[first + 3])) {
+                add_reply(b, &parts[0], NULL, LJ_PONG);
+            } else {
+                record_drop(b, count == 4 ? 2 : 1, count >= 2 ? &parts[first + 1] : NULL);
+                add_reply(b, &parts[0], NULL, LJ_PING_BAD);
+            }
+            for (i = 0; i < np; i++) zmq_msg_close(&parts[i]);
+            continue;
+        }
+        if (count != 4) reason = 1;
+        else if (!meta_ok(&parts[first + 3])) reason = 2;
+        else if (!app_env_ok(&parts[first])) reason = 3;
+        else if (!topic_ok(&parts[first + 1])) reason = 4;
+        if (reason) {
+            lj_msg_t *app = count >= 1 && first < np ? &parts[first] : NULL;
+            record_drop(b, reason, app);
+            if (request) add_reply(b, &parts[0], app, LJ_BAD_REQUEST);
+            for (i = 0; i < np; i++) zmq_msg_close(&parts[i]);
+            continue;
+        }
+        for (i = 0; i < 4; i++) {
+            zmq_msg_init(&b->f[b->n][i]);
+            zmq_msg_move(&b->f[b->n][i], &parts[first + i]);
+        }
+        if (request) add_reply(b, &parts[0], &b->f[b->n][0], LJ_ACCEPTED);
+        for (i = 0; i < np; i++) zmq_msg_close(&parts[i]);
+        tally(b, b->n);
+        b->n++;
+    }
+    return taken;
+}
+
+static void send_bytes(void *sock, const char *s, size_t n, int flags) {
+    zmq_send(sock, s, n, flags | LJ_DONTWAIT);
+}
+
+/* Send the queued replies in arrival order. ROUTER silently drops replies to peers that
+   are gone or not reading (their HWM), which is what we want: one slow client never
+   blocks the device. */
+void lj_reply(lj_batch_t *b, void *sock, const char *fqdn, size_t fqdn_len) {
+    int j;
+    for (j = 0; j < b->nreplies; j++) {
+        int st = b->reply_status[j];
+        if (zmq_msg_send(&b->reply_rid[j], sock, LJ_SNDMORE | LJ_DONTWAIT) < 0) {
+            zmq_msg_close(&b->reply_rid[j]);
+            zmq_msg_close(&b->reply_app[j]);
+            continue;
+        }
+        if (st == LJ_PONG) {
+            send_bytes(sock, "ping", 4, LJ_SNDMORE);
+            send_bytes(sock, "200 OK", 6, LJ_SNDMORE);
+            send_bytes(sock, fqdn, fqdn_len, 0);
+        } else if (st == LJ_PING_BAD) {
+            send_bytes(sock, "ping", 4, LJ_SNDMORE);
+            send_bytes(sock, "400 Bad Request", 15, 0);
+        } else {
+            if (zmq_msg_send(&b->reply_app[j], sock, LJ_SNDMORE | LJ_DONTWAIT) < 0) zmq_msg_close(&b->reply_app[j]);
+            if (st == LJ_ACCEPTED) send_bytes(sock, "202 Accepted", 12, 0);
+            else send_bytes(sock, "400 Bad Request", 15, 0);
+        }
+        zmq_msg_close(&b->reply_app[j]);
+    }
+    b->nreplies = 0;
+}
+
 void lj_discard(lj_batch_t *b) {
     int i, k;
     for (i = 0; i < b->n; i++) for (k = 0; k < 4; k++) zmq_msg_close(&b->f[i][k]);
+    for (i = 0; i < b->nreplies; i++) { zmq_msg_close(&b->reply_rid[i]); zmq_msg_close(&b->reply_app[i]); }
     b->n = 0;
+    b->nreplies = 0;
 }
 
 const unsigned char *lj_data(lj_batch_t *b, int i, int k, size_t *len) {
@@ -350,6 +500,12 @@ class NativeBatch:
 
     def drain(self, sock_handle: Any, max_messages: int) -> int:
         return self.lib.lj_drain(self.b, sock_handle, max_messages)
+
+    def drain_router(self, sock_handle: Any, max_messages: int) -> int:
+        return self.lib.lj_drain_router(self.b, sock_handle, max_messages)
+
+    def reply(self, sock_handle: Any, fqdn: bytes) -> None:
+        self.lib.lj_reply(self.b, sock_handle, fqdn, len(fqdn))
 
     def number(self, device: int, first_seq: int, now_ms: int) -> int:
         self.lib.lj_number(self.b, device, first_seq, now_ms)

@@ -131,3 +131,65 @@ def test_many_distinct_app_envs_overflow_the_tally(pipe):
             counts[app] = counts.get(app, 0) + n
         pipe.batch.discard()
     assert counts == {b"app%d-prod" % i: 1 for i in range(100)}
+
+
+class RouterPipe(Pipe):
+    def __init__(self) -> None:
+        super().__init__()
+        name = f"inproc://native-router-{next(_ids)}"
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.bind(name)
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.connect(name)
+        self.rhandle = LOADED[0].cast("void *", self.router.underlying)
+
+    def close(self) -> None:
+        self.router.close(linger=0)
+        self.dealer.close(linger=0)
+        super().close()
+
+
+@pytest.fixture(scope="module")
+def rpipe():
+    p = RouterPipe()
+    yield p
+    p.close()
+
+
+def router_reason(frames: list[bytes]) -> str | None:
+    return "frame_count" if len(frames) != 4 else classify(frames)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(message.filter(lambda m: m[0] != b"ping"), min_size=1, max_size=20))
+def test_router_requests_get_truthful_replies_in_order(rpipe, messages):
+    for m in messages:
+        rpipe.dealer.send_multipart([b""] + m)
+    taken = 0
+    accepted: list[bytes] = []
+    while taken < len(messages):
+        n = rpipe.batch.drain_router(rpipe.rhandle, 1024)
+        assert n >= 0
+        taken += n
+        accepted += [rpipe.batch.frame(i, 2) for i in range(len(rpipe.batch))]
+        rpipe.batch.lib.lj_number(rpipe.batch.b, 1, 1, 1)
+        rpipe.batch.publish(rpipe.pub)
+        rpipe.batch.reply(rpipe.rhandle, b"host.example")
+    replies = [rpipe.dealer.recv_multipart() for _ in messages]
+    expected = [router_reason(m) for m in messages]
+    assert replies == [[m[0], b"202 Accepted" if r is None else b"400 Bad Request"] for m, r in zip(messages, expected)]
+    assert accepted == [m[2] for m, r in zip(messages, expected) if r is None]
+    while rpipe.sub.poll(0):
+        rpipe.sub.recv_multipart()
+
+
+def test_router_ping(rpipe):
+    rpipe.dealer.send_multipart([b"", b"ping", b"a-b", b"{}", meta()])
+    rpipe.dealer.send_multipart([b"", b"ping", b"a-b", b"{}", b"bad"])
+    taken = 0
+    while taken < 2:
+        taken += rpipe.batch.drain_router(rpipe.rhandle, 1024)
+        assert len(rpipe.batch) == 0
+        rpipe.batch.reply(rpipe.rhandle, b"host.example")
+    assert rpipe.dealer.recv_multipart() == [b"ping", b"200 OK", b"host.example"]
+    assert rpipe.dealer.recv_multipart() == [b"ping", b"400 Bad Request"]
