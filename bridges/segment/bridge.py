@@ -34,7 +34,6 @@ from typing import Any, Sequence
 from bridges.host import BridgeProtocol, Connection, DeviceRejected, Host, body_from_bytes
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
-from logjam.errors import ProtocolError
 from logjam.message import Message
 from logjam.meta import now_ms
 
@@ -175,7 +174,9 @@ class Session:
             except wire.EventNumberWentBackwards as e:
                 await self.queue.put(self.done([wire.InvalidEventNumber(e.writer_id, e.request_id, "", e.event_number)], True))
                 error = e
-            except (ProtocolError, Exception) as e:  # noqa: B014 (ProtocolError named for the reader)
+            except Exception as e:
+                # ProtocolError, IdleTimeout, a lost connection: acks still go out below,
+                # then the host logs and counts the error.
                 error = e
             # Whatever was forwarded still gets its ack before the connection ends.
             await self.queue.put(None)

@@ -329,7 +329,10 @@ class SegmentStore:
                 _fsync_dir(self._dir)
         except OSError as e:
             raise StoreError(f"cannot create segment {name!r}: {e}") from e
-        seg = Segment(name, final, self.fsync)
+        try:
+            seg = Segment(name, final, self.fsync)
+        except OSError as e:  # e.g. out of file descriptors
+            raise StoreError(f"cannot open segment {name!r}: {e}") from e
         self.segments[name] = seg
         return seg
 
