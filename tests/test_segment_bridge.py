@@ -26,6 +26,7 @@ import pytest
 import zmq
 
 from bridges.segment import engine as wire
+from bridges.segment.store import dir_name
 from logjam.message import Message
 from logjam.producer import Producer
 from logjam.subscriber import Subscriber
@@ -762,3 +763,54 @@ def test_pypi_pravega_writer_through_a_minimal_controller(device, bridge) -> Non
         sub.close()
     calls = next(line for line in out.splitlines() if line.startswith("calls")).split()
     assert {"createScope", "createStream", "getCurrentSegments", "getURI"} <= set(calls), out
+
+
+PRAVEGA_WRITER = """
+import sys, orjson, pravega_client
+manager = pravega_client.StreamManager(sys.argv[1])
+manager.create_scope("mesh")
+manager.create_stream("mesh", "logs", 1)
+writer = manager.create_writer("mesh", "logs", 128)
+for i in range(int(sys.argv[2])):
+    writer.write_event(orjson.dumps({"n": i, "pad": "p" * 100}).decode())
+writer.flush()
+print("flushed", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_pypi_pravega_writer_resumes_exactly_once_after_sigkill(device, tmp_path) -> None:
+    """The real client reconnects by itself; AppendSetup tells it where to resume."""
+    import sys
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    port = free_port()
+    b = start_bridge(device.router, tmp_path / "data", port=port)
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    ctl = start([sys.executable, "-m", "tests.pravega_controller", "--bridge-port", str(port)], cwd=repo)
+    b2 = None
+    try:
+        cport = int(ctl.stdout.readline().split()[1])
+        n = 20000
+        writer = start([sys.executable, "-c", PRAVEGA_WRITER, f"tcp://127.0.0.1:{cport}", str(n)], cwd=repo)
+        data = b.data_dir / "segments" / dir_name("mesh/logs/0.#epoch.0") / "data"
+        wait_for(lambda: data.exists() and data.stat().st_size > 300_000, timeout=60, what="the writer to be mid-stream")
+        b.proc.send_signal(signal.SIGKILL)
+        b.proc.wait(10)
+        assert data.stat().st_size < n * 100, "the kill came too late to be mid-stream"
+        b2 = start_bridge(device.router, b.data_dir, app_env=b.app_env, port=port)
+        assert writer.wait(90) == 0
+        assert "flushed" in writer.stdout.read()
+        with SegmentTestClient(port) as c:
+            c.hello()
+            stored = [orjson.loads(p)["n"] for p in c.read_all("mesh/logs/0.#epoch.0")]
+        assert stored == list(range(n))  # exactly once, in order, in the segment
+        got = collect(sub, b.app_env, n, timeout=60)
+        got += drain(sub, b.app_env, 1.0)
+        unique = {(body["@metadata"]["segment"], body["@metadata"]["segment_offset"]): body["n"] for _, body in got}
+        assert sorted(unique.values()) == list(range(n))  # nothing lost at the device
+    finally:
+        stop(ctl)
+        sub.close()
+        if b2 is not None:
+            stop_bridge(b2)
