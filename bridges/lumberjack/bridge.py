@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import itertools
 import logging
 import time
 from collections import deque
@@ -41,6 +42,8 @@ from logjam.message import Message
 from logjam.meta import now_ms
 
 log = logging.getLogger(__name__)
+
+FEED_SLICE = 8192
 
 Item = DataFrame | JsonFrame | WindowFrame  # windows are queued to act on them in order
 
@@ -86,6 +89,7 @@ class Session:
         self.max_pending: int = args.max_pending_events
         self.max_batch: int = max(1, min(args.max_batch, self.max_pending))
         self.keepalive_interval: float = args.keepalive_interval
+        self.pipeline: int = max(1, args.pipeline)
         # Decoded and not yet acked, in arrival order; the publisher pops after acking.
         self.unacked: deque[Item] = deque()
         self.queued = asyncio.Event()  # the reader added items, or finished
@@ -114,28 +118,37 @@ class Session:
             raise self.error
 
     async def _read(self) -> None:
+        # Bytes are read in up to 64 KiB but fed in small slices, checking the bound before
+        # each: well-compressed input holds thousands of events per read, and decoded events
+        # cost far more memory than the compressed bytes waiting here.
+        pending = memoryview(b"")
+        reset: ConnectionResetError | None = None
         try:
             while not self.conn.stopping:
                 while len(self.unacked) >= self.max_pending:
                     self.room.clear()
                     await self.room.wait()
-                try:
-                    data = await self.conn.read()
-                except IdleTimeout:
-                    if self.unacked:  # the client is waiting for us, not idle
-                        continue
-                    raise
-                except ConnectionResetError:
-                    # Clients that never read acks (stashward) reset the connection when they
-                    # close; what they sent before that is still theirs to deliver.
-                    data = _unread(self.conn)
-                    if not data:
+                if not pending:
+                    if reset is not None:
+                        raise reset
+                    try:
+                        data = await self.conn.read()
+                    except IdleTimeout:
+                        if self.unacked:  # the client is waiting for us, not idle
+                            continue
                         raise
-                    self._enqueue(self.engine.feed(data))
-                    raise
-                if not data:
-                    break
-                events = self.engine.feed(data)
+                    except ConnectionResetError as e:
+                        # Clients that never read acks (stashward) reset the connection when
+                        # they close; what they sent before that is still theirs to deliver.
+                        data = _unread(self.conn)
+                        if not data:
+                            raise
+                        reset = e
+                    if not data:
+                        break
+                    pending = memoryview(data)
+                chunk, pending = pending[:FEED_SLICE], pending[FEED_SLICE:]
+                events = self.engine.feed(chunk)
                 if events:
                     self._enqueue(events)
         except (ProtocolError, IdleTimeout, ConnectionError, OSError) as e:
@@ -155,33 +168,55 @@ class Session:
         self.queued.set()
 
     async def _publish(self) -> None:
-        while True:
-            if not self.unacked:
-                if self.reader_done:
-                    return
+        """Keep up to `pipeline` batches at the device; ack them strictly in order."""
+        inflight: deque[tuple[list[Item], asyncio.Task[None]]] = deque()
+        taken = 0  # items of self.unacked already in a batch
+        try:
+            while True:
+                while len(inflight) < self.pipeline and taken < len(self.unacked):
+                    batch = self._take_batch(taken)
+                    taken += len(batch)
+                    task = asyncio.ensure_future(self.host.link.publish(self._messages(batch)))
+                    inflight.append((batch, task))
+                if not inflight:
+                    if self.reader_done and not self.unacked:
+                        return
+                    self.queued.clear()
+                    await self.queued.wait()
+                    continue
+                batch, task = inflight[0]
+                # Wake for the device's answer or for more input to put in flight meanwhile.
                 self.queued.clear()
-                await self.queued.wait()
-                continue
-            batch = self._take_batch()
-            messages = self._messages(batch)
-            try:
-                await self.host.link.publish(messages)
-            except DeviceRejected as e:
-                # Lumberjack has no error reply: ack nothing of this batch and close, so the
-                # client keeps the events and sends them again once the cause is fixed.
-                self.host.metrics.device_rejected.inc(e.rejected)
-                log.error("lumberjack %s: %s; closing without ack (check --app-env/--topic)", self.conn.peer, e)
-                self.error = e
-                return
-            self._ack(batch)
-            for _ in range(len(batch)):
-                self.unacked.popleft()
-            self.room.set()
+                waiter = asyncio.ensure_future(self.queued.wait())
+                await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if not task.done():
+                    continue
+                inflight.popleft()
+                try:
+                    task.result()
+                except DeviceRejected as e:
+                    # Lumberjack has no error reply: ack nothing more and close, so the client
+                    # keeps the events and sends them again once the cause is fixed.
+                    self.host.metrics.device_rejected.inc(e.rejected)
+                    log.error("lumberjack %s: %s; closing without ack (check --app-env/--topic)", self.conn.peer, e)
+                    self.error = e
+                    return
+                self._ack(batch)
+                for _ in range(len(batch)):
+                    self.unacked.popleft()
+                taken -= len(batch)
+                self.room.set()
+        finally:
+            for _, task in inflight:
+                task.cancel()
+            if inflight:
+                await asyncio.gather(*(t for _, t in inflight), return_exceptions=True)
 
-    def _take_batch(self) -> list[Item]:
+    def _take_batch(self, start: int) -> list[Item]:
         batch: list[Item] = []
         data = 0
-        for item in self.unacked:
+        for item in itertools.islice(self.unacked, start, None):
             if not isinstance(item, WindowFrame):
                 if data == self.max_batch:
                     break
@@ -270,6 +305,8 @@ class Bridge(BridgeProtocol):
                             help="per connection: stop reading once this many events await an ack (default %(default)s)")
         parser.add_argument("--max-batch", type=int, default=2048, metavar="N",
                             help="events per pipelined publish to the device (default %(default)s)")
+        parser.add_argument("--pipeline", type=int, default=2, metavar="N",
+                            help="per connection: batches awaiting the device at once (default %(default)s)")
 
     async def serve(self, conn: Connection) -> None:
         await Session(self, conn).run()

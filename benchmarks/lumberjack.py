@@ -1,0 +1,274 @@
+"""Benchmark: Lumberjack events/s through `logjam-bridge lumberjack` + `logjam-device`.
+
+The wire bytes are built with pylogbeat's own encoder (v2, one W then one C frame of J
+frames per window, 2048 events of ~200 bytes each, zlib at its default level), so they
+are exactly what pylogbeat sends. One TCP client writes them with two windows in flight
+(Filebeat's pipelining; pylogbeat itself waits for each ack) and checks every ack; a
+subscriber on the device counts the messages. The clock stops when the subscriber has
+counted every event and the last ack arrived.
+
+The reference, measured in the same run on the same bytes, is the in-process
+decode-only limit: the sans-IO engine fed 64 KiB reads (zlib inflate + frame parse)
+plus orjson parsing each event, with no sockets, mapping or device.
+
+A second phase pauses the device (SIGSTOP) while 10 clients send without waiting for
+acks, and reports the bridge's peak RSS: back-pressure must stop reading, not buffer.
+
+Run: .venv/bin/python benchmarks/lumberjack.py [--windows N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import orjson  # noqa: E402
+import pylogbeat  # noqa: E402
+import zmq  # noqa: E402
+
+from bridges.lumberjack.engine import JsonFrame, LumberjackClient, LumberjackServer  # noqa: E402
+from tests.conftest import start_device  # noqa: E402
+from tests.helpers import command, free_port, port_open, stop, wait_for  # noqa: E402
+
+WINDOW = 2048
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+APP_ENV = "lumberjack-bench"
+
+
+def make_windows(n: int) -> list[bytes]:
+    """n windows of WINDOW events, encoded by pylogbeat (seqs count across windows)."""
+    client = pylogbeat.PyLogBeatClient("127.0.0.1", 0)
+    windows = []
+    for w in range(n):
+        events = [
+            {
+                "@timestamp": f"2024-05-01T12:{w % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z",
+                "message": f"GET /api/v1/users/{w * WINDOW + i}/orders HTTP/1.1 200 {i % 97}ms",
+                "host": {"name": "web-17.example.net"}, "log": {"offset": (w * WINDOW + i) * 120},
+                "service": "shop",
+            }
+            for i in range(WINDOW)
+        ]
+        client._window_size = len(events)
+        header = struct.pack(">BBI", pylogbeat.PROTOCOL_VERSION, pylogbeat.FRAME_TYPE_WINDOW_SIZE, len(events))
+        windows.append(header + client._compress_payload(client._factor_payload(events)))
+    return windows
+
+
+def decode_only(windows: list[bytes]) -> float:
+    wire = b"".join(windows)
+    engine = LumberjackServer()
+    loads = orjson.loads
+    n = 0
+    t0 = time.perf_counter()
+    for i in range(0, len(wire), 65536):
+        for ev in engine.feed(wire[i : i + 65536]):
+            if type(ev) is JsonFrame:
+                loads(ev.payload)
+                n += 1
+    elapsed = time.perf_counter() - t0
+    assert n == len(windows) * WINDOW, n
+    return n / elapsed
+
+
+def count_messages(pub: str, total: int, ready: threading.Event, done: threading.Event, result: list) -> None:
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVHWM, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, APP_ENV.encode())
+    sub.connect(pub)
+    ready.set()
+    n = 0
+    poller = zmq.Poller()
+    poller.register(sub, zmq.POLLIN)
+    while n < total and not done.is_set():
+        if poller.poll(200):
+            while True:
+                try:
+                    frames = sub.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if frames[1] != b"logs.probe":
+                    n += 1
+                    if n == total:
+                        result.append(time.perf_counter())
+    result.append(n)
+    sub.close()
+
+
+def join_subscriber(router: str, got_probe) -> None:
+    """Publish probes until the subscriber has joined (ZeroMQ's slow joiner)."""
+    ctx = zmq.Context.instance()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(router)
+    from logjam.message import Message
+
+    def joined() -> bool:
+        dealer.send_multipart(Message.build(APP_ENV, "logs.probe", {"p": 1}).to_frames())
+        return got_probe()
+
+    try:
+        wait_for(joined, timeout=15, interval=0.05, what="subscriber to join")
+    finally:
+        dealer.close()
+
+
+def through_bridge(dev, port: int, windows: list[bytes]) -> float:
+    total = len(windows) * WINDOW
+    ready, done, result = threading.Event(), threading.Event(), []
+    # The probe is counted by a tiny SUB of its own so the counter's total stays exact.
+    ctx = zmq.Context.instance()
+    probe_sub = ctx.socket(zmq.SUB)
+    probe_sub.setsockopt(zmq.LINGER, 0)
+    probe_sub.setsockopt(zmq.SUBSCRIBE, APP_ENV.encode())
+    probe_sub.connect(dev.pub)
+    counter = threading.Thread(target=count_messages, args=(dev.pub, total, ready, done, result), daemon=True)
+    counter.start()
+    ready.wait()
+    join_subscriber(dev.router, lambda: probe_sub.poll(50) and probe_sub.recv_multipart())
+    probe_sub.close()
+    acks = LumberjackClient()  # only its ack parser is used
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    last_seq = [w * WINDOW + WINDOW for w in range(len(windows))]
+    acked = 0
+    t0 = time.perf_counter()
+    sent = 0
+    while acked < last_seq[-1]:
+        # Two windows in flight, as Filebeat pipelines.
+        while sent < len(windows) and (sent == 0 or acked >= last_seq[sent - 1] - WINDOW):
+            sock.sendall(windows[sent])
+            sent += 1
+        data = sock.recv(65536)
+        if not data:
+            raise SystemExit("bridge closed the connection")
+        for ack in acks.feed(data):
+            acked = max(acked, ack.seq)
+    t_acked = time.perf_counter()
+    counter.join(60)
+    done.set()
+    sock.close()
+    if len(result) != 2 or result[-1] != total:
+        raise SystemExit(f"subscriber counted {result[-1] if result else 0} of {total}")
+    return total / (max(result[0], t_acked) - t0)
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_kib(pid: int) -> dict[str, int]:
+    out = {}
+    for line in open(f"/proc/{pid}/status"):
+        key = line.split(":")[0]
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(line.split()[1])
+    return out
+
+
+def paused_rss(dev, bridge_pid: int, port: int, windows: list[bytes], clients: int = 10) -> tuple[dict, dict, int]:
+    before = rss_kib(bridge_pid)
+    os.kill(dev.proc.pid, signal.SIGSTOP)
+    sent = [0] * clients
+    last = [time.monotonic()] * clients
+    stop_flag = threading.Event()
+
+    def pump(k: int) -> None:
+        s = socket.create_connection(("127.0.0.1", port))
+        s.settimeout(0.2)
+        try:
+            for i in range(10**9):
+                view = memoryview(windows[i % len(windows)])
+                while view:
+                    if stop_flag.is_set():
+                        return
+                    try:
+                        view = view[s.send(view):]
+                        last[k] = time.monotonic()
+                    except (TimeoutError, BlockingIOError):
+                        continue
+                sent[k] += 1
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=pump, args=(k,), daemon=True) for k in range(clients)]
+    try:
+        for t in threads:
+            t.start()
+        # Every sender is blocked by back-pressure once none made progress for 2 s.
+        wait_for(lambda: time.monotonic() - max(last) > 2.0, timeout=25, interval=0.1, what="senders to block")
+        during = rss_kib(bridge_pid)
+    finally:
+        stop_flag.set()
+        os.kill(dev.proc.pid, signal.SIGCONT)
+        for t in threads:
+            t.join(5)
+    return before, during, sum(sent)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--windows", type=int, default=12, help="2048-event windows per round (default 12)")
+    ap.add_argument("--rounds", type=int, default=2, help="best of this many rounds (default 2)")
+    ap.add_argument("--bridge-flag", action="append", default=[], help="extra flag for logjam-bridge (repeatable)")
+    args = ap.parse_args()
+
+    windows = make_windows(args.windows)
+    size = sum(len(w) for w in windows) / (args.windows * WINDOW)
+    ref = max(decode_only(windows) for _ in range(3))
+
+    dev = start_device(device_id=7)
+    port = free_port()
+    log_file = tempfile.NamedTemporaryFile("w+", prefix="lumberjack-bench-", suffix=".log")
+    bridge = subprocess.Popen(
+        [command("logjam-bridge"), "lumberjack", "--listen", f"127.0.0.1:{port}", "--device", dev.router,
+         "--app-env", APP_ENV, *args.bridge_flag],
+        stdout=log_file, stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: port_open(port), timeout=20, what="bridge to listen")
+        cpu0 = cpu_seconds(bridge.pid), cpu_seconds(dev.proc.pid)
+        rates = [through_bridge(dev, port, windows) for _ in range(args.rounds)]
+        cpu1 = cpu_seconds(bridge.pid), cpu_seconds(dev.proc.pid)
+        e2e = max(rates)
+        events = args.rounds * args.windows * WINDOW
+        per_cpu = [events / max(b - a, 1e-9) for a, b in zip(cpu0, cpu1)]
+        before, during, blocked_windows = paused_rss(dev, bridge.pid, port, windows)
+    finally:
+        code = stop(bridge)
+        stop(dev.proc)
+        if code != 0:
+            log_file.seek(0)
+            print(log_file.read()[-4000:], file=sys.stderr)
+            raise SystemExit(f"logjam-bridge exited {code}")
+
+    print(f"events: {args.windows} windows x {WINDOW} (pylogbeat framing, v2, C frames), {size:.0f} wire bytes/event")
+    print(f"decode-only limit (inflate + frame parse + JSON parse): {ref:12,.0f} events/s")
+    print(f"bridge + device + subscriber:                           {e2e:12,.0f} events/s  (rounds: "
+          + ", ".join(f"{r:,.0f}" for r in rates) + ")")
+    print(f"ratio: {e2e / ref:.2f}x (target >= 0.5x)")
+    print(f"CPU cost (load-independent): bridge {per_cpu[0]:,.0f} events per CPU-second, "
+          f"device {per_cpu[1]:,.0f}; the decode-only limit is {ref:,.0f} per CPU-second")
+    print(f"device paused, 10 clients sending: bridge RSS {before['VmRSS'] / 1024:.1f} MiB before, "
+          f"{during['VmRSS'] / 1024:.1f} MiB with every client blocked, peak (VmHWM) {during['VmHWM'] / 1024:.1f} MiB; "
+          f"{blocked_windows} windows got out of the clients")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
