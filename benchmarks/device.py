@@ -71,7 +71,7 @@ def rss_mb(pid: int) -> tuple[float, float]:
 
 # -- child processes (sockets are created inside them, after the fork) -------------
 
-CLIENT_HWM = 10_000
+CLIENT_HWM = 5_000
 
 
 def producer(endpoint: str, count: int, go: mp.Event, blocked: mp.Value) -> None:
@@ -237,7 +237,7 @@ def run(target: Target, producers: int, per_producer: int, sample_rss: bool = Fa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--messages", type=int, default=210_000, help="messages per throughput run")
+    ap.add_argument("--messages", type=int, default=150_000, help="messages per throughput run")
     ap.add_argument("--producers", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="alternating runs per target; best is reported")
     ap.add_argument("--no-overload", action="store_true")
@@ -286,7 +286,7 @@ def overload(engine: str) -> None:
     messages, each client K x its own send HWM. Small HWMs make the queues fill in the
     first tenth of the run, so the rest of it shows whether memory stays flat.
     """
-    rcv_hwm, snd_hwm, producers = 10_000, 50_000, 4
+    rcv_hwm, snd_hwm, producers = 5_000, 25_000, 4
     total = 10 * producers * (rcv_hwm + CLIENT_HWM)
     print(f"\noverload, --engine {engine}: {producers} producers offer {total} messages, 10x what the queues hold "
           f"(-R {rcv_hwm} per connection, client HWM {CLIENT_HWM}, -S {snd_hwm})")
