@@ -80,7 +80,7 @@ class DeviceConfig:
     snd_hwm: int = 1_000_000
     heartbeat_interval: float = 5.0
     linger_ms: int = lifecycle.DEFAULT_LINGER_MS
-    # "auto": the C fast path for PULL when it can be built (and --compress is off),
+    # "auto": the C fast path for ROUTER and PULL when it can be built (and --compress is off),
     # "native": the same but fail if it cannot, "python": never.
     engine: str = "auto"
 
@@ -93,7 +93,7 @@ class TupleBatch(list):
     def number(self, device: int, first_seq: int, now: int) -> int:
         dev = stamp.device_bytes(device)
         now_b = now.to_bytes(8, "big")
-        pack = stamp._STAMP.pack
+        pack = stamp.pack_meta
         heads = HEADS
         seq = first_seq - 1
         metas = []
@@ -142,6 +142,7 @@ class Device:
         self.other_app_envs = 0
         self.dropped: dict[tuple[str, str], int] = {}
         self._topics: set[bytes] = set()
+        self._drop_labels: set[bytes] = set()
 
         linger = config.linger_ms
         self.router = lifecycle.socket(self.ctx, zmq.ROUTER, linger_ms=linger, rcvhwm=config.rcv_hwm, sndhwm=config.rcv_hwm)
@@ -197,12 +198,14 @@ class Device:
         log.debug("dropped a message (%s) from %s", reason, name)
 
     def _label(self, app_env: bytes) -> str:
-        if app_env in self.per_app_env:
+        """The drop label: valid names as themselves, at most LABELS_MAX of them."""
+        if app_env in self.per_app_env or app_env in self._drop_labels:
             return app_env.decode("ascii")
         if not is_valid_app_env(app_env):
             return INVALID_LABEL
-        if len(self.per_app_env) >= LABELS_MAX:
+        if len(self._drop_labels) >= LABELS_MAX:
             return OTHER_LABEL
+        self._drop_labels.add(app_env)
         return app_env.decode("ascii")
 
     def _new_app_env(self, app_env: bytes) -> bool:
