@@ -200,8 +200,13 @@ class Bridge(BridgeProtocol):
         for topic, p, plog in list(self.log.all_partitions()):
             if plog.forwarded >= plog.high_watermark:
                 continue
-            async with self._lock(topic, p):
-                n = await self._forward_backlog(topic, p, plog, plog.high_watermark)
+            try:
+                async with self._lock(topic, p):
+                    n = await self._forward_backlog(topic, p, plog, plog.high_watermark)
+            except StorageError as err:
+                # The next Produce on this partition tries again (it forwards the backlog first).
+                log.error("could not re-forward %s/%d: %s", topic, p, err)
+                continue
             log.info("forwarded %d stored records of %s/%d that the device had not accepted", n, topic, p)
 
     async def _retention_loop(self) -> None:
@@ -210,7 +215,7 @@ class Bridge(BridgeProtocol):
             await asyncio.sleep(interval)
             try:
                 deleted = self.log.enforce_retention()
-            except OSError as err:
+            except (OSError, StorageError) as err:
                 log.error("retention failed: %s", err)
                 continue
             if deleted:
@@ -256,12 +261,12 @@ class Bridge(BridgeProtocol):
             records = [r for r in plog.read(start, FORWARD_CHUNK_BYTES) if r.offset < end]
             if not records:
                 break
-            by_ts: list[Message] = []
+            messages: list[Message] = []
             for r in records:
                 meta = {"protocol": self.name, "protocol_version": "recovered", "peer": None,
                         "received_at": r.timestamp // 1000}
-                by_ts += self._messages(topic, partition, r.offset, [r.payload], r.timestamp, meta)
-            await self._publish(by_ts)
+                messages += self._messages(topic, partition, r.offset, [r.payload], r.timestamp, meta)
+            await self._publish(messages)
             plog.set_forwarded(records[-1].offset + 1)
             sent += len(records)
         self.stats.records_reforwarded += sent
