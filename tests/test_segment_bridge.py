@@ -599,8 +599,12 @@ def _vm_rss_kib(pid: int) -> int:
 
 
 @pytest.mark.timeout(120)
-def test_device_paused_no_ack_keepalives_flat_memory_then_everything_once(device, tmp_path) -> None:
-    b = start_bridge(device.router, tmp_path / "data", "--fsync", "never")
+@pytest.mark.parametrize(("bound", "per_append"), [
+    ([], 50),  # --max-pending-appends stops reading first
+    (["--max-pending-appends", "100000", "--max-pending-bytes", "300000"], 250),  # the byte bound does
+])
+def test_device_paused_no_ack_keepalives_flat_memory_then_everything_once(device, tmp_path, bound, per_append) -> None:
+    b = start_bridge(device.router, tmp_path / "data", "--fsync", "never", *bound)
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     stopped = False
     try:
@@ -619,7 +623,7 @@ def test_device_paused_no_ack_keepalives_flat_memory_then_everything_once(device
             nonlocal sent, last_progress
             engine = wire.SegmentClient()
             while not halt.is_set():
-                nums = range(sent + 1, sent + 51)
+                nums = range(sent + 1, sent + per_append + 1)
                 view = memoryview(engine.append(w, [js(n=i, pad=pad) for i in nums], nums[-1]))
                 while view and not halt.is_set():
                     try:

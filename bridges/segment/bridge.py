@@ -61,6 +61,8 @@ class Bridge(BridgeProtocol):
                             help="largest SegmentRead reply (default %(default)s)")
         parser.add_argument("--max-pending-appends", type=int, default=32,
                             help="appends awaiting the device per connection before reading stops")
+        parser.add_argument("--max-pending-bytes", type=int, default=64 * 1024 * 1024, metavar="BYTES",
+                            help="append bytes awaiting the device per connection before reading stops (default %(default)s)")
         parser.add_argument("--keepalive-interval", type=float, default=10.0, metavar="SECONDS",
                             help="KeepAlive sent to a client whose acks wait on the device")
 
@@ -147,6 +149,10 @@ class Session:
         self.ending = False  # read no more requests
         self.closed = False  # write no more replies
         self.waiting = 0
+        # Bytes of appends not yet accepted by the device: bounds this connection's memory.
+        self.pending_bytes = 0
+        self.room = asyncio.Event()
+        self.room.set()
 
     def write(self, replies: Sequence[wire.Reply]) -> None:
         if not self.closed and replies:
@@ -335,14 +341,18 @@ class Session:
         ]
         previous = self.acked.get(a.writer_id, stored)
         self.acked[a.writer_id] = a.last_event_number
+        self.pending_bytes += len(a.data)
+        if self.pending_bytes > self.bridge.args.max_pending_bytes:
+            self.room.clear()
         task = asyncio.ensure_future(self._complete(seg, rec, msgs, a, previous))
         await self.queue.put(task)
+        await self.room.wait()  # read no more while too much waits on the device
 
     async def _complete(
         self, seg: Segment, rec: AppendRecord, msgs: list[Message], a: wire.Append, previous: int
     ) -> tuple[list[wire.Reply], bool]:
-        await seg.sync(rec.end)
         try:
+            await seg.sync(rec.end)
             await self.host.link.publish(msgs)
         except DeviceRejected as e:
             # Stored but refused by the device: say so, and let the writer reconnect.
@@ -350,6 +360,10 @@ class Session:
             self.host.metrics.device_rejected.inc(e.rejected)
             log.error("%s: device rejected %d of %d events of segment %s at offset %d", self.conn.peer, e.rejected, e.total, seg.name, rec.start)
             return [wire.ErrorMessage(a.request_id, a.segment, str(e), UNSPECIFIED)], True
+        finally:
+            self.pending_bytes -= len(a.data)
+            if self.pending_bytes <= self.bridge.args.max_pending_bytes:
+                self.room.set()
         seg.mark_forwarded(rec)
         self.host.metrics.events_acked.inc(a.num_events)
         return [wire.DataAppended(a.writer_id, a.last_event_number, previous, a.request_id, rec.end)], False
