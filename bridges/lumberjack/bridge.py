@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import itertools
 import logging
 import time
 from collections import deque
@@ -78,6 +77,21 @@ def _unread(conn: Connection) -> bytes:
     return data
 
 
+class _Flight:
+    """A batch at the device: the acks to write once it is accepted, and what it covers."""
+
+    __slots__ = ("task", "acks", "items", "events", "first_window", "silent_after")
+
+    def __init__(self, task: asyncio.Future[None], acks: list[Ack], items: int, events: int,
+                 first_window: int, silent_after: bool) -> None:
+        self.task = task
+        self.acks = acks
+        self.items = items
+        self.events = events
+        self.first_window = first_window
+        self.silent_after = silent_after
+
+
 class Session:
     """One client connection."""
 
@@ -90,8 +104,13 @@ class Session:
         self.max_batch: int = max(1, min(args.max_batch, self.max_pending))
         self.keepalive_interval: float = args.keepalive_interval
         self.pipeline: int = max(1, args.pipeline)
-        # Decoded and not yet acked, in arrival order; the publisher pops after acking.
-        self.unacked: deque[Item] = deque()
+        self.max_inflight: int | None = getattr(args, "max_inflight", None)
+        # Decoded, not yet in a batch, in arrival order.
+        self.queue: deque[Item] = deque()
+        # Batches at the device, oldest first. Their decoded events are dropped once mapped:
+        # only the acks they will need are kept.
+        self.inflight: deque[_Flight] = deque()
+        self.in_flight_items = 0
         self.queued = asyncio.Event()  # the reader added items, or finished
         self.room = asyncio.Event()  # the publisher acked items
         self.reader_done = False
@@ -101,7 +120,13 @@ class Session:
         # Like Logstash, which acks a full window, we send none there: such a client never
         # reads, and closing a socket with unread data turns its FIN into a reset that
         # discards whatever it had not yet transmitted.
-        self.silent = False
+        self.plan_silent = False  # as of the newest batch planned
+        self.silent = False  # as of the newest batch acked
+
+    @property
+    def pending(self) -> int:
+        """Items decoded and not yet acked."""
+        return len(self.queue) + self.in_flight_items
 
     # -- tasks
 
@@ -113,7 +138,9 @@ class Session:
         finally:
             keepalive.cancel()
             reader.cancel()
-            await asyncio.gather(keepalive, reader, return_exceptions=True)
+            for flight in self.inflight:
+                flight.task.cancel()
+            await asyncio.gather(keepalive, reader, *(f.task for f in self.inflight), return_exceptions=True)
         if self.error is not None:
             raise self.error
 
@@ -125,7 +152,7 @@ class Session:
         reset: ConnectionResetError | None = None
         try:
             while not self.conn.stopping:
-                while len(self.unacked) >= self.max_pending:
+                while self.pending >= self.max_pending:
                     self.room.clear()
                     await self.room.wait()
                 if not pending:
@@ -134,7 +161,7 @@ class Session:
                     try:
                         data = await self.conn.read()
                     except IdleTimeout:
-                        if self.unacked:  # the client is waiting for us, not idle
+                        if self.pending:  # the client is waiting for us, not idle
                             continue
                         raise
                     except ConnectionResetError as e:
@@ -160,73 +187,107 @@ class Session:
     def _enqueue(self, events: list[Any]) -> None:
         n = 0
         for event in events:
-            self.unacked.append(event)
+            self.queue.append(event)
             if not isinstance(event, WindowFrame):
                 n += 1
         if n:
             self.host.metrics.events_received.inc(n)
         self.queued.set()
 
+    def _link_has_room(self) -> bool:
+        """Pipeline another batch only if the device link can take it now: a batch that would
+        just wait for room holds its mapped messages in memory for nothing."""
+        if self.max_inflight is None:
+            return True
+        # Our own batches may not be counted by the link yet; counting them twice errs on
+        # the side of not pipelining when the device is already busy.
+        ours = sum(f.events for f in self.inflight)
+        batch = min(self.max_batch, len(self.queue))
+        return self.host.link.inflight + ours + batch <= self.max_inflight
+
     async def _publish(self) -> None:
         """Keep up to `pipeline` batches at the device; ack them strictly in order."""
-        inflight: deque[tuple[list[Item], asyncio.Task[None]]] = deque()
-        taken = 0  # items of self.unacked already in a batch
-        try:
-            while True:
-                while len(inflight) < self.pipeline and taken < len(self.unacked):
-                    batch = self._take_batch(taken)
-                    taken += len(batch)
-                    task = asyncio.ensure_future(self.host.link.publish(self._messages(batch)))
-                    inflight.append((batch, task))
-                if not inflight:
-                    if self.reader_done and not self.unacked:
-                        return
-                    self.queued.clear()
-                    await self.queued.wait()
-                    continue
-                batch, task = inflight[0]
-                # Wake for the device's answer or for more input to put in flight meanwhile.
+        inflight = self.inflight
+        while True:
+            while self.queue and len(inflight) < self.pipeline and (not inflight or self._link_has_room()):
+                self._launch()
+            if not inflight:
+                if self.reader_done and not self.queue:
+                    return
+                self.queued.clear()
+                await self.queued.wait()
+                continue
+            flight = inflight[0]
+            if not flight.task.done():
+                # Wake for the device's answer, or for new input to put in flight meanwhile.
                 self.queued.clear()
                 waiter = asyncio.ensure_future(self.queued.wait())
-                await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((flight.task, waiter), return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
-                if not task.done():
+                if not flight.task.done():
                     continue
-                inflight.popleft()
-                try:
-                    task.result()
-                except DeviceRejected as e:
-                    # Lumberjack has no error reply: ack nothing more and close, so the client
-                    # keeps the events and sends them again once the cause is fixed.
-                    self.host.metrics.device_rejected.inc(e.rejected)
-                    log.error("lumberjack %s: %s; closing without ack (check --app-env/--topic)", self.conn.peer, e)
-                    self.error = e
-                    return
-                self._ack(batch)
-                for _ in range(len(batch)):
-                    self.unacked.popleft()
-                taken -= len(batch)
-                self.room.set()
-        finally:
-            for _, task in inflight:
-                task.cancel()
-            if inflight:
-                await asyncio.gather(*(t for _, t in inflight), return_exceptions=True)
+            inflight.popleft()
+            try:
+                flight.task.result()
+            except DeviceRejected as e:
+                # Lumberjack has no error reply: ack nothing more and close, so the client
+                # keeps the events and sends them again once the cause is fixed.
+                self.host.metrics.device_rejected.inc(e.rejected)
+                log.error("lumberjack %s: %s; closing without ack (check --app-env/--topic)", self.conn.peer, e)
+                self.error = e
+                return
+            for ack in flight.acks:
+                self._write(self.engine.send(ack))
+            self.silent = flight.silent_after
+            if flight.events:
+                self.host.metrics.events_acked.inc(flight.events)
+            self.in_flight_items -= flight.items
+            self.room.set()
 
-    def _take_batch(self, start: int) -> list[Item]:
+    def _launch(self) -> None:
+        """Move the next batch from the queue to the device."""
         batch: list[Item] = []
-        data = 0
-        for item in itertools.islice(self.unacked, start, None):
+        events = 0
+        queue = self.queue
+        while queue:
+            item = queue[0]
             if not isinstance(item, WindowFrame):
-                if data == self.max_batch:
+                if events == self.max_batch:
                     break
-                data += 1
-            batch.append(item)
-        return batch
+                events += 1
+            batch.append(queue.popleft())
+        first_window = batch[0].window
+        acks = self._plan(batch)
+        task = asyncio.ensure_future(self.host.link.publish(self._messages(batch)))
+        self.inflight.append(_Flight(task, acks, len(batch), events, first_window, self.plan_silent))
+        self.in_flight_items += len(batch)
+
+    def _plan(self, batch: list[Item]) -> list[Ack]:
+        """The acks for a batch: the last event of each window it touches (W 0 gets 0), none
+        inside a 2^32-1 window."""
+        acks: list[Ack] = []
+        last: DataFrame | JsonFrame | None = None
+        for item in batch:
+            if isinstance(item, WindowFrame):
+                if last is not None:
+                    acks.append(Ack(last.seq, last.window))
+                    last = None
+                self.plan_silent = item.size == SEQ_MAX
+                if item.size == 0:
+                    acks.append(Ack(0, item.window))
+                continue
+            if self.plan_silent:
+                continue
+            if last is not None and item.window != last.window:
+                acks.append(Ack(last.seq, last.window))
+            last = item
+        if last is not None:
+            acks.append(Ack(last.seq, last.window))
+        return acks
 
     def _messages(self, batch: list[Item]) -> list[Message]:
         mapper = self.host.mapper
-        base = self.conn.metadata("1" if self.engine.version == V1 else "2")
+        base = self.conn.metadata("2")
         received = base["received_at"]
         out = []
         for item in batch:
@@ -238,32 +299,8 @@ class Session:
             out.append(mapper.message(event_body(item), meta, created_ms=received))
         return out
 
-    def _ack(self, batch: list[Item]) -> None:
-        """One ack per window the batch touched: its last event (W 0 gets 0), each in one write."""
-        engine = self.engine
-        last: DataFrame | JsonFrame | None = None
-        acked = 0
-        for item in batch:
-            if isinstance(item, WindowFrame):
-                if last is not None:
-                    self._write(engine.send(Ack(last.seq, last.window)))
-                    last = None
-                self.silent = item.size == SEQ_MAX
-                if item.size == 0:
-                    self._write(engine.send(Ack(0, item.window)))
-                continue
-            acked += 1
-            if self.silent:
-                continue
-            if last is not None and item.window != last.window:
-                self._write(engine.send(Ack(last.seq, last.window)))
-            last = item
-        if last is not None:
-            self._write(engine.send(Ack(last.seq, last.window)))
-        if acked:
-            self.host.metrics.events_acked.inc(acked)
-
     def _write(self, ack: bytes) -> None:
+        """Each ack is one write: pylogbeat reads it as recv(1), recv(1), recv(4)."""
         self.conn.write(ack)
         self.last_write = time.monotonic()
 
@@ -276,8 +313,10 @@ class Session:
             if self.silent:
                 self.last_write = time.monotonic()
                 continue
-            if self.unacked:
-                window = self.unacked[0].window
+            if self.inflight:
+                window = self.inflight[0].first_window
+            elif self.queue:
+                window = self.queue[0].window
             elif self.engine.buffered:
                 window = self.engine.window
             else:
