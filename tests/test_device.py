@@ -253,16 +253,17 @@ def test_stats_once_a_second(device_factory):
     with Producer(dev.router) as p:
         for _ in range(3):
             assert p.request("a-b", "logs", b"{}")
-    seen = []
-    deadline = time.monotonic() + 10
-    while len(seen) < 2:
-        assert sub.poll(3000), "no stats within 3 s"
-        seen.append((time.monotonic(), sub.recv_multipart()))
-        assert time.monotonic() < deadline
-    for _, frames in seen:
-        assert frames[:2] == [b"stats", b"9"]
+    # Count what arrives in a 3.5 s window (poll with a deadline; robust to a loaded machine).
+    assert sub.poll(3000), "no stats within 3 s"
+    seen = [sub.recv_multipart()]
+    window_end = time.monotonic() + 3.5
+    while (left := window_end - time.monotonic()) > 0:
+        if sub.poll(int(left * 1000) + 1):
+            seen.append(sub.recv_multipart())
+    for frames in seen:
+        assert len(frames) == 3 and frames[:2] == [b"stats", b"9"]
         assert int(frames[2]) >= 3
-    assert 0.5 < seen[1][0] - seen[0][0] < 2.0
+    assert 2 <= len(seen) <= 6, f"{len(seen)} stats messages in 3.5 s"
     sub.close()
 
 
