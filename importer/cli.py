@@ -154,32 +154,57 @@ def run(args: argparse.Namespace) -> int:
         metrics.pending_batches.set(writer.pending)
         return ok
 
+    def count(received: int, skipped: int, rows: dict[str, int], errors: dict[str, int]) -> None:
+        metrics.received.inc(received)
+        metrics.skipped.inc(skipped)
+        for app_env, n in rows.items():
+            metrics.rows.labels(metrics.worker, app_env).inc(n)
+        for app_env, n in errors.items():
+            metrics.parse_errors.labels(metrics.worker, app_env).inc(n)
+
     status = 0
     try:
         with lifecycle.eterm_is_clean():
             while not stop.is_set():
                 wait = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
                 items = sub.recv_batch(1000, timeout=wait or 0.001)
+                if not items:
+                    if deadline is not None and time.monotonic() >= deadline and not flush():
+                        raise WriteFailed("the Spark writer thread died")
+                    gaps.maybe_log()
+                    continue
                 ingested_us = time.time_ns() // 1000
+                # Metrics are counted locally and added once per receive batch: prometheus_client
+                # takes a lock per increment, which would cost more than decoding a row.
+                received = skipped = 0
+                rows: dict[str, int] = {}
+                errors: dict[str, int] = {}
                 for item in items:
                     if isinstance(item, Gap):
                         gaps.gap(item)
                         continue
-                    metrics.received.inc()
+                    received += 1
                     if item.is_heartbeat:
                         continue
-                    if not filt.keeps(item.app_env):
-                        metrics.skipped.inc()
+                    app_env = item.app_env
+                    if not filt.keeps(app_env):
+                        skipped += 1
                         continue
                     error = builder.add(item, ingested_us)
-                    metrics.rows.labels(metrics.worker, item.app_env).inc()
+                    rows[app_env] = rows.get(app_env, 0) + 1
                     if error is not None:
-                        metrics.parse_errors.labels(metrics.worker, item.app_env).inc()
-                        log.debug("%s seq %d: %s", item.app_env, item.meta.seq, error)
+                        errors[app_env] = errors.get(app_env, 0) + 1
+                        log.debug("%s seq %d: %s", app_env, item.meta.seq, error)
                     if deadline is None:
                         deadline = time.monotonic() + args.flush_interval
-                    if len(builder) >= args.batch_rows and not flush():
-                        raise WriteFailed("the Spark writer thread died")
+                    if len(builder) >= args.batch_rows:
+                        count(received, skipped, rows, errors)
+                        received = skipped = 0
+                        rows.clear()
+                        errors.clear()
+                        if not flush():
+                            raise WriteFailed("the Spark writer thread died")
+                count(received, skipped, rows, errors)
                 if deadline is not None and time.monotonic() >= deadline and not flush():
                     raise WriteFailed("the Spark writer thread died")
                 metrics.reconnects.set(sub.reconnects)
