@@ -328,3 +328,55 @@ def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
         if stopped:
             os.kill(device.proc.pid, signal.SIGCONT)
         stop_bridge(b)
+
+
+@pytest.mark.timeout(60)
+def test_waiting_client_is_not_idle_while_the_device_is_paused(device) -> None:
+    b = start_bridge(device.router, "--idle-timeout", "1")
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    client = LumberjackClient()
+    os.kill(device.proc.pid, signal.SIGSTOP)
+    try:
+        with connect(b.port) as sock:
+            sock.sendall(client.send([{"message": f"w{i}"} for i in range(50)]))
+            # Three idle timeouts pass while the client waits for our ack: only keepalives (0).
+            deadline = time.monotonic() + 3
+            seen: list[AckFrame] = []
+            sock.settimeout(0.5)
+            while time.monotonic() < deadline:
+                try:
+                    data = sock.recv(100)
+                except TimeoutError:
+                    continue
+                assert data, "the bridge closed a client that was waiting for acks"
+                seen += client.feed(data)
+            assert seen and all(a.seq == 0 for a in seen)
+            os.kill(device.proc.pid, signal.SIGCONT)
+            sock.settimeout(20)
+            assert read_acks_until(sock, client, 50)[-1].seq == 50
+        assert len(collect(sub, b.app_env, 50)) == 50
+        sub.close()
+    finally:
+        os.kill(device.proc.pid, signal.SIGCONT)
+        stop_bridge(b)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_with_the_device_paused_acks_nothing_and_exits_0(device) -> None:
+    b = start_bridge(device.router)
+    client = LumberjackClient()
+    os.kill(device.proc.pid, signal.SIGSTOP)
+    try:
+        with connect(b.port) as sock:
+            sock.sendall(client.send([{"message": f"t{i}"} for i in range(100)]))
+            sock.settimeout(10)
+            seen = client.feed(sock.recv(6))  # a keepalive proves the events are held
+            assert seen == [AckFrame(0x32, 0)]
+            out = stop_bridge(b)  # asserts exit code 0
+            rest = b""
+            while chunk := sock.recv(4096):
+                rest += chunk
+            assert all(a.seq == 0 for a in client.feed(rest)), "acked events the device never accepted"
+        assert "stopped" in out
+    finally:
+        os.kill(device.proc.pid, signal.SIGCONT)
