@@ -497,6 +497,22 @@ def _segment_events_raw(port: int) -> list[bytes]:
         return c.read_all(SEG)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policy", ["interval", "never"])
+def test_other_fsync_policies_ack_and_serve_reads(device, tmp_path, policy) -> None:
+    b = start_bridge(device.router, tmp_path / policy, "--fsync", policy, "--fsync-interval", "0.2")
+    try:
+        with SegmentTestClient(b.port) as c:
+            c.hello()
+            w = writer_ready(c)
+            for i in range(5):
+                c.append(w, [js(n=i * 10 + k) for k in range(10)], (i + 1) * 10, split_at=(20 if i % 2 else None))
+            assert [c.expect(wire.DataAppended).event_number for _ in range(5)] == [10, 20, 30, 40, 50]
+            assert [orjson.loads(p)["n"] for p in c.read_all(SEG)] == list(range(50))
+    finally:
+        stop_bridge(b)
+
+
 # ---------------------------------------------------------------- bad peers
 
 

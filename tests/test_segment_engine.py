@@ -154,6 +154,9 @@ def test_unsupported_known_requests_carry_their_request_id() -> None:
     delete = header(30, 8 + 3 + 2) + struct.pack(">q", 42) + b"\x00\x01s\x00\x00"
     table = header(70, 4) + b"abcd"
     assert all_ways(delete + table) == [wire.Unsupported(30, "DELETE_SEGMENT", 42), wire.Unsupported(70, "CREATE_TABLE_SEGMENT", -1)]
+    # ConditionalBlockEnd: UUID, i64 eventNumber, i64 expectedOffset, i32 len + data, i64 requestId.
+    cbe = W1.bytes + struct.pack(">qqi", 1, 0, 3) + b"abc" + struct.pack(">q", 64)
+    assert all_ways(header(89, len(cbe)) + cbe) == [wire.Unsupported(89, "CONDITIONAL_BLOCK_END", 64)]
 
 
 # ----------------------------------------------------------------------------- appends

@@ -77,6 +77,7 @@ COMMAND_NAMES: dict[int, str] = {
 EVENT = 0
 PADDING = -1
 PARTIAL_EVENT = -2
+CONDITIONAL_BLOCK_END = 89
 
 
 class SegmentProtocolError(RemoteProtocolError):
@@ -836,7 +837,11 @@ class SegmentServer:
             name = COMMAND_NAMES[code]
             if self._block is not None:
                 raise SegmentProtocolError(f"{name} inside an append block", reason="block_interrupted")
-            request_id = I64.unpack_from(body)[0] if len(body) >= 8 else -1
+            # Most requests start with their requestId; ConditionalBlockEnd (writer-first) ends with it.
+            if code == CONDITIONAL_BLOCK_END:
+                request_id = I64.unpack_from(body, len(body) - 8)[0] if len(body) >= 44 else -1
+            else:
+                request_id = I64.unpack_from(body)[0] if len(body) >= 8 else -1
             return Unsupported(code, name, request_id)
         cmd = self._parse(cls, body)
         if self._block is not None and cls in (SetupAppend, AppendBlock, ConditionalAppend, Padding, PartialEvent):
