@@ -513,6 +513,54 @@ def test_other_fsync_policies_ack_and_serve_reads(device, tmp_path, policy) -> N
         stop_bridge(b)
 
 
+def _metrics(port: int) -> dict[str, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_device_rejection_is_an_error_message_and_counted(device, tmp_path) -> None:
+    # The device refuses topics outside its known prefixes with "400 Bad Request".
+    mport = free_port()
+    b = start_bridge(device.router, tmp_path / "data", "--topic", "bogus.segment", "--metrics-port", str(mport))
+    try:
+        with SegmentTestClient(b.port) as c:
+            c.hello()
+            w = writer_ready(c)
+            c.append(w, [js(n=1), js(n=2)], 2, request_id=31)
+            err = c.expect(wire.ErrorMessage)
+            assert err.request_id == 31 and err.segment == SEG and "rejected 2" in err.message
+            assert c.closed_by_server()
+        with SegmentTestClient(b.port) as c:
+            c.hello()
+            # The events are in the segment (and count as forwarded): the writer resumes after them.
+            assert c.setup_append(w, SEG).last_event_number == 2
+            assert len(c.read_all(SEG)) == 2
+        with socket.create_connection(("127.0.0.1", b.port), timeout=10) as bad:
+            bad.sendall(struct.pack(">ii", 6, 0))  # unknown command type
+            assert bad.recv(10) == b""
+        labels = '{protocol="segment"}'
+
+        def counted() -> dict[str, float] | None:
+            m = _metrics(mport)
+            return m if m.get('logjam_bridge_protocol_errors_total{protocol="segment",reason="unknown_command"}') == 1 else None
+
+        m = wait_for(counted, timeout=10, what="the protocol error to be counted")
+        assert m[f"logjam_bridge_device_rejected_total{labels}"] == 2
+        assert m[f"logjam_bridge_events_received_total{labels}"] == 2
+        assert m.get(f"logjam_bridge_events_acked_total{labels}", 0) == 0
+    finally:
+        out = stop_bridge(b)
+    assert "device rejected 2 of 2" in out
+
+
 # ---------------------------------------------------------------- bad peers
 
 
