@@ -589,6 +589,45 @@ def test_garbage_and_oversize_headers_next_to_a_good_one(device, bridge) -> None
     sub.close()
 
 
+@pytest.mark.timeout(90)
+def test_client_vanishing_while_acks_wait_on_the_device_leaks_nothing(device, tmp_path) -> None:
+    mport = free_port()
+    b = start_bridge(device.router, tmp_path / "data", "--metrics-port", str(mport), "--fsync", "never")
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    stopped = False
+    try:
+        c = SegmentTestClient(b.port)
+        c.hello()
+        w = writer_ready(c)
+        os.kill(device.proc.pid, signal.SIGSTOP)
+        stopped = True
+        for i in range(40):  # more than --max-pending-appends: the bridge stops reading
+            c.append(w, [js(n=i * 10 + k) for k in range(10)], (i + 1) * 10)
+        # A reset discards what the bridge has not read yet: wait until it is blocked on its bound.
+        data = b.data_dir / "segments" / dir_name(SEG) / "data"
+        size = sum(len(wire.event_bytes(js(n=n))) for n in range(320))
+        wait_for(lambda: data.stat().st_size >= size, timeout=20, what="32 appends stored")
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        c.close()  # a reset, with acks still owed
+        os.kill(device.proc.pid, signal.SIGCONT)
+        stopped = False
+        active = 'logjam_bridge_connections_active{protocol="segment"}'
+        wait_for(lambda: _metrics(mport).get(active) == 0, timeout=30, what="the session to end")
+        with SegmentTestClient(b.port) as c2:
+            c2.hello()
+            stored = [orjson.loads(p)["n"] for p in c2.read_all(SEG)]
+        assert stored == list(range(len(stored))) and len(stored) >= 320
+        # Everything the bridge took in reached the device once, acked or not.
+        got = collect(sub, b.app_env, len(stored), timeout=30)
+        got += drain(sub, b.app_env, 0.5)
+        assert sorted(body["n"] for _, body in got) == stored
+    finally:
+        if stopped:
+            os.kill(device.proc.pid, signal.SIGCONT)
+        sub.close()
+        stop_bridge(b)
+
+
 # ---------------------------------------------------------------- TLS
 
 

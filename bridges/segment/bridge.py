@@ -210,13 +210,19 @@ class Session:
                 replies, close = [], True
             finally:
                 self.waiting -= 1
-            self.write(replies)
-            if close and not self.closed:
+            try:
+                self.write(replies)
+                if close and not self.closed:
+                    self.closed = self.ending = True
+                    await self.conn.drain()
+                    self.conn.stop_reading()
+                if self.queue.empty() and not self.closed:
+                    await self.conn.drain()
+            except (ConnectionError, OSError) as e:
+                # The client is gone; keep consuming so the reader never waits on a full queue.
+                log.info("%s: cannot write replies: %s", self.conn.peer, e)
                 self.closed = self.ending = True
-                await self.conn.drain()
                 self.conn.stop_reading()
-            if self.queue.empty() and not self.closed:
-                await self.conn.drain()
 
     async def _keepalive(self) -> None:
         # While acks wait on a slow or absent device the client must not time out.
