@@ -380,3 +380,49 @@ def test_sigterm_with_the_device_paused_acks_nothing_and_exits_0(device) -> None
         assert "stopped" in out
     finally:
         os.kill(device.proc.pid, signal.SIGCONT)
+
+
+def _metric(port: int, name: str) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.timeout(90)
+def test_process_wide_bound_stops_reading_every_client(device) -> None:
+    from tests.helpers import free_port
+
+    metrics_port = free_port()
+    b = start_bridge(device.router, "--max-process-pending-events", "300", "--metrics-port", str(metrics_port))
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    os.kill(device.proc.pid, signal.SIGSTOP)
+    paused = True
+    socks = []
+    try:
+        clients = [LumberjackClient(compress_level=None) for _ in range(3)]
+        for k, client in enumerate(clients):
+            sock = connect(b.port)
+            # 2000 uncompressed ~60-byte events each: far beyond the bound, all in the socket.
+            sock.sendall(client.send([{"message": f"c{k}-{i}"} for i in range(2000)]))
+            socks.append(sock)
+        received = "logjam_bridge_events_received_total"
+        wait_for(lambda: _metric(metrics_port, received) >= 300, timeout=20, what="the bound to fill")
+        # Each connection may overshoot by the events of one 8 KiB slice (< 200 here).
+        assert _metric(metrics_port, received) <= 300 + 3 * 200
+        os.kill(device.proc.pid, signal.SIGCONT)
+        paused = False
+        for sock, client in zip(socks, clients):
+            assert read_acks_until(sock, client, 2000, timeout=60)[-1].seq == 2000
+        assert len(collect(sub, b.app_env, 6000, timeout=60)) == 6000
+        assert _metric(metrics_port, "logjam_bridge_events_acked_total") == 6000
+        sub.close()
+    finally:
+        if paused:
+            os.kill(device.proc.pid, signal.SIGCONT)
+        for sock in socks:
+            sock.close()
+        stop_bridge(b)

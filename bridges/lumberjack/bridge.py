@@ -77,6 +77,34 @@ def _unread(conn: Connection) -> bytes:
     return data
 
 
+class Budget:
+    """Items decoded and not yet acked, summed over every connection: the per-process bound.
+
+    Readers wait while it is spent; any connection's ack refunds it and wakes them all to
+    re-check (their own per-connection bound included).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._refunded = asyncio.Event()
+
+    @property
+    def spent(self) -> bool:
+        return self.used >= self.limit
+
+    def take(self, n: int) -> None:
+        self.used += n
+
+    def refund(self, n: int) -> None:
+        self.used -= n
+        self._refunded.set()
+
+    async def wait_refund(self) -> None:
+        self._refunded.clear()
+        await self._refunded.wait()
+
+
 class _Flight:
     """A batch at the device: the acks to write once it is accepted, and what it covers."""
 
@@ -98,6 +126,7 @@ class Session:
     def __init__(self, bridge: "Bridge", conn: Connection) -> None:
         args = bridge.args
         self.host: Host = bridge.host
+        self.budget: Budget = bridge.budget
         self.conn = conn
         self.engine = LumberjackServer(args.max_frame_size, args.max_decompressed_size)
         self.max_pending: int = args.max_pending_events
@@ -112,7 +141,6 @@ class Session:
         self.inflight: deque[_Flight] = deque()
         self.in_flight_items = 0
         self.queued = asyncio.Event()  # the reader added items, or finished
-        self.room = asyncio.Event()  # the publisher acked items
         self.reader_done = False
         self.error: BaseException | None = None
         self.last_write = time.monotonic()
@@ -136,6 +164,7 @@ class Session:
         try:
             await self._publish()
         finally:
+            self.budget.refund(self.pending)
             keepalive.cancel()
             reader.cancel()
             for flight in self.inflight:
@@ -152,9 +181,8 @@ class Session:
         reset: ConnectionResetError | None = None
         try:
             while not self.conn.stopping:
-                while self.pending >= self.max_pending:
-                    self.room.clear()
-                    await self.room.wait()
+                while self.pending >= self.max_pending or self.budget.spent:
+                    await self.budget.wait_refund()
                 if not pending:
                     if reset is not None:
                         raise reset
@@ -190,6 +218,7 @@ class Session:
             self.queue.append(event)
             if not isinstance(event, WindowFrame):
                 n += 1
+        self.budget.take(len(events))
         if n:
             self.host.metrics.events_received.inc(n)
         self.queued.set()
@@ -242,7 +271,7 @@ class Session:
             if flight.events:
                 self.host.metrics.events_acked.inc(flight.events)
             self.in_flight_items -= flight.items
-            self.room.set()
+            self.budget.refund(flight.items)
 
     def _launch(self) -> None:
         """Move the next batch from the queue to the device."""
@@ -342,10 +371,17 @@ class Bridge(BridgeProtocol):
                             help="resend the last ack this often while events wait for the device (default %(default)s)")
         parser.add_argument("--max-pending-events", type=int, default=4096, metavar="N",
                             help="per connection: stop reading once this many events await an ack (default %(default)s)")
+        parser.add_argument("--max-process-pending-events", type=int, default=65536, metavar="N",
+                            help="all connections together: stop reading clients once this many events "
+                                 "await an ack (default %(default)s)")
         parser.add_argument("--max-batch", type=int, default=2048, metavar="N",
                             help="events per pipelined publish to the device (default %(default)s)")
         parser.add_argument("--pipeline", type=int, default=2, metavar="N",
                             help="per connection: batches awaiting the device at once (default %(default)s)")
+
+    def __init__(self, args: argparse.Namespace, host: Host) -> None:
+        super().__init__(args, host)
+        self.budget = Budget(args.max_process_pending_events)
 
     async def serve(self, conn: Connection) -> None:
         await Session(self, conn).run()
