@@ -177,6 +177,15 @@ def test_decompressed_size_is_bounded() -> None:
     assert peak < 3 << 20
 
 
+def test_nested_compressed_frames_share_the_decompressed_limit() -> None:
+    big = encode_json_frame(1, b" " * 600)
+    nested = c_frame(c_frame(big) + c_frame(big))
+    # Each inner C alone fits in 1000 bytes; together with their parent's output they do not.
+    with pytest.raises(DecompressedTooLarge):
+        LumberjackServer(max_decompressed_size=1000).feed(nested)
+    assert len(LumberjackServer(max_decompressed_size=4000).feed(nested)) == 2
+
+
 def test_frame_exactly_at_the_limit_is_accepted() -> None:
     payload = b"x" * 100
     server = LumberjackServer(max_frame_size=100)

@@ -200,7 +200,7 @@ class LumberjackServer:
             if self._pairs is not None:
                 pos = self._continue_pairs(buf, pos, len(buf), out)
             if self._pairs is None:
-                pos = self._parse(buf, pos, len(buf), 0, out, outer=True)
+                pos = self._parse(buf, pos, len(buf), 0, out, outer=True, budget=self.max_decompressed_size)
             if pos:
                 del buf[:pos]
         except RemoteProtocolError as e:
@@ -217,11 +217,15 @@ class LumberjackServer:
             self.version = v
             self._seen_frame = True
 
-    def _parse(self, buf: bytes | bytearray, pos: int, end: int, depth: int, out: list[Event], outer: bool) -> int:
+    def _parse(
+        self, buf: bytes | bytearray, pos: int, end: int, depth: int, out: list[Event], outer: bool, budget: int
+    ) -> int:
         """Parse whole frames in buf[pos:end]; return where parsing stopped.
 
         In the outer stream an incomplete frame waits for more input; inside a C payload it
-        is an error, because the payload must hold whole frames.
+        is an error, because the payload must hold whole frames. `budget` is what C frames
+        found here may inflate to: each top-level C gets the full limit, and C frames nested
+        inside it share what their parent left.
         """
         max_frame = self.max_frame_size
         while pos < end:
@@ -259,9 +263,12 @@ class LumberjackServer:
                 if depth + 1 > MAX_NESTING:
                     raise NestingTooDeep(f"C frames nested more than {MAX_NESTING} deep")
                 with memoryview(buf) as whole, whole[pos + 6 : pos + 6 + length] as compressed:
-                    inner = self._inflate(compressed)
+                    inner = self._inflate(compressed, budget)
                 pos += 6 + length
-                self._parse(inner, 0, len(inner), depth + 1, out, outer=False)
+                left = budget - len(inner)
+                if not outer:
+                    budget = left  # siblings inside one C share its limit
+                self._parse(inner, 0, len(inner), depth + 1, out, outer=False, budget=left)
             elif ftype == T_DATA:
                 if avail < 10:
                     break
@@ -317,8 +324,7 @@ class LumberjackServer:
             st.left -= 1
         return pos
 
-    def _inflate(self, data: memoryview) -> bytes:
-        limit = self.max_decompressed_size
+    def _inflate(self, data: memoryview, limit: int) -> bytes:
         d = zlib.decompressobj()
         try:
             inner = d.decompress(data, limit + 1)
