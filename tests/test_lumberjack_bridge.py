@@ -426,3 +426,20 @@ def test_process_wide_bound_stops_reading_every_client(device) -> None:
         for sock in socks:
             sock.close()
         stop_bridge(b)
+
+
+@pytest.mark.timeout(60)
+def test_device_rejection_is_not_acked_and_closes_the_connection(device) -> None:
+    b = start_bridge(device.router, "--topic", "not-a-logjam-topic")
+    client = LumberjackClient()
+    try:
+        with connect(b.port) as sock:
+            sock.sendall(client.send([{"message": "rejected"}] * 5))
+            data = b""
+            while chunk := sock.recv(4096):
+                data += chunk
+            assert all(a.seq == 0 for a in client.feed(data)), "acked events the device refused"
+    finally:
+        out = stop_bridge(b)
+    assert "device rejected 5 of 5 messages; closing without ack" in out
+    assert "Traceback" not in out

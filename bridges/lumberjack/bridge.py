@@ -170,7 +170,8 @@ class Session:
             for flight in self.inflight:
                 flight.task.cancel()
             await asyncio.gather(keepalive, reader, *(f.task for f in self.inflight), return_exceptions=True)
-        if self.error is not None:
+        # A device rejection was logged and counted where it happened; the rest is the host's.
+        if self.error is not None and not isinstance(self.error, DeviceRejected):
             raise self.error
 
     async def _read(self) -> None:
