@@ -10,6 +10,7 @@ from logjam import lifecycle
 from logjam.config import add_config_flag, parse_args, setup_logging
 from logjam.meta import Compression
 from devices.device import Device, DeviceConfig
+from devices.journal import FSYNC_POLICIES
 
 
 def _compression(value: str) -> int:
@@ -30,6 +31,27 @@ def _positive(value: str) -> float:
     x = float(value)
     if x <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be positive")
+    return x
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be positive")
+    return n
+
+
+def _non_negative_int(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value} must not be negative")
+    return n
+
+
+def _non_negative(value: str) -> float:
+    x = float(value)
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"{value} must not be negative")
     return x
 
 
@@ -57,6 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="hot loop for ROUTER and PULL: the C fast path (native, built once with cffi), the pure-Python "
         "loop, or native when it can be built and --compress is off (auto, the default)",
     )
+    j = p.add_argument_group("journal and replay (on with --data-dir)")
+    j.add_argument("--data-dir", metavar="DIR", help="keep a durable journal of every accepted message in DIR/journal "
+                   "and serve it on --replay-port (default: no journal)")
+    j.add_argument("--journal-fsync", choices=FSYNC_POLICIES, default="interval",
+                   help="batch: fsync every batch (survives power loss); interval: at most every "
+                   "--journal-fsync-interval-ms (power loss may lose that much); os: page cache only "
+                   "(survives a process kill, not a power loss) (default interval)")
+    j.add_argument("--journal-fsync-interval-ms", type=_positive_int, default=100, metavar="MS", help="(default 100)")
+    j.add_argument("--journal-segment-bytes", type=_positive_int, default=64 * 1024 * 1024, metavar="BYTES",
+                   help="start a new segment file after this many bytes (default 64 MiB)")
+    j.add_argument("--journal-retention-bytes", type=_non_negative_int, default=1024 * 1024 * 1024, metavar="BYTES",
+                   help="delete the oldest segments beyond this total size; 0: no limit (default 1 GiB)")
+    j.add_argument("--journal-retention-hours", type=_non_negative, default=24.0, metavar="HOURS",
+                   help="delete segments last written longer ago than this; 0: no limit (default 24)")
+    j.add_argument("--replay-port", type=int, default=9607, help="ROUTER port of the replay endpoint (default 9607)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_config_flag(p)
     return p
@@ -70,6 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stats_port=args.stats_port, bind=args.bind, device_id=args.device_id,
         compress=int(args.compress), rcv_hwm=args.rcv_hwm, snd_hwm=args.snd_hwm,
         heartbeat_interval=args.heartbeat_interval, engine=args.engine,
+        data_dir=args.data_dir, journal_fsync=args.journal_fsync,
+        journal_fsync_interval_ms=args.journal_fsync_interval_ms,
+        journal_segment_bytes=args.journal_segment_bytes,
+        journal_retention_bytes=args.journal_retention_bytes,
+        journal_retention_hours=args.journal_retention_hours, replay_port=args.replay_port,
     )
     stop = lifecycle.stop_event()
     try:
@@ -86,6 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.device_id, device.engine, config.router_port, config.pull_port, config.pub_port, config.stats_port,
         config.bind, f", metrics {args.metrics_port}" if args.metrics_port else "",
     )
+    if device.journal is not None:
+        log.info(
+            "journal in %s/journal (fsync %s), continuing after seq %d; replay on port %d",
+            config.data_dir, config.journal_fsync, device.seq, config.replay_port,
+        )
     try:
         device.run(stop)
     finally:

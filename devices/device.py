@@ -18,8 +18,9 @@ object per message; the Python loop below is the fallback (`--engine python`, an
 always with --compress).
 
 Everything accepted goes through `_commit`, the one place where messages are
-numbered and published (a journal append belongs between those two steps).
-Replies to requests are sent after `_commit`, so a 202 is never ahead of the publish.
+numbered, journaled (with --data-dir) and published, in that order. Replies to
+requests are sent after `_commit`, so a 202 is never ahead of the journal or the
+publish. The journal's replay endpoint runs in its own thread (devices/replay.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ from logjam.meta import Compression, now_ms
 from logjam.validation import is_valid_app_env, is_valid_topic
 from devices import stamp
 from devices import native
+from devices.journal import Journal
 from devices.native import NativeBatch
+from devices.replay import ReplayServer
 from devices.stamp import FRESH_META, HEADS, INVALID_LABEL, OTHER_LABEL, ZERO_MS
 
 log = logging.getLogger("logjam-device")
@@ -83,6 +86,14 @@ class DeviceConfig:
     # "auto": the C fast path for ROUTER and PULL when it can be built (and --compress is off),
     # "native": the same but fail if it cannot, "python": never.
     engine: str = "auto"
+    # The journal: off without a data directory.
+    data_dir: str | None = None
+    journal_fsync: str = "interval"
+    journal_fsync_interval_ms: int = 100
+    journal_segment_bytes: int = 64 * 1024 * 1024
+    journal_retention_bytes: int = 1024 * 1024 * 1024  # 0: no size limit
+    journal_retention_hours: float = 24.0  # 0: no age limit
+    replay_port: int = 9607
 
 
 class TupleBatch(list):
@@ -104,6 +115,9 @@ class TupleBatch(list):
             add(pack(heads[meta[:4]], dev, now_b if created == ZERO_MS else created, seq))
         self.metas = metas
         return len(metas)
+
+    def journal(self, journal: Journal, first_seq: int) -> None:
+        journal.append(first_seq, [(a, t, b, m) for (a, t, b, _), m in zip(self, self.metas)])
 
     def publish(self, sock: zmq.Socket) -> None:
         send = _send
@@ -172,16 +186,50 @@ class Device:
         ):
             sock.bind(f"tcp://{config.bind}:{port}")
 
+        self.journal: Journal | None = None
+        self.replay: ReplayServer | None = None
+        self._replay_stop = threading.Event()
+        if config.data_dir is not None:
+            self._open_journal(config)
+
+    def _open_journal(self, config: DeviceConfig) -> None:
+        """Open (and recover) the journal, continue its numbering, and start the replay endpoint."""
+        journal = Journal(
+            f"{config.data_dir}/journal",
+            fsync=config.journal_fsync,
+            fsync_interval_ms=config.journal_fsync_interval_ms,
+            segment_bytes=config.journal_segment_bytes,
+            retention_bytes=config.journal_retention_bytes or None,
+            retention_s=config.journal_retention_hours * 3600 or None,
+        )
+        self.journal = journal
+        self.seq = journal.last_seq
+        replay = ReplayServer(self.ctx, journal, f"tcp://{config.bind}:{config.replay_port}", self._replay_stop)
+        replay.start()
+        # The replay socket is created and bound in its own thread; wait for the outcome so
+        # that a port in use fails the start like any other port.
+        while not replay.bound.wait(0.05):
+            if not replay.is_alive():
+                break
+        if replay.error is not None or not replay.is_alive():
+            raise RuntimeError(f"cannot bind the replay port {config.replay_port}: {replay.error}")
+        self.replay = replay
+
     # -- the one place where messages are numbered and published -----------------
 
     def _commit(self, batch: "TupleBatch | NativeBatch") -> None:
-        """Number every message of `batch`, then publish them in order.
+        """Number every message of `batch`, journal the numbered batch, then publish it.
 
         The batch is either Python tuples or the C fast path's zmq_msg_t array; both
-        number and publish the same way. A durable journal appends the numbered batch
-        between the two calls, before anything is published or acknowledged.
+        number, journal and publish the same way. The journal append comes before
+        anything is published or acknowledged; if it fails (a full disk), the error
+        stops the device and nothing of the batch was published or acknowledged.
         """
-        n = batch.number(self._device_id, self.seq + 1, now_ms())
+        first = self.seq + 1
+        n = batch.number(self._device_id, first, now_ms())
+        journal = self.journal
+        if journal is not None:
+            batch.journal(journal, first)
         self.seq += n
         batch.publish(self.pub)
         self.published += n
@@ -466,6 +514,10 @@ class Device:
         now = time.monotonic()
         next_heartbeat = now + interval
         next_stats = now + 1.0
+        journal = self.journal
+        # The journal's timer: interval fsyncs (when idle; appends sync too) and retention.
+        tick_every = min(1.0, max(0.01, self.config.journal_fsync_interval_ms / 1000))
+        next_tick = now + tick_every if journal is not None else float("inf")
         monotonic = time.monotonic
         drain_pull = self._drain_pull_native if self._native is not None else self._drain_pull
         drain_router = self._drain_router_native if self._native is not None else self._drain_router
@@ -479,8 +531,11 @@ class Device:
                 if now >= next_heartbeat:
                     self.heartbeat()
                     next_heartbeat = max(next_heartbeat + interval, now + interval / 2)
+                if now >= next_tick:
+                    journal.tick()  # type: ignore[union-attr]
+                    next_tick = now + tick_every
                 if not busy:
-                    wait = min(next_stats, next_heartbeat) - now
+                    wait = min(next_stats, next_heartbeat, next_tick) - now
                     # Short waits keep SIGTERM handling prompt.
                     poller.poll(max(1, min(200, int(wait * 1000) + 1)))
             self._final_drain()
@@ -497,7 +552,12 @@ class Device:
                 break
 
     def close(self) -> None:
-        """Close with LINGER so queued publications still go out, then end the context."""
+        """Stop replay, close the journal (fsync), close sockets with LINGER, end the context."""
+        if self.replay is not None:
+            self._replay_stop.set()
+            self.replay.join(5)
+        if self.journal is not None:
+            self.journal.close()
         if self._native is not None:
             self._native.discard()
             self._native_router.discard()
@@ -518,4 +578,22 @@ class Device:
             "per_app_env": {k.decode("ascii", "replace"): v for k, v in dict(self.per_app_env).items()}
             | ({OTHER_LABEL: self.other_app_envs} if self.other_app_envs else {}),
             "dropped": dict(self.dropped),
+            "journal": self._journal_snapshot(),
+        }
+
+    def _journal_snapshot(self) -> dict[str, int] | None:
+        journal, replay = self.journal, self.replay
+        if journal is None:
+            return None
+        return {
+            "bytes": journal.size,
+            "segments": journal.segment_count,
+            "first_seq": journal.first_seq,
+            "last_seq": journal.last_seq,
+            "fsyncs": journal.fsyncs,
+            "bytes_written": journal.bytes_written,
+            "segments_deleted": journal.segments_deleted,
+            "replay_requests": replay.requests if replay else 0,
+            "replay_messages": replay.served if replay else 0,
+            "replay_bad_requests": replay.bad if replay else 0,
         }

@@ -114,6 +114,10 @@ class Journal:
         self._fd = -1
         self._last_sync = time.monotonic()
         self._unsynced = False
+        # Counters for the device's metrics.
+        self.fsyncs = 0
+        self.bytes_written = 0
+        self.segments_deleted = 0
         self._open()
 
     # -- opening and recovery -------------------------------------------------------
@@ -173,7 +177,11 @@ class Journal:
 
     @property
     def size(self) -> int:
-        return sum(s.size for s in self._segments)
+        return sum(s.size for s in list(self._segments))
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
 
     # -- writing --------------------------------------------------------------------
 
@@ -184,12 +192,6 @@ class Journal:
         """
         if not records:
             return
-        seg = self._segments[-1]
-        if first_seq != seg.last_seq + 1:
-            raise ValueError(f"journal expects seq {seg.last_seq + 1}, got {first_seq}")
-        if seg.size >= self.segment_bytes:
-            self._roll(first_seq)
-            seg = self._segments[-1]
         parts: list[Any] = []
         add = parts.append
         pack = _RECORD.pack
@@ -200,16 +202,44 @@ class Journal:
             add(topic_b)
             add(body_b)
             add(meta)
-        payload = b"".join(parts)
-        blob = _BATCH.pack(len(payload), zlib.crc32(payload), first_seq, len(records)) + payload
+        self._write(first_seq, len(records), b"".join(parts))
+
+    def append_encoded(self, first_seq: int, count: int, body: Any) -> None:
+        """Append one batch whose body is already in the record format (see the module docstring).
+
+        For the device's C engine, which serializes a whole batch in one call: `body` is any
+        contiguous buffer (bytes, memoryview, a cffi buffer) holding `count` records with
+        consecutive seqs from `first_seq`. It is written as is, without a copy.
+        """
+        if count <= 0:
+            return
+        self._write(first_seq, count, body)
+
+    def _write(self, first_seq: int, count: int, payload: Any) -> None:
+        seg = self._segments[-1]
+        if first_seq != seg.last_seq + 1:
+            raise ValueError(f"journal expects seq {seg.last_seq + 1}, got {first_seq}")
+        if seg.size >= self.segment_bytes:
+            self._roll(first_seq)
+            seg = self._segments[-1]
+        header = _BATCH.pack(len(payload), zlib.crc32(payload), first_seq, count)
+        size = len(header) + len(payload)
         offset = seg.size
-        os.write(self._fd, blob)
+        # One writev per batch (no joined copy of a large payload). Readers only look up
+        # to `seg.size`, which moves after the write.
+        written = os.writev(self._fd, [header, payload])
+        if written != size:
+            # A short write to a regular file means a full disk. The partial batch is a
+            # torn tail: the caller must stop (nothing of it was published or acknowledged),
+            # and the next open truncates it.
+            raise OSError(f"journal write of {size} bytes wrote only {written}")
         with self._lock:
             if offset - (seg.index[-1][1] if seg.index else -INDEX_EVERY) >= INDEX_EVERY:
                 seg.index.append((first_seq, offset))
-            seg.size += len(blob)
-            seg.last_seq = first_seq + len(records) - 1
+            seg.size += size
+            seg.last_seq = first_seq + count - 1
             seg.mtime = time.time()
+        self.bytes_written += size
         self._unsynced = True
         if self.fsync == "batch":
             self.sync()
@@ -219,6 +249,7 @@ class Journal:
     def sync(self) -> None:
         if self._unsynced:
             os.fsync(self._fd)
+            self.fsyncs += 1
             self._unsynced = False
         self._last_sync = time.monotonic()
 
@@ -242,6 +273,7 @@ class Journal:
                 self._segments.pop(0)
             oldest.path.unlink(missing_ok=True)
             deleted += 1
+            self.segments_deleted += 1
         return deleted
 
     def close(self) -> None:

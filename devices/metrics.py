@@ -52,6 +52,18 @@ class DeviceCollector(Collector):
             per_app.add_metric([app_env], n)
         yield per_app
         yield GaugeMetricFamily("logjam_device_sequence", "The last sequence number the device used", value=snap["seq"])
+        journal = snap["journal"]
+        if journal is not None:
+            yield GaugeMetricFamily("logjam_device_journal_bytes", "Bytes in the journal's segment files", value=journal["bytes"])
+            yield GaugeMetricFamily("logjam_device_journal_segments", "Segment files in the journal", value=journal["segments"])
+            yield GaugeMetricFamily("logjam_device_journal_first_seq", "The oldest sequence number retention kept", value=journal["first_seq"])
+            yield GaugeMetricFamily("logjam_device_journal_last_seq", "The newest journaled sequence number", value=journal["last_seq"])
+            yield CounterMetricFamily("logjam_device_journal_fsyncs", "fsync calls on the journal", value=journal["fsyncs"])
+            yield CounterMetricFamily("logjam_device_journal_written_bytes", "Bytes appended to the journal", value=journal["bytes_written"])
+            yield CounterMetricFamily("logjam_device_journal_segments_deleted", "Segments deleted by retention", value=journal["segments_deleted"])
+            yield CounterMetricFamily("logjam_device_replay_requests", "Replay requests received", value=journal["replay_requests"])
+            yield CounterMetricFamily("logjam_device_replay_messages", "Messages served by replay", value=journal["replay_messages"])
+            yield CounterMetricFamily("logjam_device_replay_bad_requests", "Malformed replay requests ignored", value=journal["replay_bad_requests"])
 
 
 def serve(device: Device, port: int, address: str = "0.0.0.0") -> None:

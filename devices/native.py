@@ -6,10 +6,12 @@ several times what `zmq.proxy` spends on the whole message. This module compiles
 cffi, once, into a cache directory) a few functions that hold a batch of messages as
 `zmq_msg_t`s: `lj_drain` (PULL) and `lj_drain_router` (ROUTER) receive and check them
 (the same rules as `logjam.meta`/`logjam.validation`, which the tests cross-check),
-`lj_number` stamps device, created_ms and sequence into fresh meta frames, `lj_publish`
+`lj_number` stamps device, created_ms and sequence into fresh meta frames, `lj_encode`
+serializes the numbered batch into the journal's record format in one pass, `lj_publish`
 hands the frames to the PUB socket without copying, and `lj_reply` sends the queued
 202/400/pong replies after that. Python keeps the control: `Device._commit`
-calls `number`, then (later) the journal, then `publish`, exactly as for the Python path.
+calls `number`, then `journal` (when the journal is on), then `publish`, exactly as for
+the Python path.
 
 If no compiler or cffi is available, `load()` returns None and the device uses its
 pure-Python loop.
@@ -57,6 +59,7 @@ int lj_drain_router(lj_batch_t *b, void *sock, int max);
 void lj_reply(lj_batch_t *b, void *sock, const char *fqdn, size_t fqdn_len);
 void lj_discard(lj_batch_t *b);
 const unsigned char *lj_data(lj_batch_t *b, int i, int k, size_t *len);
+size_t lj_encode(lj_batch_t *b, unsigned char *out, size_t cap);
 """
 
 # Our own declarations of the few libzmq calls we need (no zmq.h ships with pyzmq);
@@ -417,6 +420,33 @@ const unsigned char *lj_data(lj_batch_t *b, int i, int k, size_t *len) {
     *len = zmq_msg_size(&b->f[i][k]);
     return zmq_msg_data(&b->f[i][k]);
 }
+
+/* Serialize the numbered batch as a journal batch body (devices/journal.py): per message
+   u16 app-env len | u16 topic len | u32 body len | app-env | topic | body | meta[24].
+   Returns the size needed; writes only when it fits in `cap` (else the caller grows
+   its buffer and calls again). Lengths fit: app-env and topic were checked to be at
+   most 255 bytes, and lj_number made every meta 24 bytes. */
+size_t lj_encode(lj_batch_t *b, unsigned char *out, size_t cap) {
+    size_t need = 0, len[4];
+    int i, k;
+    for (i = 0; i < b->n; i++) {
+        need += 8;
+        for (k = 0; k < 4; k++) need += zmq_msg_size(&b->f[i][k]);
+    }
+    if (need > cap) return need;
+    for (i = 0; i < b->n; i++) {
+        for (k = 0; k < 4; k++) len[k] = zmq_msg_size(&b->f[i][k]);
+        put_be(out, len[0], 2);
+        put_be(out + 2, len[1], 2);
+        put_be(out + 4, len[2], 4);
+        out += 8;
+        for (k = 0; k < 4; k++) {
+            memcpy(out, zmq_msg_data(&b->f[i][k]), len[k]);
+            out += len[k];
+        }
+    }
+    return need;
+}
 """
 
 
@@ -487,13 +517,16 @@ def load() -> tuple[Any, Any] | None:
 class NativeBatch:
     """A batch held in C; `number` and `publish` are what `Device._commit` calls."""
 
-    __slots__ = ("ffi", "lib", "b", "_len")
+    __slots__ = ("ffi", "lib", "b", "_len", "_out", "_cap")
 
     def __init__(self, ffi: Any, lib: Any) -> None:
         self.ffi = ffi
         self.lib = lib
         self.b = ffi.new("lj_batch_t *")
         self._len = ffi.new("size_t *")
+        # The journal encoding buffer: grown on demand, reused for every batch.
+        self._out = ffi.NULL
+        self._cap = 0
 
     def __len__(self) -> int:
         return self.b.n
@@ -510,6 +543,19 @@ class NativeBatch:
     def number(self, device: int, first_seq: int, now_ms: int) -> int:
         self.lib.lj_number(self.b, device, first_seq, now_ms)
         return self.b.n
+
+    def encode(self) -> Any:
+        """The numbered batch as a journal batch body: a buffer valid until the next call."""
+        need = self.lib.lj_encode(self.b, self._out, self._cap)
+        if need > self._cap:
+            self._cap = max(need, 2 * self._cap, 256 * 1024)
+            self._out = self.ffi.new("unsigned char[]", self._cap)
+            self.lib.lj_encode(self.b, self._out, self._cap)
+        return self.ffi.buffer(self._out, need)
+
+    def journal(self, journal: Any, first_seq: int) -> None:
+        """Append the numbered batch to `journal` (a devices.journal.Journal), no Python object per message."""
+        journal.append_encoded(first_seq, self.b.n, self.encode())
 
     def publish(self, sock: Any) -> None:
         rc = self.lib.lj_publish(self.b, self.ffi.cast("void *", sock.underlying))

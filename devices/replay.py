@@ -31,13 +31,20 @@ class ReplayServer(threading.Thread):
         self.stop = stop
         self.served = 0
         self.requests = 0
+        self.bad = 0
         self.bound = threading.Event()
+        # Set instead of `bound` when the endpoint cannot be bound (the device reports it).
+        self.error: Exception | None = None
 
     def run(self) -> None:
         with lifecycle.eterm_is_clean():
             sock = lifecycle.socket(self.ctx, zmq.ROUTER, linger_ms=0)
             try:
-                sock.bind(self.endpoint)
+                try:
+                    sock.bind(self.endpoint)
+                except zmq.ZMQError as e:
+                    self.error = e
+                    return
                 self.bound.set()
                 while not self.stop.is_set():
                     if sock.poll(200):
@@ -53,10 +60,20 @@ class ReplayServer(threading.Thread):
                 raise ProtocolError("a replay request is [replay, from u64, to u64]")
             from_seq, to_seq = read_u64(frames[2]), read_u64(frames[3])
         except ProtocolError as e:
-            log.warning("bad replay request: %s", e)
+            self.bad += 1
+            log.debug("bad replay request: %s", e)
             return
         wanted = max(1, min(CHUNK_MESSAGES, to_seq - from_seq + 1))
-        result = self.journal.read(from_seq, wanted, CHUNK_BYTES)
+        try:
+            result = self.journal.read(from_seq, wanted, CHUNK_BYTES)
+        except FileNotFoundError:
+            # Retention deleted the segment between the lookup and the open.
+            result = Gone(self.journal.first_seq)
+        except (OSError, ProtocolError) as e:
+            # A damaged segment must not end the endpoint for every other range; the
+            # client gets no answer for this one (and times out).
+            log.error("replay of seq %d failed: %s", from_seq, e)
+            return
         if isinstance(result, Gone):
             sock.send_multipart([rid, GONE, u64(result.first_seq)])
             return

@@ -193,3 +193,30 @@ def test_router_ping(rpipe):
         rpipe.batch.reply(rpipe.rhandle, b"host.example")
     assert rpipe.dealer.recv_multipart() == [b"ping", b"200 OK", b"host.example"]
     assert rpipe.dealer.recv_multipart() == [b"ping", b"400 Bad Request"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from([b"a-b", b"shop-production", b"x" * 200 + b"-y"]),
+                          st.sampled_from([b"logs", b"events.x" + b"t" * 200]),
+                          st.one_of(st.binary(max_size=100), st.sampled_from([b"", b"z" * 100_000, bytes(range(256)) * 1200]))),
+                min_size=1, max_size=12))
+def test_encode_is_the_journal_record_format(pipe, tmp_path_factory, messages):
+    """lj_encode (growing its buffer past 256 KiB when needed) writes what Journal.append writes."""
+    from devices.journal import Journal
+
+    for app, topic, body in messages:
+        pipe.push.send_multipart([app, topic, body, meta(created_ms=7)])
+    while len(pipe.batch) < len(messages):
+        assert pipe.batch.drain(pipe.handle, 1024) > 0
+    pipe.batch.number(3, 1, 99)
+    numbered = [tuple(pipe.batch.frame(i, k) for k in range(4)) for i in range(len(messages))]
+    d = tmp_path_factory.mktemp("enc")
+    ja, jb = Journal(d / "c"), Journal(d / "py")
+    pipe.batch.journal(ja, 1)
+    jb.append(1, numbered)
+    assert ja.read(1, 100, 2**30) == numbered
+    ja.close()
+    jb.close()
+    a, b = (next((d / n).iterdir()).read_bytes() for n in ("c", "py"))
+    assert a == b
+    pipe.batch.discard()

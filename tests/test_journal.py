@@ -147,3 +147,31 @@ def test_replay_endpoint_serves_ranges_and_reports_loss(tmp_path):
         server.join(5)
         ctx.destroy(linger=0)
         j.close()
+
+
+def test_append_encoded_writes_what_append_writes(tmp_path):
+    from devices.journal import _RECORD
+
+    recs = records(1, 30)
+    body = b"".join(_RECORD.pack(len(a), len(t), len(b)) + a + t + b + m for a, t, b, m in recs)
+    ja, jb = Journal(tmp_path / "a"), Journal(tmp_path / "b")
+    ja.append(1, recs)
+    jb.append_encoded(1, 30, memoryview(body))
+    jb.append_encoded(31, 0, b"")  # an empty batch is no batch
+    with pytest.raises(ValueError, match="expects seq 31"):
+        jb.append_encoded(40, 1, body[: _RECORD.size + 8 + 4 + len(recs[0][2]) + 24])
+    assert jb.last_seq == 30 and jb.read(1, 100) == recs
+    ja.close()
+    jb.close()
+    assert next((tmp_path / "a").iterdir()).read_bytes() == next((tmp_path / "b").iterdir()).read_bytes()
+
+
+def test_counters_for_metrics(tmp_path):
+    j = Journal(tmp_path, fsync="batch", segment_bytes=1024, retention_bytes=2048)
+    for first in range(1, 201, 20):
+        j.append(first, records(first, 20))
+        j.enforce_retention()
+    assert j.fsyncs == 10
+    assert j.bytes_written > j.size > 0
+    assert j.segments_deleted > 0 and j.segment_count == len(list(tmp_path.iterdir()))
+    j.close()
