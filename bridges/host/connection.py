@@ -49,6 +49,7 @@ class Connection:
         self.peer = f"{peer[0]}:{peer[1]}"
         self.tls = tls_details(writer)
         self.opened_at = time.monotonic()
+        self._reset: ConnectionResetError | None = None
 
     @property
     def stopping(self) -> bool:
@@ -57,11 +58,24 @@ class Connection:
 
     async def read(self, n: int = 65536) -> bytes:
         """Up to `n` bytes; b"" at EOF or once the process is stopping."""
+        if self._reset is not None:
+            raise self._reset
         try:
             async with asyncio.timeout(self._idle_timeout):
                 return await self._reader.read(n)
         except TimeoutError:
             raise IdleTimeout(f"no data from {self.peer} for {self._idle_timeout:g}s") from None
+        except ConnectionResetError as e:
+            # StreamReader raises a reset before handing over bytes it had already
+            # received. Clients that never read (stashward) reset when they close, and
+            # what they sent before is still theirs to deliver: return it, raise next time.
+            buffered = self._reader._buffer
+            if not buffered:
+                raise
+            self._reset = e
+            data = bytes(buffered)
+            buffered.clear()
+            return data
 
     def stop_reading(self) -> None:
         """Shutdown: read no more from the client; `read` returns what is buffered, then b""."""

@@ -25,6 +25,7 @@ from collections import deque
 from typing import Sequence
 
 import zmq
+from zmq.backend import Socket as _RawSocket
 from zmq.utils.monitor import parse_monitor_message
 
 from logjam.message import Message
@@ -34,6 +35,12 @@ log = logging.getLogger(__name__)
 ACCEPTED = b"202 Accepted"
 _NOBLOCK = zmq.NOBLOCK
 _POLLIN = zmq.POLLIN
+_FIRST = zmq.NOBLOCK | zmq.SNDMORE
+_MORE = zmq.SNDMORE
+# The backend's unbound methods: pyzmq's send_multipart wrapper (flag enums, a loop in
+# Python) costs more per request than the rest of the bridge's forwarding.
+_send = _RawSocket.send
+_recv = _RawSocket.recv
 
 
 class DeviceRejected(Exception):
@@ -100,13 +107,19 @@ class _Endpoint:
         self._schedule_check()
 
     def _flush(self) -> None:
-        backlog, sent, send = self.backlog, self.sent, self.sock.send_multipart
+        backlog, sent, sock, send = self.backlog, self.sent, self.sock, _send
         while backlog:
             entry = backlog[0]
+            empty, app, topic, body, meta = entry[0]
             try:
-                send(entry[0], _NOBLOCK)
+                send(sock, empty, _FIRST)
             except zmq.Again:
                 return  # HWM: the FD fires when there is room again
+            # Multipart messages are atomic: once the first part is queued, the rest is too.
+            send(sock, app, _MORE)
+            send(sock, topic, _MORE)
+            send(sock, body, _MORE)
+            send(sock, meta, 0)
             backlog.popleft()
             sent.append(entry)
 
@@ -121,12 +134,15 @@ class _Endpoint:
         self._check_scheduled = False
         if self.sock.closed:
             return
-        sock, sent, recv = self.sock, self.sent, self.sock.recv_multipart
+        sock, sent, recv = self.sock, self.sent, _recv
         while True:
             try:
-                frames = recv(_NOBLOCK)
+                first = recv(sock, _NOBLOCK)
             except zmq.Again:
                 break
+            frames = [first]
+            while sock.rcvmore:
+                frames.append(recv(sock))
             if len(frames) != 2 or not sent:
                 log.warning("unexpected reply from %s: %r", self.endpoint, frames[:2])
                 continue

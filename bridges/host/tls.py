@@ -14,6 +14,9 @@ def server_context(args: argparse.Namespace) -> ssl.SSLContext | None:
         raise ValueError("--tls-cert needs --tls-key")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    # TLS 1.3 session tickets that a never-reading client (stashward) leaves unread turn
+    # its close into a TCP reset, and its kernel then discards data it had not sent yet.
+    ctx.num_tickets = 0
     ctx.load_cert_chain(args.tls_cert, args.tls_key, password=args.tls_key_password)
     auth = args.tls_client_auth or ("required" if args.tls_client_ca else "none")
     if auth != "none":

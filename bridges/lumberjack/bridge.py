@@ -63,20 +63,6 @@ def event_body(event: DataFrame | JsonFrame) -> dict[str, Any]:
     return body
 
 
-def _unread(conn: Connection) -> bytes:
-    """Bytes the stream had received when the peer reset the connection.
-
-    asyncio's StreamReader.read() raises the reset even when data is still buffered;
-    this takes that data. (A workaround until Connection.read returns it first.)
-    """
-    buffer = getattr(getattr(conn, "_reader", None), "_buffer", None)
-    if not buffer:
-        return b""
-    data = bytes(buffer)
-    buffer.clear()
-    return data
-
-
 class Budget:
     """Items decoded and not yet acked, summed over every connection: the per-process bound.
 
@@ -179,27 +165,17 @@ class Session:
         # each: well-compressed input holds thousands of events per read, and decoded events
         # cost far more memory than the compressed bytes waiting here.
         pending = memoryview(b"")
-        reset: ConnectionResetError | None = None
         try:
             while not self.conn.stopping:
                 while self.pending >= self.max_pending or self.budget.spent:
                     await self.budget.wait_refund()
                 if not pending:
-                    if reset is not None:
-                        raise reset
                     try:
                         data = await self.conn.read()
                     except IdleTimeout:
                         if self.pending:  # the client is waiting for us, not idle
                             continue
                         raise
-                    except ConnectionResetError as e:
-                        # Clients that never read acks (stashward) reset the connection when
-                        # they close; what they sent before that is still theirs to deliver.
-                        data = _unread(self.conn)
-                        if not data:
-                            raise
-                        reset = e
                     if not data:
                         break
                     pending = memoryview(data)
