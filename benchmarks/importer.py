@@ -63,8 +63,8 @@ def metric(port: int, name: str) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--messages", type=int, default=100_000)
-    ap.add_argument("--batch-rows", type=int, default=50_000)
+    ap.add_argument("--messages", type=int, default=120_000)
+    ap.add_argument("--batch-rows", type=int, default=40_000)
     ap.add_argument("--spark", help="use this running Spark Connect server instead of starting one")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-importer-"))
@@ -83,6 +83,22 @@ def main() -> int:
             port = free_port()
             spark_proc = spawn([command("logjam-spark"), "--port", str(port), "--warehouse", str(base / "server")], "spark")
             url = f"sc://127.0.0.1:{port}"
+        # Start the device and the importer now: the importer waits for the Spark port by itself.
+        ctx = zmq.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, 0)  # the script publishes faster than anyone can import; buffer, never drop
+        pub.setsockopt(zmq.LINGER, 0)
+        pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
+        dev_ports = {k: free_port() for k in ("t", "p", "P", "s")}
+        spawn([command("logjam-device"), "--bind", "127.0.0.1", "-d", "3",
+               *[x for k, v in dev_ports.items() for x in (f"-{k}", str(v))]], "device")
+        metrics_port = free_port()
+        warehouse = base / "importer"
+        # The importer subscribes to this script's PUB (a stand-in device) and to the real device.
+        imp = spawn([command("logjam-importer"), "--sub", f"tcp://127.0.0.1:{pub_port}",
+                     "--sub", f"tcp://127.0.0.1:{dev_ports['P']}", "--spark", url, "--warehouse", str(warehouse),
+                     "--batch-rows", str(args.batch_rows), "--metrics-port", str(metrics_port)], "importer")
+
         msgs = messages(args.messages)
         frames = [m.to_frames() for m in msgs]
         # The reference gets the importer's own tables, built beforehand and not timed.
@@ -99,29 +115,6 @@ def main() -> int:
         from pyspark.sql import SparkSession
 
         spark = SparkSession.builder.remote(url).create()
-        # First jobs in a fresh JVM run interpreted; warm up before timing either path.
-        write_batch(spark, batches[0], output_root(str(base / "warmup"), 0))
-
-        t0 = time.perf_counter()
-        for t in batches:
-            write_batch(spark, t, output_root(str(base / "reference"), 0))
-        ref_s = time.perf_counter() - t0
-        ref_rate = args.messages / ref_s
-
-        # The importer, subscribed to this script's PUB (a stand-in device) and to a real device.
-        ctx = zmq.Context()
-        pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.SNDHWM, 0)  # the script publishes faster than anyone can import; buffer, never drop
-        pub.setsockopt(zmq.LINGER, 0)
-        pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
-        dev_ports = {k: free_port() for k in ("t", "p", "P", "s")}
-        spawn([command("logjam-device"), "--bind", "127.0.0.1", "-d", "3",
-               *[x for k, v in dev_ports.items() for x in (f"-{k}", str(v))]], "device")
-        metrics_port = free_port()
-        warehouse = base / "importer"
-        imp = spawn([command("logjam-importer"), "--sub", f"tcp://127.0.0.1:{pub_port}",
-                     "--sub", f"tcp://127.0.0.1:{dev_ports['P']}", "--spark", url, "--warehouse", str(warehouse),
-                     "--batch-rows", str(args.batch_rows), "--metrics-port", str(metrics_port)], "importer")
         probe = Message.build("probe-bench", "logs.probe", b"{}").to_frames()
 
         def importer_hears() -> bool:
@@ -130,10 +123,19 @@ def main() -> int:
             pub.send_multipart(probe)
             return metric(metrics_port, "logjam_importer_messages_received_total") > 0
         wait_for(importer_hears, timeout=60, interval=0.1, what="the importer to subscribe")
+        # First jobs in a fresh JVM run interpreted; warm up before timing either path.
+        write_batch(spark, batches[0].slice(0, 10_000), output_root(str(base / "warmup"), 0))
         wait_for(lambda: metric(metrics_port, "logjam_importer_batches_written_total") >= 1, timeout=30,
                  what="the probe batch")
         base_rows = metric(metrics_port, "logjam_importer_rows_written_total")
         base_write_s = metric(metrics_port, "logjam_importer_write_seconds_sum")
+        base_batches = metric(metrics_port, "logjam_importer_batches_written_total")
+
+        t0 = time.perf_counter()
+        for t in batches:
+            write_batch(spark, t, output_root(str(base / "reference"), 0))
+        ref_s = time.perf_counter() - t0
+        ref_rate = args.messages / ref_s
 
         t0 = time.perf_counter()
         for f in frames:
@@ -145,6 +147,7 @@ def main() -> int:
         imp_rate = args.messages / imp_s
         gaps = metric(metrics_port, "logjam_importer_gap_messages_total")
         write_s = metric(metrics_port, "logjam_importer_write_seconds_sum") - base_write_s
+        jobs = metric(metrics_port, "logjam_importer_batches_written_total") - base_batches
         landed = spark.read.parquet(str(warehouse / "messages")).where("app_env LIKE 'app%'").count()
 
         # Latency: acknowledged publish through the real device until spark.read sees the row.
@@ -163,9 +166,10 @@ def main() -> int:
 
         print(f"importer benchmark: {args.messages} messages (~{sum(len(m.payload()) for m in msgs[:1000]) // 1000} B JSON, snappy), "
               f"batches of {args.batch_rows}, Spark Connect at {url}")
-        print(f"  reference  createDataFrame(arrow).write.parquet: {ref_rate:10,.0f} rows/s ({ref_s:.2f} s)")
+        print(f"  reference  createDataFrame(arrow).write.parquet: {ref_rate:10,.0f} rows/s ({ref_s:.2f} s, "
+              f"{len(batches)} writes)")
         print(f"  importer   publish -> committed in Spark:         {imp_rate:10,.0f} rows/s ({imp_s:.2f} s; "
-              f"publishing took {publish_s:.2f} s, Spark writes {write_s:.2f} s)")
+              f"publishing took {publish_s:.2f} s, {jobs:.0f} Spark writes took {write_s:.2f} s)")
         print(f"  ratio importer/reference: {imp_rate / ref_rate:.2f}x (target >= 0.8x)")
         print(f"  rows read back: {landed} of {args.messages}; gaps reported: {gaps:.0f}")
         print(f"  latency publish (device ack) -> visible to spark.read, --flush-interval 2: "

@@ -149,7 +149,6 @@ def run(args: argparse.Namespace) -> int:
         if not len(builder):
             return True
         table = builder.build()
-        metrics.pending_batches.set(writer.pending + 1)
         ok = writer.submit(table)
         metrics.pending_batches.set(writer.pending)
         return ok

@@ -95,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
     from pyspark.errors import PySparkException
 
     spark = open_session(args.spark, app_name="logjam-sql", warehouse=args.warehouse)
+    client = getattr(spark, "client", None)
+    if client is not None and hasattr(client, "disable_reattachable_execute"):
+        # A one-shot query gains nothing from reattaching, and its asynchronous release races
+        # our session close, leaving SESSION_CLOSED errors in the server log.
+        client.disable_reattachable_execute()
     try:
         warehouse = resolve_warehouse(spark, args.warehouse)
         register_messages(spark, warehouse)

@@ -105,16 +105,20 @@ class BackgroundWriter:
         self.spark: Any = None
         self.lost_rows = 0
         self.written_rows = 0
-        self.busy = False
+        self._inflight = 0
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="spark-writer", daemon=True)
         self._thread.start()
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize() + (1 if self.busy else 0)
+        """Batches submitted and not yet written (queued or in Spark)."""
+        return self._inflight
 
-    def submit(self, table: pa.Table, stop: threading.Event | None = None) -> bool:
+    def submit(self, table: pa.Table) -> bool:
         """Queue a batch, blocking while the queue is full. Returns False only if the writer died."""
+        with self._lock:
+            self._inflight += 1
         while True:
             if not self._thread.is_alive():
                 return False
@@ -142,11 +146,11 @@ class BackgroundWriter:
             table = self._queue.get()
             if table is None:
                 return
-            self.busy = True
             try:
                 self._write(table)
             finally:
-                self.busy = False
+                with self._lock:
+                    self._inflight -= 1
 
     def _write(self, table: pa.Table) -> None:
         attempt = 0
