@@ -158,3 +158,19 @@ def test_paths_and_read_schema() -> None:
 def test_build_on_empty_builder_gives_empty_table() -> None:
     assert BatchBuilder().build().num_rows == 0
     assert isinstance(BatchBuilder().build(), pa.Table)
+
+
+def test_importer_flags_and_config_file(tmp_path) -> None:
+    from importer.cli import build_parser, main
+    from logjam.config import parse_args
+
+    for bad in (["--worker", "1"], ["--worker", "2", "--workers", "2"], ["--batch-rows", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main(bad)
+        assert e.value.code == 2
+    cfg = tmp_path / "importer.toml"
+    cfg.write_text('sub = ["tcp://dev1:9606", "tcp://dev2:9606"]\nworker = 1\nworkers = 3\nbatch-rows = 1000\n')
+    args = parse_args(build_parser(), ["--config", str(cfg), "--flush-interval", "0.5"])
+    assert (args.sub, args.worker, args.workers, args.batch_rows, args.flush_interval) == (
+        ["tcp://dev1:9606", "tcp://dev2:9606"], 1, 3, 1000, 0.5)
+    assert args.spark == "sc://127.0.0.1:15002"
