@@ -23,6 +23,7 @@ oldest first, by total size and by age; the active segment is never deleted.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from logjam.errors import RemoteProtocolError
+
+log = logging.getLogger("logjam-device")
 
 _BATCH = struct.Struct(">IIQI")
 _RECORD = struct.Struct(">HHI")
@@ -131,6 +134,7 @@ class Journal:
                 if i != len(paths) - 1:
                     raise JournalCorrupt(f"{path}: bad batch at byte {valid} of {size}, before the last segment")
                 # A torn tail: never published, never acknowledged.
+                log.warning("journal: truncating %d bytes of a torn last batch at byte %d of %s", size - valid, valid, path)
                 with open(path, "r+b") as f:
                     f.truncate(valid)
                 size = valid
