@@ -21,7 +21,7 @@ from logjam.meta import Meta
 from logjam.producer import Producer
 from logjam.replay import REPLAY, Lost, ReplayClient, u64
 from tests.conftest import DeviceProcess, start_device
-from tests.helpers import free_port, stop, wait_for
+from tests.helpers import command, free_port, start, stop, wait_for
 from tests.test_device_helpers import Tap, dealer, meta, push, scrape
 
 pytestmark = pytest.mark.timeout(90)
@@ -347,8 +347,6 @@ def test_garbage_replay_requests_do_not_hurt_the_device(journaled):
 
 
 def test_replay_port_in_use_fails_the_start(tmp_path):
-    from tests.helpers import command, start
-
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
@@ -395,3 +393,21 @@ def test_a_torn_last_batch_is_truncated_on_start(journaled):
     assert bodies(replayed) == acked + after
     assert j.stop() == 0
     assert "truncating 32 bytes of a torn last batch" in dev.output()
+
+
+def test_corruption_before_the_last_segment_stops_the_start(journaled):
+    j = journaled(["--journal-segment-bytes", "2048"])
+    dev = j.start()
+    send_acked(dev.router, "c", 100, window=5, pad=100)
+    assert j.stop() == 0
+    segments = sorted((j.data_dir / "journal").iterdir())
+    assert len(segments) > 2
+    data = bytearray(segments[0].read_bytes())
+    data[40] ^= 0xFF  # inside the first batch's body: its crc no longer matches
+    segments[0].write_bytes(bytes(data))
+    proc = start([command("logjam-device"), "--bind", "127.0.0.1", "-t", str(free_port()), "-p", str(free_port()),
+                  "-P", str(free_port()), "-s", str(free_port()), "--data-dir", str(j.data_dir),
+                  "--replay-port", str(free_port())])
+    assert proc.wait(20) == 1
+    out = proc.stdout.read()
+    assert "cannot start" in out and "bad batch" in out, out
