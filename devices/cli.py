@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batch: fsync every batch (survives power loss); interval: at most every "
                    "--journal-fsync-interval-ms (power loss may lose that much); os: page cache only "
                    "(survives a process kill, not a power loss) (default interval)")
-    j.add_argument("--journal-fsync-interval-ms", type=_positive_int, default=100, metavar="MS", help="(default 100)")
+    j.add_argument("--journal-fsync-interval-ms", type=_positive_int, default=100, metavar="MS",
+                   help="period of the interval policy's fsyncs and of retention checks (default 100)")
     j.add_argument("--journal-segment-bytes", type=_positive_int, default=64 * 1024 * 1024, metavar="BYTES",
                    help="start a new segment file after this many bytes (default 64 MiB)")
     j.add_argument("--journal-retention-bytes", type=_non_negative_int, default=1024 * 1024 * 1024, metavar="BYTES",
