@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     if args.batch_rows < 1 or args.flush_interval <= 0:
         parser.error("--batch-rows and --flush-interval must be positive")
-    return run(args)
+    lifecycle.exit_skipping_atexit(run(args))
 
 
 if __name__ == "__main__":

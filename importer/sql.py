@@ -21,6 +21,7 @@ import orjson
 from importer.paths import TABLE, table_path
 from importer.schema import spark_read_ddl
 from importer.writer import DEFAULT_SPARK, open_session, resolve_warehouse
+from logjam import lifecycle
 from logjam.config import add_config_flag, parse_args, setup_logging
 
 log = logging.getLogger("logjam-sql")
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger().setLevel(logging.WARNING)
         # pyspark logs every failed query with its JVM stack trace; the one-line error below is enough.
         logging.getLogger("SQLQueryContextLogger").disabled = True
-    return run(args)
+    lifecycle.exit_skipping_atexit(run(args))
 
 
 if __name__ == "__main__":

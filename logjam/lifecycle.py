@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 import zmq
 
@@ -47,3 +47,24 @@ def eterm_is_clean() -> Iterator[None]:
     except zmq.ZMQError as e:
         if e.errno != zmq.ETERM:
             raise
+
+
+def exit_skipping_atexit(status: int) -> NoReturn:
+    """Exit with `status` after flushing logs and stdio, without running atexit hooks.
+
+    pyspark's Spark Connect client registers an atexit hook that calls the server and,
+    when the server is already gone (supervisord stopping everything, a crashed
+    server), retries for minutes. Our processes have flushed everything they own by
+    the time they exit, so they leave without it.
+    """
+    import logging
+    import os
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
