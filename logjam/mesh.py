@@ -24,6 +24,7 @@ DEFAULTS = {
     "LOGJAM_PULL_PORT": "9605",
     "LOGJAM_PUB_PORT": "9606",
     "LOGJAM_STATS_PORT": "9621",
+    "LOGJAM_REPLAY_PORT": "9607",
     "LOGJAM_SPARK_PORT": "15002",
     "LOGJAM_SPARK_MASTER": "local[*]",
     "LOGJAM_LUMBERJACK_PORT": "5044",
@@ -71,7 +72,7 @@ def banner(env: dict[str, str]) -> str:
     return f"""
 logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
 
-  Logjam device   ROUTER tcp://{e('LOGJAM_BIND')}:{e('LOGJAM_ROUTER_PORT')}  PULL :{e('LOGJAM_PULL_PORT')}  PUB :{e('LOGJAM_PUB_PORT')}  stats :{e('LOGJAM_STATS_PORT')}
+  Logjam device   ROUTER tcp://{e('LOGJAM_BIND')}:{e('LOGJAM_ROUTER_PORT')}  PULL :{e('LOGJAM_PULL_PORT')}  PUB :{e('LOGJAM_PUB_PORT')}  stats :{e('LOGJAM_STATS_PORT')}  replay :{e('LOGJAM_REPLAY_PORT')}
   Lumberjack      tcp :{e('LOGJAM_LUMBERJACK_PORT')}   (Beats, logstash-forwarder)
   Log Courier     tcp :{e('LOGJAM_COURIER_PORT')}
   Segment append  tcp :{e('LOGJAM_SEGMENT_PORT')}  (Pravega wire protocol)
@@ -85,8 +86,31 @@ Stop:   Ctrl-C here, or `make down`
 """
 
 
+def _log_offsets(env: dict[str, str]) -> dict[Path, int]:
+    logs = Path(env["LOGJAM_DATA_DIR"], "logs")
+    return {p: p.stat().st_size for p in logs.glob("logjam-importer-*.log")}
+
+
+def importers_subscribed(env: dict[str, str], offsets: dict[Path, int]) -> bool:
+    """Every importer has logged "subscribed" since we started (so events sent now land)."""
+    logs = Path(env["LOGJAM_DATA_DIR"], "logs")
+    want = int(env["LOGJAM_IMPORTERS"])
+    ready = 0
+    for i in range(want):
+        path = logs / f"logjam-importer-{i}.log"
+        try:
+            with open(path, "rb") as f:
+                f.seek(offsets.get(path, 0))
+                ready += b" subscribed to " in f.read()
+        except OSError:
+            pass
+    return ready == want
+
+
 def up(config: Path, ready_timeout: float = 180.0) -> int:
     env = mesh_environment(config)
+    offsets = _log_offsets(env)
+    print(f"starting logjam-mesh (Spark takes ~30 s); logs in {env['LOGJAM_DATA_DIR']}/logs", flush=True)
     proc = subprocess.Popen([_bin("supervisord"), "-c", str(config), "-n"], env=env)
     # The terminal's Ctrl-C reaches supervisord too; we only wait for it to finish stopping.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -98,8 +122,11 @@ def up(config: Path, ready_timeout: float = 180.0) -> int:
         if not announced:
             states = status(config, env)
             stable = stable + 1 if states and all(s == "RUNNING" for s in states.values()) else 0
-            if stable >= 3:
-                print(banner(env), flush=True)
+            if stable >= 3 and importers_subscribed(env, offsets):
+                try:
+                    print(banner(env), flush=True)
+                except OSError:  # nobody is reading our stdout any more; keep running
+                    pass
                 announced = True
             elif time.monotonic() > deadline:
                 print(f"mesh not fully up after {ready_timeout:.0f}s: {states}; see {env['LOGJAM_DATA_DIR']}/logs", flush=True)
