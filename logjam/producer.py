@@ -150,13 +150,16 @@ class Producer:
         if self.mode != "dealer":
             raise ValueError(f"{what} need DEALER mode; this producer is PUSH")
 
-    def close(self) -> None:
-        """Ping first (the spec asks clients to), so everything sent has reached the device."""
+    def close(self, ping: bool = True) -> None:
+        """Ping first (the spec asks clients to), so everything sent has reached the device.
+
+        `ping=False` skips it, for a device already known not to answer.
+        """
         if self.closed:
             return
         self.closed = True
         try:
-            if self.mode == "dealer":
+            if ping and self.mode == "dealer":
                 try:
                     self.ping()
                 except ReplyTimeout:

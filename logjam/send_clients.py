@@ -196,10 +196,8 @@ class LogjamSender(Sender):
             )
 
     def close(self) -> None:
-        if self.failed:
-            # Producer.close() pings first; a device that never answered will not answer that either.
-            self.producer.timeout = min(self.producer.timeout, 0.2)
-        self.producer.close()
+        # Producer.close() pings first; a device that never answered will not answer that either.
+        self.producer.close(ping=not self.failed)
         self.ctx.term()  # honours LINGER: PUSH messages still queued get this long to leave
 
 
