@@ -34,7 +34,9 @@ log = logging.getLogger("logjam-device")
 MAX_BATCH = 1024
 REASON_CODES = {1: "frame_count", 2: "broken_meta", 3: "bad_app_env", 4: "bad_topic"}
 
-CDEF = """
+# The batch layout, in both the cffi declarations and the C source: one text, so the
+# two cannot drift apart.
+BATCH_TYPES = """
 typedef struct { uint64_t _[8]; } lj_msg_t;
 typedef struct {
     int n;
@@ -52,7 +54,9 @@ typedef struct {
     lj_msg_t reply_rid[1024];
     lj_msg_t reply_app[1024];
 } lj_batch_t;
-int lj_drain(lj_batch_t *b, void *sock, int max);
+"""
+
+CDEF = BATCH_TYPES + """int lj_drain(lj_batch_t *b, void *sock, int max);
 void lj_number(lj_batch_t *b, uint32_t device, uint64_t first_seq, uint64_t now_ms);
 int lj_publish(lj_batch_t *b, void *pub);
 int lj_drain_router(lj_batch_t *b, void *sock, int max);
@@ -68,25 +72,7 @@ SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 #include <errno.h>
-
-typedef struct { uint64_t _[8]; } lj_msg_t;
-typedef struct {
-    int n;
-    int ndrops;
-    int napps;
-    int app_first[64];
-    int app_count[64];
-    unsigned char drop_reason[1024];
-    unsigned short drop_len[1024];
-    unsigned char drop_app[1024][256];
-    lj_msg_t f[1024][4];
-    int nreplies;
-    int pings;
-    unsigned char reply_status[1024];
-    lj_msg_t reply_rid[1024];
-    lj_msg_t reply_app[1024];
-} lj_batch_t;
-
+""" + BATCH_TYPES + r"""
 int zmq_msg_init(lj_msg_t *m);
 int zmq_msg_init_size(lj_msg_t *m, size_t size);
 int zmq_msg_recv(lj_msg_t *m, void *s, int flags);

@@ -10,103 +10,24 @@ import signal
 import socket
 import ssl
 import struct
-import subprocess
 import threading
 import time
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-import zmq
 
 from bridges.courier.engine import CourierClient, VersionReceived
 from logjam.message import Message
-from logjam.producer import Producer
-from logjam.subscriber import Subscriber
+from tests.bridge_support import BridgeProcess, client_tls, collect, no_more, ready_subscriber, start_bridge, stop_bridge
 from tests.courier_client import TestCourierClient
-from tests.helpers import command, free_port, port_open, start, stop, wait_for
+from tests.helpers import start, stop, wait_for
 
 
-@dataclass
-class BridgeProcess:
-    proc: subprocess.Popen
-    port: int
-    app_env: str
-
-    def output(self) -> str:
-        return self.proc.stdout.read() if self.proc.stdout else ""
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-
-def start_bridge(device_router: str, *extra: str) -> BridgeProcess:
-    port = free_port()
-    app_env = f"courier-{uuid.uuid4().hex[:8]}"
-    proc = start([
-        command("logjam-bridge"), "courier", "--listen", f"127.0.0.1:{port}",
-        "--device", device_router, "--app-env", app_env, "--ack-interval", "1", *extra,
-    ])
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"logjam-bridge courier exited early:\n{proc.stdout.read() if proc.stdout else ''}")
-        return port_open(port)
-
-    wait_for(up, timeout=20, what="logjam-bridge courier to listen")
-    return BridgeProcess(proc, port, app_env)
-
-
-def stop_bridge(bridge: BridgeProcess) -> str:
-    code = stop(bridge.proc)
-    out = bridge.output()
-    assert code == 0, out
-    return out
-
-
-def ready_subscriber(device_pub: str, device_router: str, app_env: str) -> Subscriber:
-    """A subscriber for `app_env` that has provably joined the device (ZeroMQ's slow joiner)."""
-    ctx = zmq.Context.instance()
-    sub = Subscriber(device_pub, [app_env], context=ctx)
-    probe = Producer(device_router, context=ctx, linger_ms=0)
-    try:
-        def joined() -> bool:
-            probe.send(app_env, "logs.probe", {"probe": True})
-            return any(isinstance(m, Message) and m.topic == "logs.probe" for m in sub.recv_batch(timeout=0.1))
-
-        wait_for(joined, timeout=15, what="subscriber to join the device")
-    finally:
-        probe.close()
-    return sub
-
-
-def collect(sub: Subscriber, app_env: str, n: int, timeout: float = 60.0) -> list[tuple[Message, dict[str, Any]]]:
-    got: list[tuple[Message, dict[str, Any]]] = []
-
-    def enough() -> bool:
-        for m in sub.recv_batch(max_items=5000, timeout=0.2):
-            if isinstance(m, Message) and m.app_env == app_env and m.topic != "logs.probe":
-                got.append((m, m.json()))
-        return len(got) >= n
-
-    wait_for(enough, timeout=timeout, interval=0, what=f"{n} messages (have {len(got)})")
-    return got
-
-
-def no_more(sub: Subscriber, app_env: str, wait: float = 1.0) -> list[Message]:
-    extra: list[Message] = []
-    deadline = time.monotonic() + wait
-    while (left := deadline - time.monotonic()) > 0:
-        for m in sub.recv_batch(max_items=5000, timeout=left):
-            if isinstance(m, Message) and m.app_env == app_env and m.topic != "logs.probe":
-                extra.append(m)
-    return extra
+def start_courier(device_router: str, *extra: str, **kwargs: Any) -> BridgeProcess:
+    """`logjam-bridge courier` acknowledging every second, so partial ACKNs come soon."""
+    return start_bridge("courier", device_router, "--ack-interval", "1", *extra, **kwargs)
 
 
 def events(n: int, run: str, start: int = 0, pad: int = 0) -> list[bytes]:
@@ -126,7 +47,7 @@ def check_once(got: list[tuple[Message, dict[str, Any]]], expected_n: range) -> 
 
 @pytest.fixture
 def bridge(device):
-    b = start_bridge(device.router)
+    b = start_courier(device.router)
     yield b
     stop_bridge(b)
 
@@ -363,7 +284,7 @@ def test_garbage_connection_next_to_a_good_one(device, bridge) -> None:
 
 @pytest.mark.timeout(60)
 def test_idle_timeout_closes_a_silent_connection(device) -> None:
-    b = start_bridge(device.router, "--idle-timeout", "1")
+    b = start_courier(device.router, "--idle-timeout", "1")
     try:
         with TestCourierClient(b.port) as client:
             t0 = time.monotonic()
@@ -385,18 +306,9 @@ def test_sigterm_after_acks_exits_zero(device, bridge) -> None:
 
 # ------------------------------------------------------------------ TLS
 
-def client_tls(certs, *, cert: bool = False, other: bool = False) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(certs.ca))
-    if cert:
-        ctx.load_cert_chain(str(certs.client_cert), str(certs.client_key))
-    if other:
-        ctx.load_cert_chain(str(certs.other_client_cert), str(certs.other_client_key))
-    return ctx
-
-
 @pytest.mark.timeout(60)
 def test_tls(device, certs) -> None:
-    b = start_bridge(device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
+    b = start_courier(device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
         with TestCourierClient(b.port, tls=client_tls(certs)) as client:
@@ -428,7 +340,7 @@ def _refused(port: int, ctx: ssl.SSLContext) -> bool:
 
 @pytest.mark.timeout(90)
 def test_mutual_tls(device, certs) -> None:
-    b = start_bridge(
+    b = start_courier(
         device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
         "--tls-client-ca", str(certs.ca),
     )

@@ -17,7 +17,8 @@ import pytest
 from bridges.lumberjack.engine import V1, AckFrame, LumberjackClient, encode_data_frame, encode_window
 from logjam.validation import is_valid_app_env
 from tests.helpers import wait_for
-from tests.lumberjack_support import collect, no_more, ready_subscriber, start_bridge, stop_bridge
+from tests.bridge_support import client_tls, collect, no_more, ready_subscriber, stop_bridge
+from tests.lumberjack_support import start_lumberjack
 
 
 def connect(port: int, ctx: ssl.SSLContext | None = None) -> socket.socket:
@@ -54,7 +55,7 @@ def tagged(n: int, run: str, start: int = 0) -> list[dict]:
 
 @pytest.fixture
 def bridge(device):
-    b = start_bridge(device.router)
+    b = start_lumberjack(device.router)
     yield b
     stop_bridge(b)
 
@@ -123,7 +124,7 @@ def test_partial_windows_restart_numbering_and_empty_window(device, bridge) -> N
 
 @pytest.mark.timeout(60)
 def test_app_env_field_overrides_and_falls_back(device) -> None:
-    b = start_bridge(device.router, "--app-env-field", "fields.service")
+    b = start_lumberjack(device.router, "--app-env-field", "fields.service")
     try:
         sub = ready_subscriber(device.pub, device.router, "shop-prod")
         client = LumberjackClient()
@@ -139,26 +140,13 @@ def test_app_env_field_overrides_and_falls_back(device) -> None:
 # ---------------------------------------------------------------- TLS
 
 
-@pytest.fixture
-def client_tls(certs):
-    def make(cert: bool = False, other: bool = False) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(certs.ca))
-        if cert:
-            ctx.load_cert_chain(str(certs.client_cert), str(certs.client_key))
-        if other:
-            ctx.load_cert_chain(str(certs.other_client_cert), str(certs.other_client_key))
-        return ctx
-
-    return make
-
-
 @pytest.mark.timeout(60)
-def test_tls(device, certs, client_tls) -> None:
-    b = start_bridge(device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
+def test_tls(device, certs) -> None:
+    b = start_lumberjack(device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
         client = LumberjackClient()
-        with connect(b.port, client_tls()) as sock:
+        with connect(b.port, client_tls(certs)) as sock:
             send_window(sock, client, [{"message": f"m{i}"} for i in range(50)])
         got = collect(sub, b.app_env, 50)
         tls = got[0][1]["@metadata"]["tls"]
@@ -188,21 +176,21 @@ def _refused(port: int, ctx: ssl.SSLContext) -> bool:
 
 
 @pytest.mark.timeout(60)
-def test_mutual_tls_and_refusals(device, certs, client_tls) -> None:
-    b = start_bridge(
+def test_mutual_tls_and_refusals(device, certs) -> None:
+    b = start_lumberjack(
         device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
         "--tls-client-ca", str(certs.ca),
     )
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
         client = LumberjackClient()
-        with connect(b.port, client_tls(cert=True)) as sock:
+        with connect(b.port, client_tls(certs, cert=True)) as sock:
             send_window(sock, client, [{"message": f"m{i}"} for i in range(20)])
         got = collect(sub, b.app_env, 20)
         tls = got[0][1]["@metadata"]["tls"]
         assert tls["cn"] == "test-client" and "test-client" in tls["subject"]
-        assert _refused(b.port, client_tls())  # no certificate
-        assert _refused(b.port, client_tls(other=True))  # certificate from a CA we do not trust
+        assert _refused(b.port, client_tls(certs))  # no certificate
+        assert _refused(b.port, client_tls(certs, other=True))  # certificate from a CA we do not trust
         assert no_more(sub, b.app_env, 0.5) == []
         sub.close()
     finally:
@@ -237,16 +225,9 @@ def test_garbage_connections_next_to_a_good_one(device, bridge) -> None:
 # ---------------------------------------------------------------- device paused
 
 
-def _vm_rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.timeout(120)
 def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
-    b = start_bridge(device.router)
+    b = start_lumberjack(device.router)
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     stopped = False
     halt = threading.Event()  # stops the sender
@@ -298,13 +279,13 @@ def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
         # The sender stalls once the bridge stops reading (its buffers are bounded).
         wait_for(lambda: time.monotonic() - last_progress > 1.5, timeout=40, interval=0, what="the sender to be back-pressured")
         highest = max(a.seq for a in acks)
-        rss_stalled = _vm_rss_kib(b.proc.pid)
+        rss_stalled = b.rss_kib()
         n_acks = len(acks)
         # Keepalives keep coming (interval 0.5 s) but acknowledge nothing new.
         wait_for(lambda: len(acks) >= n_acks + 3, timeout=10, what="keepalive acks while paused")
         assert max(a.seq for a in acks) == highest
         assert sent > highest
-        rss_later = _vm_rss_kib(b.proc.pid)
+        rss_later = b.rss_kib()
         assert rss_later - rss_stalled < 8 * 1024, (rss_stalled, rss_later)
         assert rss_later < 400 * 1024
 
@@ -332,7 +313,7 @@ def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
 
 @pytest.mark.timeout(60)
 def test_waiting_client_is_not_idle_while_the_device_is_paused(device) -> None:
-    b = start_bridge(device.router, "--idle-timeout", "1")
+    b = start_lumberjack(device.router, "--idle-timeout", "1")
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     client = LumberjackClient()
     os.kill(device.proc.pid, signal.SIGSTOP)
@@ -363,7 +344,7 @@ def test_waiting_client_is_not_idle_while_the_device_is_paused(device) -> None:
 
 @pytest.mark.timeout(60)
 def test_sigterm_with_the_device_paused_acks_nothing_and_exits_0(device) -> None:
-    b = start_bridge(device.router)
+    b = start_lumberjack(device.router)
     client = LumberjackClient()
     os.kill(device.proc.pid, signal.SIGSTOP)
     try:
@@ -397,7 +378,7 @@ def test_process_wide_bound_stops_reading_every_client(device) -> None:
     from tests.helpers import free_port
 
     metrics_port = free_port()
-    b = start_bridge(device.router, "--max-process-pending-events", "300", "--metrics-port", str(metrics_port))
+    b = start_lumberjack(device.router, "--max-process-pending-events", "300", "--metrics-port", str(metrics_port))
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     os.kill(device.proc.pid, signal.SIGSTOP)
     paused = True
@@ -430,7 +411,7 @@ def test_process_wide_bound_stops_reading_every_client(device) -> None:
 
 @pytest.mark.timeout(60)
 def test_device_rejection_is_not_acked_and_closes_the_connection(device) -> None:
-    b = start_bridge(device.router, "--topic", "not-a-logjam-topic")
+    b = start_lumberjack(device.router, "--topic", "not-a-logjam-topic")
     client = LumberjackClient()
     try:
         with connect(b.port) as sock:

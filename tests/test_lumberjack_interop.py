@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 
-from tests.lumberjack_support import NODE_DIR, collect, no_more, ready_subscriber, start_bridge, stop_bridge
+from tests.bridge_support import collect, no_more, ready_subscriber, stop_bridge
+from tests.lumberjack_support import NODE_DIR, start_lumberjack
 
 N = 120
 
@@ -43,7 +44,7 @@ def check_all_arrived(sub, app_env: str, n: int, run: str, fields=lambda body: b
 def test_pylogbeat(device, certs, mutual: bool) -> None:
     import pylogbeat
 
-    b = start_bridge(device.router, *tls_flags(certs, mutual))
+    b = start_lumberjack(device.router, *tls_flags(certs, mutual))
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
         run = uuid.uuid4().hex
@@ -69,7 +70,7 @@ def test_pylogbeat(device, certs, mutual: bool) -> None:
 def test_python_logstash_async_beats_transport(device) -> None:
     from logstash_async.handler import AsynchronousLogstashHandler
 
-    b = start_bridge(device.router)
+    b = start_lumberjack(device.router)
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
         run = uuid.uuid4().hex
@@ -103,7 +104,7 @@ def test_python_logstash_async_beats_transport(device) -> None:
 def test_timbersnake(device) -> None:
     from timbersnake.client import Client
 
-    b = start_bridge(device.router)
+    b = start_lumberjack(device.router)
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
         run = uuid.uuid4().hex
@@ -122,7 +123,7 @@ def test_timbersnake(device) -> None:
 def test_stashward_tls(device, certs) -> None:
     from stashward.handler import StashwardHandler
 
-    b = start_bridge(device.router, *tls_flags(certs))
+    b = start_lumberjack(device.router, *tls_flags(certs))
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
         run = uuid.uuid4().hex
@@ -174,7 +175,7 @@ def node() -> str:
 
 @pytest.mark.timeout(90)
 def test_npm_lumberjack_protocol_tls(device, certs, node) -> None:
-    b = start_bridge(device.router, *tls_flags(certs))
+    b = start_lumberjack(device.router, *tls_flags(certs))
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
         run = uuid.uuid4().hex
@@ -195,7 +196,7 @@ def test_npm_lumberjack_protocol_tls(device, certs, node) -> None:
 
 @pytest.mark.timeout(90)
 def test_npm_lumberjack_client(device, node) -> None:
-    b = start_bridge(device.router)
+    b = start_lumberjack(device.router)
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
         run = uuid.uuid4().hex

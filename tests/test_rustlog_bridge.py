@@ -9,87 +9,25 @@ import resource
 import signal
 import ssl
 import struct
-import subprocess
 import threading
 import time
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 
 from logjam.message import Message
-from logjam.producer import Producer
 from logjam.subscriber import Subscriber
-from tests.helpers import command, free_port, port_open, start, stop, wait_for
+from tests.bridge_support import BridgeProcess, client_tls, ready_subscriber, start_bridge, stop_bridge
+from tests.helpers import start, wait_for
 from tests.rustlog_clients import BinaryClient, JsonClient, RawConn, b_list, b_str, binary_response
 
 MAX = 10 * 1024 * 1024
 
 
-@dataclass
-class BridgeProcess:
-    proc: subprocess.Popen
-    port: int
-    app_env: str
-    data_dir: Path
-    argv: list[str]
-
-    def output(self) -> str:
-        return self.proc.stdout.read() if self.proc.stdout else ""
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-    def conn(self, tls: ssl.SSLContext | None = None) -> RawConn:
-        return RawConn(self.port, tls)
-
-
-def start_bridge(device, data_dir: Path, *extra: str, app_env: str | None = None, port: int | None = None,
-                 preexec_fn=None) -> BridgeProcess:
-    port = port or free_port()
-    app_env = app_env or f"rltest-{uuid.uuid4().hex[:8]}"
-    argv = [
-        command("logjam-bridge"), "rustlog", "--listen", f"127.0.0.1:{port}", "--device", device.router,
-        "--app-env", app_env, "--data-dir", str(data_dir), *extra,
-    ]
-    proc = start(argv, preexec_fn=preexec_fn)
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"logjam-bridge exited early:\n{proc.stdout.read() if proc.stdout else ''}")
-        return port_open(port)
-
-    wait_for(up, timeout=20, what="logjam-bridge rustlog to listen")
-    return BridgeProcess(proc, port, app_env, data_dir, argv)
-
-
-def stop_bridge(bridge: BridgeProcess) -> str:
-    code = stop(bridge.proc)
-    out = bridge.output()
-    assert code == 0, out
-    return out
-
-
-def ready_subscriber(device, app_env: str) -> Subscriber:
-    """A subscriber that has provably joined the device (ZeroMQ's slow joiner)."""
-    ctx = zmq.Context.instance()
-    sub = Subscriber(device.pub, [app_env], context=ctx)
-    probe = Producer(device.router, context=ctx, linger_ms=0)
-    try:
-        def joined() -> bool:
-            probe.send(app_env, "logs.probe", {"probe": True})
-            return any(isinstance(m, Message) and m.topic == "logs.probe" for m in sub.recv_batch(timeout=0.1))
-
-        wait_for(joined, timeout=15, what="subscriber to join the device")
-    finally:
-        probe.close()
-    return sub
+def start_rustlog(device, data_dir: Path, *extra: str, **kwargs: Any) -> BridgeProcess:
+    """`logjam-bridge rustlog` storing its topics under `data_dir`."""
+    return start_bridge("rustlog", device.router, *extra, data_dir=data_dir, **kwargs)
 
 
 def collect(sub: Subscriber, n: int, timeout: float = 30.0, settle: float = 0.3) -> list[tuple[Message, dict[str, Any]]]:
@@ -109,7 +47,7 @@ def collect(sub: Subscriber, n: int, timeout: float = 30.0, settle: float = 0.3)
 
 @pytest.fixture
 def bridge(device, tmp_path):
-    b = start_bridge(device, tmp_path / "data", "--segment-bytes", "4096", "--index-interval-bytes", "512")
+    b = start_rustlog(device, tmp_path / "data", "--segment-bytes", "4096", "--index-interval-bytes", "512")
     yield b
     stop_bridge(b)
 
@@ -123,12 +61,12 @@ def json_records(tag: str, n: int, start: int = 0) -> list[bytes]:
 
 @pytest.mark.timeout(90)
 def test_produce_fetch_round_trip_across_segment_rolls_and_every_record_reaches_the_device(device, tmp_path) -> None:
-    b = start_bridge(device, tmp_path / "data", "--segment-bytes", "4096", "--index-interval-bytes", "512",
+    b = start_rustlog(device, tmp_path / "data", "--segment-bytes", "4096", "--index-interval-bytes", "512",
                      "--app-env-map", "mapped=mapped-env")
-    sub = ready_subscriber(device, b.app_env)
-    sub_mapped = ready_subscriber(device, "mapped-env")
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
+    sub_mapped = ready_subscriber(device.pub, device.router, "mapped-env")
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j, bc = JsonClient(c), BinaryClient(c)
             assert j.create("events", 2) == {"type": "CreateTopicResponse", "success": True, "partitions_created": 2}
             assert bc.create("mapped", 1) == ("create", 1)
@@ -198,16 +136,16 @@ def test_produce_fetch_round_trip_across_segment_rolls_and_every_record_reaches_
 
 @pytest.mark.timeout(90)
 def test_concurrent_producers_on_one_partition(device, bridge) -> None:
-    sub = ready_subscriber(device, bridge.app_env)
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
     try:
-        with bridge.conn() as c:
+        with RawConn(bridge.port) as c:
             JsonClient(c).create("shared", 1)
         bases: list[int] = []
         failures: list[BaseException] = []
 
         def producer(k: int) -> None:
             try:
-                with bridge.conn() as c:
+                with RawConn(bridge.port) as c:
                     client = JsonClient(c) if k % 2 else BinaryClient(c)
                     for n in range(10):
                         batch = [json.dumps({"k": k, "n": n, "i": i}).encode() for i in range(50)]
@@ -223,7 +161,7 @@ def test_concurrent_producers_on_one_partition(device, bridge) -> None:
             t.join(60)
         assert not failures, failures
         assert sorted(bases) == list(range(0, 1500, 50))
-        with bridge.conn() as c:
+        with RawConn(bridge.port) as c:
             fetched = JsonClient(c).fetch_all("shared", 0, max_bytes=1 << 20)
         assert [f[0] for f in fetched] == list(range(1500))
         keys = {(d["k"], d["n"], d["i"]) for d in (json.loads(f[2]) for f in fetched)}
@@ -239,9 +177,9 @@ def test_concurrent_producers_on_one_partition(device, bridge) -> None:
 @pytest.mark.parametrize("fsync", ["always", "interval"])
 def test_restart_keeps_data_topics_and_committed_offsets(device, tmp_path, fsync) -> None:
     data = tmp_path / "data"
-    b = start_bridge(device, data, "--segment-bytes", "2048", "--fsync", fsync, "--fsync-interval-ms", "50")
+    b = start_rustlog(device, data, "--segment-bytes", "2048", "--fsync", fsync, "--fsync-interval-ms", "50")
     records = json_records("r", 120)
-    with b.conn() as c:
+    with RawConn(b.port) as c:
         j, bc = JsonClient(c), BinaryClient(c)
         j.create("keep", 3)
         assert j.produce("keep", 2, records)["base_offset"] == 0
@@ -250,9 +188,9 @@ def test_restart_keeps_data_topics_and_committed_offsets(device, tmp_path, fsync
         assert j.call(type="OffsetCommit", group="g1", topic="keep", partition=2, offset=50)["success"] is True
     stop_bridge(b)
 
-    b = start_bridge(device, data, "--segment-bytes", "2048", "--fsync", fsync, port=b.port)
+    b = start_rustlog(device, data, "--segment-bytes", "2048", "--fsync", fsync, port=b.port)
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j, bc = JsonClient(c), BinaryClient(c)
             assert j.call(type="ListTopics")["topics"] == [{"name": "keep", "partition_count": 3}]
             assert [f[2] for f in j.fetch_all("keep", 2)] == records
@@ -272,10 +210,10 @@ def test_restart_keeps_data_topics_and_committed_offsets(device, tmp_path, fsync
 
 @pytest.mark.timeout(90)
 def test_retention_by_size_moves_log_start_then_416(device, tmp_path) -> None:
-    b = start_bridge(device, tmp_path / "data", "--segment-bytes", "2048", "--retention-bytes", "4096",
+    b = start_rustlog(device, tmp_path / "data", "--segment-bytes", "2048", "--retention-bytes", "4096",
                      "--retention-check-interval-ms", "100")
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j, bc = JsonClient(c), BinaryClient(c)
             j.create("ret", 1)
             for _ in range(5):
@@ -301,9 +239,9 @@ def test_retention_by_size_moves_log_start_then_416(device, tmp_path) -> None:
 
 @pytest.mark.timeout(90)
 def test_retention_by_age_empties_the_partition(device, tmp_path) -> None:
-    b = start_bridge(device, tmp_path / "data", "--retention-ms", "300", "--retention-check-interval-ms", "100")
+    b = start_rustlog(device, tmp_path / "data", "--retention-ms", "300", "--retention-check-interval-ms", "100")
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j = JsonClient(c)
             j.create("aged", 1)
             j.produce("aged", 0, json_records("a", 30))
@@ -324,7 +262,7 @@ def test_retention_by_age_empties_the_partition(device, tmp_path) -> None:
 
 
 def test_every_json_error_code_and_the_connection_stays_open(device, bridge) -> None:
-    with bridge.conn() as c:
+    with RawConn(bridge.port) as c:
         j = JsonClient(c)
         j.create("errs", 2)
         cases = [
@@ -358,7 +296,7 @@ def test_every_json_error_code_and_the_connection_stays_open(device, bridge) -> 
 
 
 def test_every_binary_error_code_and_the_connection_stays_open(device, bridge) -> None:
-    with bridge.conn() as c:
+    with RawConn(bridge.port) as c:
         bc = BinaryClient(c)
         assert bc.create("errs", 2) == ("create", 1)
         assert bc.call(b"\x42")[:2] == ("error", 2)  # unknown type
@@ -382,9 +320,9 @@ def test_every_binary_error_code_and_the_connection_stays_open(device, bridge) -
 
 @pytest.mark.timeout(90)
 def test_record_too_large_413_with_a_larger_frame_limit(device, tmp_path) -> None:
-    b = start_bridge(device, tmp_path / "data", "--max-frame-size", str(16 * 1024 * 1024))
+    b = start_rustlog(device, tmp_path / "data", "--max-frame-size", str(16 * 1024 * 1024))
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j, bc = JsonClient(c), BinaryClient(c)
             j.create("big", 1)
             resp = j.produce("big", 0, [b"a" * (MAX + 1)])
@@ -398,9 +336,9 @@ def test_record_too_large_413_with_a_larger_frame_limit(device, tmp_path) -> Non
 @pytest.mark.timeout(60)
 def test_device_rejection_is_500(device, tmp_path) -> None:
     # The device refuses topics without a known prefix: a bridge misconfiguration.
-    b = start_bridge(device, tmp_path / "data", "--topic", "bogus.topic")
+    b = start_rustlog(device, tmp_path / "data", "--topic", "bogus.topic")
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j, bc = JsonClient(c), BinaryClient(c)
             j.create("t", 1)
             resp = j.produce("t", 0, [b"x", b"y"])
@@ -419,9 +357,9 @@ def test_storage_errors_503_and_507(device, tmp_path) -> None:
     part.mkdir(parents=True)
     (data / "topics" / "full" / "topic.json").write_text('{"partition_count": 1}')
     (part / f"{0:020d}.log").symlink_to("/dev/full")
-    b = start_bridge(device, data)
+    b = start_rustlog(device, data)
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j, bc = JsonClient(c), BinaryClient(c)
             resp = j.produce("full", 0, [b"x"])
             assert resp["type"] == "Error" and resp["code"] == 507, resp
@@ -431,9 +369,9 @@ def test_storage_errors_503_and_507(device, tmp_path) -> None:
         stop_bridge(b)
 
     # 503 / binary 4: a sealed segment that can no longer be read.
-    b = start_bridge(device, tmp_path / "unreadable", "--segment-bytes", "1024")
+    b = start_rustlog(device, tmp_path / "unreadable", "--segment-bytes", "1024")
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j, bc = JsonClient(c), BinaryClient(c)
             j.create("t", 1)
             j.produce("t", 0, json_records("u", 40))
@@ -451,9 +389,9 @@ def test_storage_errors_503_and_507(device, tmp_path) -> None:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
 
-    b = start_bridge(device, tmp_path / "fsize", preexec_fn=limit)
+    b = start_rustlog(device, tmp_path / "fsize", preexec_fn=limit)
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j = JsonClient(c)
             j.create("t", 1)
             assert j.produce("t", 0, [b"x" * 1000])["type"] == "ProduceResponse"
@@ -470,7 +408,7 @@ def test_storage_errors_503_and_507(device, tmp_path) -> None:
 
 
 def test_both_dialects_pipelined_on_one_connection(device, bridge) -> None:
-    with bridge.conn() as c:
+    with RawConn(bridge.port) as c:
         JsonClient(c).create("mix", 1)
         frames = [
             json.dumps({"type": "Produce", "topic": "mix", "partition": 0, "records": ["YQ=="]}).encode(),
@@ -497,7 +435,7 @@ def test_both_dialects_pipelined_on_one_connection(device, bridge) -> None:
 
 @pytest.mark.timeout(90)
 def test_fetch_answers_stay_within_the_frame_limit(device, bridge) -> None:
-    with bridge.conn() as c:
+    with RawConn(bridge.port) as c:
         j, bc = JsonClient(c), BinaryClient(c)
         j.create("wide", 1)
         for _ in range(8):
@@ -511,7 +449,7 @@ def test_fetch_answers_stay_within_the_frame_limit(device, bridge) -> None:
 
 @pytest.mark.timeout(90)
 def test_frame_limits(device, bridge) -> None:
-    with bridge.conn() as c:
+    with RawConn(bridge.port) as c:
         bc = BinaryClient(c)
         bc.create("lim", 1)
         # Exactly MAX_FRAME_SIZE is accepted.
@@ -521,21 +459,21 @@ def test_frame_limits(device, bridge) -> None:
         assert len(payload) == MAX
         assert bc.call(payload) == ("produce", 0, 1)
     # One byte more: refused from the header alone, with the reference's error 1, then closed.
-    with bridge.conn() as c:
+    with RawConn(bridge.port) as c:
         c.sock.sendall(struct.pack(">I", MAX + 1) + b"\x01")
         assert binary_response(c.recv_frame())[:2] == ("error", 1)
         assert c.closed_by_server()
-    with bridge.conn() as c:
+    with RawConn(bridge.port) as c:
         c.sock.sendall(struct.pack(">I", MAX + 1) + b"{")
         resp = json.loads(c.recv_frame())
         assert resp["type"] == "Error" and resp["code"] == 413
         assert c.closed_by_server()
-    with bridge.conn() as c:
+    with RawConn(bridge.port) as c:
         c.sock.sendall(struct.pack(">I", 0xFFFFFFFF))
         assert c.recv_frame()[:1] == b"\xfe"
         assert c.closed_by_server()
     # A zero length closes the connection; requests before it are still answered.
-    with bridge.conn() as c:
+    with RawConn(bridge.port) as c:
         ping = json.dumps({"type": "Ping"}).encode()
         c.sock.sendall(struct.pack(">I", len(ping)) + ping + struct.pack(">I", 0))
         assert json.loads(c.recv_frame()) == {"type": "Pong"}
@@ -546,7 +484,7 @@ def test_frame_limits(device, bridge) -> None:
 
 def test_malformed_json_and_invalid_utf8_close_the_connection(device, bridge) -> None:
     for payload in (b'{"type": "Ping"', b'{"type": "Ping", "x": "\xff\xfe"}', b"{}}", b'{"a": 1} trailing'):
-        with bridge.conn() as c:
+        with RawConn(bridge.port) as c:
             c.send_frame(payload)
             resp = json.loads(c.recv_frame())
             assert resp["type"] == "Error" and resp["code"] == 400, (payload, resp)
@@ -555,12 +493,12 @@ def test_malformed_json_and_invalid_utf8_close_the_connection(device, bridge) ->
 
 @pytest.mark.timeout(60)
 def test_garbage_connections_next_to_a_good_one(device, bridge) -> None:
-    sub = ready_subscriber(device, bridge.app_env)
+    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
     try:
-        with bridge.conn() as good:
+        with RawConn(bridge.port) as good:
             j = JsonClient(good)
             j.create("g", 1)
-            bad = [bridge.conn() for _ in range(4)]
+            bad = [RawConn(bridge.port) for _ in range(4)]
             bad[0].sock.sendall(os.urandom(64 * 1024))
             bad[1].sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             bad[2].sock.sendall(struct.pack(">I", 100) + b"{" + b"\x00" * 99)
@@ -580,23 +518,12 @@ def test_garbage_connections_next_to_a_good_one(device, bridge) -> None:
 # ---------------------------------------------------------------- TLS
 
 
-@pytest.fixture
-def client_tls(certs):
-    def make(with_cert: bool = False) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(certs.ca))
-        if with_cert:
-            ctx.load_cert_chain(str(certs.client_cert), str(certs.client_key))
-        return ctx
-
-    return make
-
-
 @pytest.mark.timeout(60)
-def test_tls(device, tmp_path, certs, client_tls) -> None:
-    b = start_bridge(device, tmp_path / "data", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
-    sub = ready_subscriber(device, b.app_env)
+def test_tls(device, tmp_path, certs) -> None:
+    b = start_rustlog(device, tmp_path / "data", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
     try:
-        with b.conn(client_tls()) as c:
+        with RawConn(b.port, client_tls(certs)) as c:
             j, bc = JsonClient(c), BinaryClient(c)
             j.create("sec", 1)
             assert j.produce("sec", 0, [b'{"secure": true}'])["record_count"] == 1
@@ -606,7 +533,7 @@ def test_tls(device, tmp_path, certs, client_tls) -> None:
         meta = got[0][1]["@metadata"]
         assert meta["tls"]["version"].startswith("TLS") and meta["tls"]["cipher"]
         # A plaintext client gets nowhere.
-        with b.conn() as plain:
+        with RawConn(b.port) as plain:
             plain.send_frame(b'{"type": "Ping"}')
             assert plain.closed_by_server()
     finally:
@@ -615,19 +542,19 @@ def test_tls(device, tmp_path, certs, client_tls) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_mutual_tls(device, tmp_path, certs, client_tls) -> None:
-    b = start_bridge(device, tmp_path / "data", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+def test_mutual_tls(device, tmp_path, certs) -> None:
+    b = start_rustlog(device, tmp_path / "data", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
                      "--tls-client-ca", str(certs.ca))
-    sub = ready_subscriber(device, b.app_env)
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
     try:
-        with b.conn(client_tls(with_cert=True)) as c:
+        with RawConn(b.port, client_tls(certs, cert=True)) as c:
             j = JsonClient(c)
             j.create("m", 1)
             assert j.produce("m", 0, [b'{"mtls": 1}'])["record_count"] == 1
         meta = collect(sub, 1)[0][1]["@metadata"]
         assert meta["tls"]["cn"]
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-            with b.conn(client_tls(with_cert=False)) as c:
+            with RawConn(b.port, client_tls(certs, cert=False)) as c:
                 c.send_frame(b'{"type": "Ping"}')
                 if not c.recv_frame():
                     raise ConnectionError("refused")
@@ -641,18 +568,18 @@ def test_mutual_tls(device, tmp_path, certs, client_tls) -> None:
 
 @pytest.mark.timeout(120)
 def test_device_paused_no_ack_flat_memory_then_everything_once(device, tmp_path) -> None:
-    b = start_bridge(device, tmp_path / "data", "--max-inflight", "2000")
-    sub = ready_subscriber(device, b.app_env)
+    b = start_rustlog(device, tmp_path / "data", "--max-inflight", "2000")
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
     clients = []
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             JsonClient(c).create("p", 4)
         before = b.rss_kib()
         os.kill(device.proc.pid, signal.SIGSTOP)
         try:
             # Four producers, each pipelining 20 batches of 1000 records while the device is stopped.
             for part in range(4):
-                conn = b.conn()
+                conn = RawConn(b.port)
                 conn.sock.settimeout(30)
                 clients.append(conn)
                 for k in range(20):
@@ -700,17 +627,17 @@ def test_device_paused_no_ack_flat_memory_then_everything_once(device, tmp_path)
 @pytest.mark.timeout(120)
 def test_crash_between_log_and_device_forwards_on_restart(device, tmp_path) -> None:
     data = tmp_path / "data"
-    b = start_bridge(device, data)
-    sub = ready_subscriber(device, b.app_env)
+    b = start_rustlog(device, data)
+    sub = ready_subscriber(device.pub, device.router, b.app_env)
     try:
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j = JsonClient(c)
             j.create("crash", 1)
             assert j.produce("crash", 0, [b'{"before": 0}'])["base_offset"] == 0
         assert len(collect(sub, 1)) == 1
         os.kill(device.proc.pid, signal.SIGSTOP)
         try:
-            c = b.conn()
+            c = RawConn(b.port)
             c.send_frame(json.dumps({"type": "Produce", "topic": "crash", "partition": 0,
                                      "records": [base64.b64encode(json.dumps({"lost?": i}).encode()).decode() for i in range(5)]}).encode())
 
@@ -724,14 +651,14 @@ def test_crash_between_log_and_device_forwards_on_restart(device, tmp_path) -> N
             c.close()
         finally:
             os.kill(device.proc.pid, signal.SIGCONT)
-        b = start_bridge(device, data, app_env=b.app_env, port=b.port)
+        b = start_rustlog(device, data, app_env=b.app_env, port=b.port)
         got = collect(sub, 5)
         # The paused device may have queued the first attempt; at least once, never lost.
         seen = {body["lost?"] for _, body in got}
         assert seen == set(range(5))
         assert all(body["@metadata"]["offset"] in range(1, 6) for _, body in got)
         assert any(body["@metadata"]["protocol_version"] == "recovered" for _, body in got)
-        with b.conn() as c:
+        with RawConn(b.port) as c:
             j = JsonClient(c)
             assert j.call(type="MetricsFetch")["records_reforwarded_total"] == 5
             assert j.produce("crash", 0, [b"next"])["base_offset"] == 6

@@ -13,122 +13,35 @@ import signal
 import socket
 import ssl
 import struct
-import subprocess
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-import zmq
 
 from bridges.segment import engine as wire
 from bridges.segment.store import dir_name
-from logjam.message import Message
-from logjam.producer import Producer
-from logjam.subscriber import Subscriber
+from tests.bridge_support import BridgeProcess, client_tls, collect, drain, ready_subscriber, start_bridge, stop_bridge
 from tests.conftest import start_device
-from tests.helpers import command, free_port, port_open, start, stop, wait_for
+from tests.helpers import free_port, start, stop, wait_for
 from tests.segment_client import SegmentTestClient, ServerClosed
 
 SEG = "mesh/logs/0.#epoch.0"
 
 
-@dataclass
-class BridgeProcess:
-    proc: subprocess.Popen
-    port: int
-    app_env: str
-    data_dir: Path
-
-    def output(self) -> str:
-        return self.proc.stdout.read() if self.proc.stdout else ""
-
-
-def start_bridge(device_router: str, data_dir: Path, *extra: str, app_env: str | None = None, port: int | None = None) -> BridgeProcess:
-    port = port or free_port()
-    app_env = app_env or f"segtest-{uuid.uuid4().hex[:8]}"
-    proc = start([
-        command("logjam-bridge"), "segment", "--listen", f"127.0.0.1:{port}", "--device", device_router,
-        "--app-env", app_env, "--data-dir", str(data_dir), "--keepalive-interval", "0.5", *extra,
-    ])
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"logjam-bridge exited early:\n{proc.stdout.read() if proc.stdout else ''}")
-        return port_open(port)
-
-    wait_for(up, timeout=20, what="logjam-bridge segment to listen")
-    return BridgeProcess(proc, port, app_env, data_dir)
-
-
-def stop_bridge(b: BridgeProcess) -> str:
-    code = stop(b.proc)
-    out = b.output()
-    assert code == 0, out
-    return out
-
-
-def ready_subscriber(device_pub: str, device_router: str, app_env: str) -> Subscriber:
-    """A subscriber for `app_env` that has provably joined (ZeroMQ's slow joiner)."""
-    ctx = zmq.Context.instance()
-    sub = Subscriber(device_pub, [app_env], context=ctx)
-    probe = Producer(device_router, context=ctx, linger_ms=0)
-    try:
-        def joined() -> bool:
-            probe.send(app_env, "logs.probe", {"probe": True})
-            return any(isinstance(m, Message) and m.topic == "logs.probe" for m in sub.recv_batch(timeout=0.1))
-
-        wait_for(joined, timeout=15, what="subscriber to join the device")
-    finally:
-        probe.close()
-    return sub
-
-
-def drain(sub: Subscriber, app_env: str, wait: float) -> list[tuple[Message, dict[str, Any]]]:
-    out = []
-    deadline = time.monotonic() + wait
-    while (left := deadline - time.monotonic()) > 0:
-        for m in sub.recv_batch(max_items=5000, timeout=left):
-            if isinstance(m, Message) and m.app_env == app_env and m.topic != "logs.probe":
-                out.append((m, m.json()))
-    return out
-
-
-def collect(sub: Subscriber, app_env: str, n: int, timeout: float = 30.0) -> list[tuple[Message, dict[str, Any]]]:
-    got: list[tuple[Message, dict[str, Any]]] = []
-
-    def enough() -> bool:
-        for m in sub.recv_batch(max_items=5000, timeout=0.2):
-            if isinstance(m, Message) and m.app_env == app_env and m.topic != "logs.probe":
-                got.append((m, m.json()))
-        return len(got) >= n
-
-    wait_for(enough, timeout=timeout, interval=0, what=f"{n} messages (have {len(got)})")
-    return got
+def start_segment(device_router: str, data_dir: Path, *extra: str, **kwargs: Any) -> BridgeProcess:
+    """`logjam-bridge segment` storing under `data_dir`, with KeepAlives every 0.5 s so a paused device shows soon."""
+    return start_bridge("segment", device_router, "--keepalive-interval", "0.5", *extra, data_dir=data_dir, **kwargs)
 
 
 @pytest.fixture
 def bridge(device, tmp_path):
-    b = start_bridge(device.router, tmp_path / "data")
+    b = start_segment(device.router, tmp_path / "data")
     yield b
     stop_bridge(b)
-
-
-@pytest.fixture
-def client_tls(certs):
-    def make(cert: bool = False, other: bool = False) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(certs.ca))
-        if cert:
-            ctx.load_cert_chain(str(certs.client_cert), str(certs.client_key))
-        if other:
-            ctx.load_cert_chain(str(certs.other_client_cert), str(certs.other_client_key))
-        return ctx
-
-    return make
 
 
 def writer_ready(c: SegmentTestClient, segment: str = SEG, writer: uuid.UUID | None = None) -> uuid.UUID:
@@ -233,7 +146,7 @@ def _segment_events(port: int, segment: str = SEG) -> list[int]:
 
 @pytest.mark.timeout(120)
 def test_sigkill_mid_stream_then_resume_without_duplicates_or_loss(device, tmp_path) -> None:
-    b = start_bridge(device.router, tmp_path / "data")
+    b = start_segment(device.router, tmp_path / "data")
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     batch, total = 20, 6000
     acked: list[int] = []
@@ -272,7 +185,7 @@ def test_sigkill_mid_stream_then_resume_without_duplicates_or_loss(device, tmp_p
     last_acked = max(acked)
     assert last_acked < total, "the kill came too late to be mid-stream"
 
-    b2 = start_bridge(device.router, b.data_dir, app_env=b.app_env, port=b.port)
+    b2 = start_segment(device.router, b.data_dir, app_env=b.app_env, port=b.port)
     try:
         with SegmentTestClient(b2.port) as c2:
             c2.hello()
@@ -308,7 +221,7 @@ def test_sigkill_mid_stream_then_resume_without_duplicates_or_loss(device, tmp_p
 def test_stored_but_unforwarded_appends_are_forwarded_before_append_setup(device_factory, tmp_path) -> None:
     dev = device_factory()
     ports = {"router": dev.router_port, "pull": dev.pull_port, "pub": dev.pub_port, "stats": dev.stats_port}
-    b = start_bridge(dev.router, tmp_path / "data")
+    b = start_segment(dev.router, tmp_path / "data")
     w = uuid.uuid4()
     with SegmentTestClient(b.port) as c:
         c.hello()
@@ -329,7 +242,7 @@ def test_stored_but_unforwarded_appends_are_forwarded_before_append_setup(device
     dev2 = start_device(ports=ports)
     try:
         sub = ready_subscriber(dev2.pub, dev2.router, b.app_env)
-        b2 = start_bridge(dev2.router, b.data_dir, app_env=b.app_env)
+        b2 = start_segment(dev2.router, b.data_dir, app_env=b.app_env)
         try:
             with SegmentTestClient(b2.port) as c:
                 c.hello()
@@ -351,7 +264,7 @@ def test_stored_but_unforwarded_appends_are_forwarded_before_append_setup(device
 
 @pytest.mark.timeout(120)
 def test_sigterm_mid_stream_finishes_in_flight_appends_then_resume_is_exactly_once(device, tmp_path) -> None:
-    b = start_bridge(device.router, tmp_path / "data")
+    b = start_segment(device.router, tmp_path / "data")
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     w = uuid.uuid4()
     total, batch = 4000, 25
@@ -375,7 +288,7 @@ def test_sigterm_mid_stream_finishes_in_flight_appends_then_resume_is_exactly_on
         pass
     c.close()
     assert "stopped" in out
-    b2 = start_bridge(device.router, b.data_dir, app_env=b.app_env)
+    b2 = start_segment(device.router, b.data_dir, app_env=b.app_env)
     try:
         with SegmentTestClient(b2.port) as c2:
             c2.hello()
@@ -500,7 +413,7 @@ def _segment_events_raw(port: int) -> list[bytes]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("policy", ["interval", "never"])
 def test_other_fsync_policies_ack_and_serve_reads(device, tmp_path, policy) -> None:
-    b = start_bridge(device.router, tmp_path / policy, "--fsync", policy, "--fsync-interval", "0.2")
+    b = start_segment(device.router, tmp_path / policy, "--fsync", policy, "--fsync-interval", "0.2")
     try:
         with SegmentTestClient(b.port) as c:
             c.hello()
@@ -529,7 +442,7 @@ def _metrics(port: int) -> dict[str, float]:
 def test_device_rejection_is_an_error_message_and_counted(device, tmp_path) -> None:
     # The device refuses topics outside its known prefixes with "400 Bad Request".
     mport = free_port()
-    b = start_bridge(device.router, tmp_path / "data", "--topic", "bogus.segment", "--metrics-port", str(mport))
+    b = start_segment(device.router, tmp_path / "data", "--topic", "bogus.segment", "--metrics-port", str(mport))
     try:
         with SegmentTestClient(b.port) as c:
             c.hello()
@@ -592,7 +505,7 @@ def test_garbage_and_oversize_headers_next_to_a_good_one(device, bridge) -> None
 @pytest.mark.timeout(90)
 def test_client_vanishing_while_acks_wait_on_the_device_leaks_nothing(device, tmp_path) -> None:
     mport = free_port()
-    b = start_bridge(device.router, tmp_path / "data", "--metrics-port", str(mport), "--fsync", "never")
+    b = start_segment(device.router, tmp_path / "data", "--metrics-port", str(mport), "--fsync", "never")
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     stopped = False
     try:
@@ -632,11 +545,11 @@ def test_client_vanishing_while_acks_wait_on_the_device_leaks_nothing(device, tm
 
 
 @pytest.mark.timeout(60)
-def test_tls(device, certs, client_tls, tmp_path) -> None:
-    b = start_bridge(device.router, tmp_path / "data", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
+def test_tls(device, certs, tmp_path) -> None:
+    b = start_segment(device.router, tmp_path / "data", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
-        with SegmentTestClient(b.port, tls=client_tls()) as c:
+        with SegmentTestClient(b.port, tls=client_tls(certs)) as c:
             c.hello()
             w = writer_ready(c)
             c.append(w, [js(n=i) for i in range(20)], 20, split_at=100)
@@ -668,14 +581,14 @@ def _refused(port: int, ctx: ssl.SSLContext) -> bool:
 
 
 @pytest.mark.timeout(60)
-def test_mutual_tls_and_refusals(device, certs, client_tls, tmp_path) -> None:
-    b = start_bridge(
+def test_mutual_tls_and_refusals(device, certs, tmp_path) -> None:
+    b = start_segment(
         device.router, tmp_path / "data", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
         "--tls-client-ca", str(certs.ca),
     )
     try:
         sub = ready_subscriber(device.pub, device.router, b.app_env)
-        with SegmentTestClient(b.port, tls=client_tls(cert=True)) as c:
+        with SegmentTestClient(b.port, tls=client_tls(certs, cert=True)) as c:
             c.hello()
             w = writer_ready(c)
             c.append(w, [js(n=i) for i in range(5)], 5)
@@ -683,8 +596,8 @@ def test_mutual_tls_and_refusals(device, certs, client_tls, tmp_path) -> None:
         got = collect(sub, b.app_env, 5)
         tls = got[0][1]["@metadata"]["tls"]
         assert tls["cn"] == "test-client" and "test-client" in tls["subject"]
-        assert _refused(b.port, client_tls())
-        assert _refused(b.port, client_tls(other=True))
+        assert _refused(b.port, client_tls(certs))
+        assert _refused(b.port, client_tls(certs, other=True))
         assert drain(sub, b.app_env, 0.3) == []
         sub.close()
     finally:
@@ -694,20 +607,13 @@ def test_mutual_tls_and_refusals(device, certs, client_tls, tmp_path) -> None:
 # ---------------------------------------------------------------- device paused
 
 
-def _vm_rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("bound", "per_append"), [
     ([], 50),  # --max-pending-appends stops reading first
     (["--max-pending-appends", "100000", "--max-pending-bytes", "300000"], 250),  # the byte bound does
 ])
 def test_device_paused_no_ack_keepalives_flat_memory_then_everything_once(device, tmp_path, bound, per_append) -> None:
-    b = start_bridge(device.router, tmp_path / "data", "--fsync", "never", *bound)
+    b = start_segment(device.router, tmp_path / "data", "--fsync", "never", *bound)
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     stopped = False
     try:
@@ -763,12 +669,12 @@ def test_device_paused_no_ack_keepalives_flat_memory_then_everything_once(device
         stopped = True
         wait_for(lambda: time.monotonic() - last_progress > 1.5, timeout=40, interval=0, what="the sender to be back-pressured")
         highest = acked()
-        rss_stalled = _vm_rss_kib(b.proc.pid)
+        rss_stalled = b.rss_kib()
         n_replies = len(replies)
         # KeepAlives keep the client waiting (interval 0.5 s) but nothing new is acknowledged.
         wait_for(lambda: sum(isinstance(r, wire.KeepAlive) for r in replies[n_replies:]) >= 3, timeout=10, what="keepalives while paused")
         assert acked() == highest and sent > highest
-        rss_later = _vm_rss_kib(b.proc.pid)
+        rss_later = b.rss_kib()
         assert rss_later - rss_stalled < 8 * 1024, (rss_stalled, rss_later)
         assert rss_later < 400 * 1024
 
@@ -796,19 +702,10 @@ def test_device_paused_no_ack_keepalives_flat_memory_then_everything_once(device
 
 @pytest.mark.timeout(60)
 def test_app_env_field_on_json_payloads(device, tmp_path) -> None:
-    b = start_bridge(device.router, tmp_path / "data", "--app-env-field", "fields.app")
+    b = start_segment(device.router, tmp_path / "data", "--app-env-field", "fields.app")
     try:
-        ctx = zmq.Context.instance()
         sub = ready_subscriber(device.pub, device.router, b.app_env)
-        other = Subscriber(device.pub, ["shop-prod"], context=ctx)
-        probe = Producer(device.router, context=ctx, linger_ms=0)
-
-        def joined() -> bool:
-            probe.send("shop-prod", "logs.probe", {"probe": True})
-            return any(isinstance(m, Message) and m.topic == "logs.probe" for m in other.recv_batch(timeout=0.1))
-
-        wait_for(joined, timeout=15, what="second subscriber")
-        probe.close()
+        other = ready_subscriber(device.pub, device.router, "shop-prod")
         with SegmentTestClient(b.port) as c:
             c.hello()
             w = writer_ready(c)
@@ -892,7 +789,7 @@ def test_pypi_pravega_writer_resumes_exactly_once_after_sigkill(device, tmp_path
 
     repo = str(Path(__file__).resolve().parent.parent)
     port = free_port()
-    b = start_bridge(device.router, tmp_path / "data", port=port)
+    b = start_segment(device.router, tmp_path / "data", port=port)
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     ctl = start([sys.executable, "-m", "tests.pravega_controller", "--bridge-port", str(port)], cwd=repo)
     b2 = None
@@ -905,7 +802,7 @@ def test_pypi_pravega_writer_resumes_exactly_once_after_sigkill(device, tmp_path
         b.proc.send_signal(signal.SIGKILL)
         b.proc.wait(10)
         assert data.stat().st_size < n * 100, "the kill came too late to be mid-stream"
-        b2 = start_bridge(device.router, b.data_dir, app_env=b.app_env, port=port)
+        b2 = start_segment(device.router, b.data_dir, app_env=b.app_env, port=port)
         assert writer.wait(90) == 0
         assert "flushed" in writer.stdout.read()
         with SegmentTestClient(port) as c:

@@ -9,51 +9,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import command, free_port, port_open, start, stop, wait_for
-from tests.lumberjack_support import collect, no_more, ready_subscriber
+from tests.bridge_support import collect, no_more, ready_subscriber, start_bridge, stop_bridge
+from tests.helpers import command, free_port
 
 SEND = command("logjam-send")
-
-
-@dataclass
-class Bridge:
-    proc: subprocess.Popen
-    port: int
-    app_env: str
-
-    @property
-    def to(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-
-def start_bridge(protocol: str, device, data_dir: Path, *extra: str) -> Bridge:
-    port = free_port()
-    app_env = f"sendtest-{uuid.uuid4().hex[:8]}"
-    argv = [command("logjam-bridge"), protocol, "--listen", f"127.0.0.1:{port}", "--device", device.router,
-            "--app-env", app_env, *extra]
-    if protocol in ("segment", "rustlog"):
-        argv += ["--data-dir", str(data_dir / protocol)]
-    proc = start(argv)
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"logjam-bridge {protocol} exited early:\n{proc.stdout.read() if proc.stdout else ''}")
-        return port_open(port)
-
-    wait_for(up, timeout=20, what=f"logjam-bridge {protocol} to listen")
-    return Bridge(proc, port, app_env)
-
-
-def stop_bridge(b: Bridge) -> None:
-    code = stop(b.proc)
-    out = b.proc.stdout.read() if b.proc.stdout else ""
-    assert code == 0, out
 
 
 def send(*args: str, stdin: str = "", timeout: float = 30) -> subprocess.CompletedProcess:
@@ -178,7 +141,7 @@ BRIDGE_CASES = {
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("protocol,flags", list(BRIDGE_CASES.values()), ids=list(BRIDGE_CASES))
 def test_bridge_protocols_arguments_and_stdin(device, tmp_path, protocol: str, flags: list[str]) -> None:
-    b = start_bridge(protocol, device, tmp_path)
+    b = start_bridge(protocol, device.router, data_dir=tmp_path / protocol if protocol in ("segment", "rustlog") else None)
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     try:
         # The first run creates the segment or topic; the second finds it.
@@ -201,7 +164,7 @@ def test_bridge_protocols_arguments_and_stdin(device, tmp_path, protocol: str, f
 def test_tls_and_mutual_tls(device, tmp_path, certs) -> None:
     server = ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
     # TLS: verified against the test CA.
-    b = start_bridge("courier", device, tmp_path, *server)
+    b = start_bridge("courier", device.router, *server)
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     try:
         r = send("courier", "--to", b.to, "--tls-ca", str(certs.ca), "over tls")
@@ -214,7 +177,7 @@ def test_tls_and_mutual_tls(device, tmp_path, certs) -> None:
         sub.close()
         stop_bridge(b)
     # Mutual TLS: the bridge requires a client certificate signed by the test CA.
-    b = start_bridge("lumberjack", device, tmp_path, *server, "--tls-client-ca", str(certs.ca))
+    b = start_bridge("lumberjack", device.router, *server, "--tls-client-ca", str(certs.ca))
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     try:
         r = send("lumberjack", "--to", b.to, "--tls-ca", str(certs.ca),

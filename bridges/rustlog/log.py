@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from bridges.host.files import fsync_dir, write_all
+
 HEADER = struct.Struct(">IIQQ")  # crc32, payload length, offset, timestamp µs
 HEADER_SIZE = HEADER.size
 INDEX_ENTRY = struct.Struct(">II")
@@ -97,21 +99,6 @@ def now_us() -> int:
 
 def _storage_error(action: str, e: OSError) -> StorageError:
     return StorageError(f"{action}: {e}", no_space=e.errno in (errno.ENOSPC, errno.EDQUOT))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 class Segment:
@@ -255,7 +242,7 @@ class Segment:
         data = b"".join(parts)
         try:
             os.lseek(self.fd, self.size, os.SEEK_SET)
-            _write_all(self.fd, data)
+            write_all(self.fd, data)
         except OSError as e:
             # Leave no half-written batch behind: the next append starts at a record boundary.
             try:
@@ -332,7 +319,7 @@ class PartitionLog:
             self.segments.append(Segment(directory, 0, config))
             self.segments[-1].release()
             if config.fsync != "never":
-                _fsync_dir(directory)
+                fsync_dir(directory)
         self._wm_path = directory / "forwarded"
         self._forwarded = self._read_watermark()
         self._dirty = False
@@ -427,7 +414,7 @@ class PartitionLog:
         seg = Segment(self.dir, self.high_watermark, self.config)
         self.segments.append(seg)
         if self.config.fsync != "never":
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
 
     def sync(self) -> None:
         if self._dirty:
@@ -484,7 +471,7 @@ class PartitionLog:
                 self.segments.pop(0).delete()
                 deleted += 1
         if deleted and cfg.fsync != "never":
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
         return deleted
 
     def close(self) -> None:
@@ -535,8 +522,8 @@ class Log:
             finally:
                 os.close(fd)
             os.replace(tmp, tdir / "topic.json")
-            _fsync_dir(tdir)
-            _fsync_dir(self.topics_dir)
+            fsync_dir(tdir)
+            fsync_dir(self.topics_dir)
         except OSError as e:
             raise _storage_error(f"creating topic {name!r}", e) from None
         self.partitions[name] = parts
@@ -577,13 +564,13 @@ class Log:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._offsets_path)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     def commit(self, group: str, topic: str, partition: int, offset: int) -> None:
         self.partition(topic, partition)
         line = (json.dumps([group, topic, partition, offset]) + "\n").encode()
         try:
-            _write_all(self._offsets_fd, line)
+            write_all(self._offsets_fd, line)
             if self.config.fsync == "always":
                 os.fsync(self._offsets_fd)
             else:

@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 from urllib.parse import quote
 
+from bridges.host.files import fsync_dir, write_all
+
 log = logging.getLogger(__name__)
 
 NULL_EVENT_NUMBER = -(2**63)
@@ -74,21 +76,6 @@ class AppendRecord(NamedTuple):
 def _pack_record(r: AppendRecord, data_crc: int) -> bytes:
     body = _RECORD.pack(r.start, r.end, r.writer_id.bytes, r.last_event_number, r.num_events, data_crc)
     return body + struct.pack(">I", zlib.crc32(body))
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def dir_name(segment: str) -> str:
@@ -177,8 +164,8 @@ class Segment:
         start = self.length
         rec = AppendRecord(start, start + len(data), writer_id, last_event_number, num_events)
         try:
-            _write_all(self._data, data)
-            _write_all(self._index, _pack_record(rec, zlib.crc32(data)))
+            write_all(self._data, data)
+            write_all(self._index, _pack_record(rec, zlib.crc32(data)))
         except OSError as e:
             # Undo a partial write so the files stay consistent with what we report.
             try:
@@ -246,7 +233,7 @@ class Segment:
                 os.close(self._marks)
                 self._marks = os.open(self.path / "forwarded", os.O_RDWR | os.O_APPEND)
             else:
-                _write_all(self._marks, mark + struct.pack(">I", zlib.crc32(mark)))
+                write_all(self._marks, mark + struct.pack(">I", zlib.crc32(mark)))
         except OSError as e:
             # Only costs re-forwarding after a crash; keep serving.
             log.error("segment %s: cannot record the forwarded watermark: %s", self.name, e)
@@ -272,7 +259,7 @@ class Segment:
     def seal(self) -> None:
         if not self.sealed:
             (self.path / "sealed").touch()
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
             self.sealed = True
 
     def close(self) -> None:
@@ -323,10 +310,10 @@ class SegmentStore:
             tmp.mkdir(exist_ok=True)
             (tmp / "name").write_bytes(name.encode("utf-8", "surrogatepass"))
             if self.fsync != "never":
-                _fsync_dir(tmp)
+                fsync_dir(tmp)
             os.replace(tmp, final)
             if self.fsync != "never":
-                _fsync_dir(self._dir)
+                fsync_dir(self._dir)
         except OSError as e:
             raise StoreError(f"cannot create segment {name!r}: {e}") from e
         try:
