@@ -5,6 +5,11 @@ modulo N and writes them under `<warehouse>/messages/importer=<I>/`. It subscrib
 everything and filters after receipt so that its gap tracking sees every sequence number.
 Batches flush at `--batch-rows` rows or `--flush-interval` seconds; SIGTERM flushes the
 current batch and exits 0.
+
+With recovery on (the default; `--no-replay` turns it off) the importer keeps a checkpoint
+per device in `--state-dir`, drops duplicates, and fills every hole in a device's sequence
+(a gap, or everything since the checkpoint at start) from the device's replay endpoint
+before going on; see docs/reliability.md "Importer recovery".
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from pathlib import Path
 from typing import Any, Sequence
 
 import zmq
@@ -23,16 +29,23 @@ import zmq
 from importer.decode import BatchBuilder
 from importer.metrics import ImporterMetrics
 from importer.paths import output_root
+from importer.recovery import DUPLICATE, HOLE, Checkpoints, Ledger, default_state_dir, replay_endpoint
 from importer.split import StreamFilter
 from importer.writer import DEFAULT_SPARK, BackgroundWriter, WriteFailed, is_connect, open_session, resolve_warehouse
 from logjam import lifecycle
 from logjam.config import add_config_flag, parse_args, setup_logging
+from logjam.errors import ProtocolError
+from logjam.message import Message
+from logjam.replay import Lost, ReplayClient, ReplayTimeout
 from logjam.subscriber import Gap, Subscriber
 
 log = logging.getLogger("logjam-importer")
 
 DEFAULT_SUB = "tcp://127.0.0.1:9606"
 GAP_REPORT_INTERVAL = 5.0
+DEFAULT_REPLAY_PORT = 9607
+# After a replay endpoint did not answer, gaps of that device are counted, not fetched, for this long.
+REPLAY_RETRY_AFTER = 30.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (default off)")
     p.add_argument("--rcvhwm", type=int, default=100_000, help="SUB receive high-water mark (messages)")
     p.add_argument("--queue-depth", type=int, default=1, help="built batches that may wait for Spark (1-2)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="where checkpoints are kept (default $LOGJAM_DATA_DIR/importer, else ./data/importer)")
+    p.add_argument("--replay-port", type=int, default=DEFAULT_REPLAY_PORT,
+                   help="devices' replay port, on the host of the --sub endpoint (default 9607)")
+    p.add_argument("--replay-timeout", type=float, default=10.0, help="seconds to wait for a replay answer")
+    p.add_argument("--no-replay", action="store_true",
+                   help="no checkpoints and no replay: gaps are only counted (devices without --data-dir)")
     p.add_argument("-v", "--verbose", action="store_true")
     add_config_flag(p)
     return p
@@ -103,6 +123,40 @@ class GapReport:
         self.recent.clear()
 
 
+def table_max_seqs(spark: Any, root: str) -> dict[int, int]:
+    """max(seq) per device in this worker's own output root ({} before its first commit)."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    try:
+        rows = spark.read.parquet(root).groupBy("device").agg(F.max("seq").alias("seq")).collect()
+    except AnalysisException as e:
+        if "PATH_NOT_FOUND" in str(e) or "UNABLE_TO_INFER_SCHEMA" in str(e):
+            return {}
+        raise
+    return {int(r["device"]): int(r["seq"]) for r in rows if r["seq"] is not None}
+
+
+class Tally:
+    """Counts of one receive batch, added to the Prometheus metrics at once (a lock per increment is dear)."""
+
+    __slots__ = ("received", "skipped", "duplicates", "rows", "errors")
+
+    def __init__(self) -> None:
+        self.received = self.skipped = self.duplicates = 0
+        self.rows: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+
+    def publish(self, metrics: ImporterMetrics) -> None:
+        metrics.received.inc(self.received)
+        metrics.skipped.inc(self.skipped)
+        for app_env, n in self.rows.items():
+            metrics.rows.labels(metrics.worker, app_env).inc(n)
+        for app_env, n in self.errors.items():
+            metrics.parse_errors.labels(metrics.worker, app_env).inc(n)
+        self.__init__()
+
+
 def run(args: argparse.Namespace) -> int:
     stop = lifecycle.stop_event()
     worker_id = args.worker if args.worker is not None else 0
@@ -123,14 +177,37 @@ def run(args: argparse.Namespace) -> int:
     root = output_root(warehouse, worker_id)
     log.info("spark %s ready in %.1fs; writing to %s", args.spark, time.monotonic() - started, root)
 
+    ledger: Ledger | None = None
+    checkpoints: Checkpoints | None = None
+    if not args.no_replay:
+        checkpoints = Checkpoints(Path(args.state_dir) if args.state_dir else default_state_dir(), worker_id)
+        saved = checkpoints.load()
+        in_table = table_max_seqs(spark, root)
+        resume = {d: max(saved.get(d, -1), in_table.get(d, -1)) for d in saved.keys() | in_table.keys()}
+        ledger = Ledger(resume)
+        for device, seq in resume.items():
+            metrics.checkpoint_seq.labels(metrics.worker, str(device)).set(seq)
+        log.info("recovery on (state %s, replay port %d); resuming after %s", checkpoints.path, args.replay_port,
+                 ", ".join(f"device {d}: seq {resume[d]} (checkpoint {saved.get(d, '-')}, table {in_table.get(d, '-')})"
+                           for d in sorted(resume)) or "nothing (no checkpoint, empty table)")
+
     def written(rows: int, seconds: float) -> None:
         metrics.written.inc(rows)
         metrics.batches.inc()
         metrics.write_seconds.observe(seconds)
         log.debug("wrote %d rows in %.2fs", rows, seconds)
 
+    def committed(mark: dict[int, int] | None) -> None:
+        # Writer thread: this batch and every earlier one are committed, so `mark` is safe to persist.
+        if mark is not None and checkpoints is not None:
+            publish_checkpoint(checkpoints.advance(mark))
+
+    def publish_checkpoint(state: dict[int, int] | None) -> None:
+        for device, seq in (state or {}).items():
+            metrics.checkpoint_seq.labels(metrics.worker, str(device)).set(seq)
+
     writer = BackgroundWriter(connect, root, depth=max(1, args.queue_depth), on_written=written,
-                              on_failure=lambda e: metrics.write_failures.inc(), stop=stop)
+                              on_failure=lambda e: metrics.write_failures.inc(), on_committed=committed, stop=stop)
     writer.spark = spark
 
     ctx = zmq.Context()
@@ -142,24 +219,105 @@ def run(args: argparse.Namespace) -> int:
              f", prefixes {', '.join(args.app_env)}" if args.app_env else "")
 
     deadline: float | None = None
+    tally = Tally()
+    replay_clients: dict[int, ReplayClient] = {}
+    replay_down_until: dict[int, float] = {}
+    next_idle_checkpoint = 0.0
 
-    def flush() -> bool:
+    def flush() -> None:
         nonlocal deadline
         deadline = None
         if not len(builder):
-            return True
+            return
         table = builder.build()
-        ok = writer.submit(table)
+        ok = writer.submit(table, ledger.snapshot() if ledger is not None else None)
         metrics.pending_batches.set(writer.pending)
-        return ok
+        if not ok:
+            raise WriteFailed("the Spark writer thread died")
 
-    def count(received: int, skipped: int, rows: dict[str, int], errors: dict[str, int]) -> None:
-        metrics.received.inc(received)
-        metrics.skipped.inc(skipped)
-        for app_env, n in rows.items():
-            metrics.rows.labels(metrics.worker, app_env).inc(n)
-        for app_env, n in errors.items():
-            metrics.parse_errors.labels(metrics.worker, app_env).inc(n)
+    def handle(msg: Message, ingested_us: int) -> None:
+        """One message in sequence order: into the batch, or filtered out."""
+        nonlocal deadline
+        tally.received += 1
+        if msg.is_heartbeat:
+            return
+        app_env = msg.app_env
+        if not filt.keeps(app_env):
+            tally.skipped += 1
+            return
+        error = builder.add(msg, ingested_us)
+        tally.rows[app_env] = tally.rows.get(app_env, 0) + 1
+        if error is not None:
+            tally.errors[app_env] = tally.errors.get(app_env, 0) + 1
+            log.debug("%s seq %d: %s", app_env, msg.meta.seq, error)
+        if deadline is None:
+            deadline = time.monotonic() + args.flush_interval
+        if len(builder) >= args.batch_rows:
+            tally.publish(metrics)
+            flush()
+
+    def fill(device: int, first: int, last: int) -> None:
+        """Fetch `first`..`last` of `device` from its replay endpoint and hand it on in order."""
+        assert ledger is not None
+        label = str(device)
+        client = replay_clients.get(device)
+        if client is None and time.monotonic() >= replay_down_until.get(device, 0.0):
+            endpoint = sub.device_endpoint.get(device)
+            if endpoint is not None:
+                client = replay_clients[device] = ReplayClient(replay_endpoint(endpoint, args.replay_port),
+                                                              context=ctx, timeout=args.replay_timeout)
+        replayed = 0
+        try:
+            if client is None:
+                raise ReplayTimeout("replay is unavailable")
+            for item in client.fetch(first, last):
+                if isinstance(item, Lost):
+                    metrics.lost_messages.labels(metrics.worker, label).inc(item.count)
+                    log.error("device %d: seqs %d..%d are gone from its journal (retention): %d messages lost",
+                              device, item.first, item.last, item.count)
+                    ledger.cover(device, item.last)
+                    continue
+                seq = item.meta.seq
+                if seq <= ledger.covered.get(device, -1) or item.meta.device != device:
+                    continue
+                ledger.cover(device, seq)
+                replayed += 1
+                handle(item, time.time_ns() // 1000)
+                if stop.is_set():
+                    return  # SIGTERM mid-replay: what was covered gets flushed; the rest comes next start
+        except (ReplayTimeout, ProtocolError, ValueError) as e:
+            # Without an answer there is nothing to wait for: count the rest as a gap and go on.
+            replay_clients.pop(device, None)
+            if client is not None:
+                client.close()
+            replay_down_until[device] = time.monotonic() + REPLAY_RETRY_AFTER
+            log.warning("device %d: replay of %d..%d failed (%s); not asking again for %.0fs",
+                        device, first, last, e, REPLAY_RETRY_AFTER)
+        finally:
+            metrics.replayed.labels(metrics.worker, label).inc(replayed)
+        covered = ledger.covered.get(device, -1)
+        if covered < last:
+            missing = last - covered
+            metrics.gap_messages.labels(metrics.worker, label).inc(missing)
+            gaps.total[device] = gaps.total.get(device, 0) + missing
+            log.error("device %d: %d messages (%d..%d) could not be replayed and are lost", device, missing,
+                      covered + 1, last)
+            ledger.cover(device, last)
+        else:
+            metrics.recovered_gaps.labels(metrics.worker, label).inc()
+            log.info("device %d: replayed %d messages (%d..%d)", device, replayed, first, last)
+
+    def idle_checkpoint() -> None:
+        # Filtered-out messages (heartbeats, other workers' streams) move the checkpoint too,
+        # but only when no batch is open or in flight: then everything covered is settled.
+        nonlocal next_idle_checkpoint
+        if ledger is None or checkpoints is None or len(builder) or writer.pending or writer.failed:
+            return
+        now = time.monotonic()
+        if now < next_idle_checkpoint:
+            return
+        next_idle_checkpoint = now + 1.0
+        publish_checkpoint(checkpoints.advance(ledger.snapshot()))
 
     status = 0
     try:
@@ -168,44 +326,34 @@ def run(args: argparse.Namespace) -> int:
                 wait = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
                 items = sub.recv_batch(1000, timeout=wait or 0.001)
                 if not items:
-                    if deadline is not None and time.monotonic() >= deadline and not flush():
-                        raise WriteFailed("the Spark writer thread died")
+                    if deadline is not None and time.monotonic() >= deadline:
+                        flush()
+                    idle_checkpoint()
                     gaps.maybe_log()
                     continue
                 ingested_us = time.time_ns() // 1000
-                # Metrics are counted locally and added once per receive batch: prometheus_client
-                # takes a lock per increment, which would cost more than decoding a row.
-                received = skipped = 0
-                rows: dict[str, int] = {}
-                errors: dict[str, int] = {}
                 for item in items:
                     if isinstance(item, Gap):
-                        gaps.gap(item)
+                        if ledger is None:
+                            gaps.gap(item)
                         continue
-                    received += 1
-                    if item.is_heartbeat:
-                        continue
-                    app_env = item.app_env
-                    if not filt.keeps(app_env):
-                        skipped += 1
-                        continue
-                    error = builder.add(item, ingested_us)
-                    rows[app_env] = rows.get(app_env, 0) + 1
-                    if error is not None:
-                        errors[app_env] = errors.get(app_env, 0) + 1
-                        log.debug("%s seq %d: %s", app_env, item.meta.seq, error)
-                    if deadline is None:
-                        deadline = time.monotonic() + args.flush_interval
-                    if len(builder) >= args.batch_rows:
-                        count(received, skipped, rows, errors)
-                        received = skipped = 0
-                        rows.clear()
-                        errors.clear()
-                        if not flush():
-                            raise WriteFailed("the Spark writer thread died")
-                count(received, skipped, rows, errors)
-                if deadline is not None and time.monotonic() >= deadline and not flush():
-                    raise WriteFailed("the Spark writer thread died")
+                    if ledger is not None:
+                        device, seq = item.meta.device, item.meta.seq
+                        verdict = ledger.classify(device, seq)
+                        if verdict == DUPLICATE:
+                            tally.duplicates += 1
+                            metrics.duplicates.labels(metrics.worker, str(device)).inc()
+                            continue
+                        if verdict == HOLE:
+                            fill(device, ledger.covered[device] + 1, seq - 1)
+                            if stop.is_set():
+                                break
+                        ledger.cover(device, seq)
+                    handle(item, ingested_us)
+                tally.publish(metrics)
+                if deadline is not None and time.monotonic() >= deadline:
+                    flush()
+                idle_checkpoint()
                 metrics.reconnects.set(sub.reconnects)
                 gaps.maybe_log()
         log.info("stopping: flushing %d buffered rows", len(builder))
@@ -215,6 +363,8 @@ def run(args: argparse.Namespace) -> int:
         status = 1
     finally:
         sub.close()
+        for client in replay_clients.values():
+            client.close()
         ctx.term()
         try:
             writer.close()
@@ -222,9 +372,14 @@ def run(args: argparse.Namespace) -> int:
             metrics.lost_rows.inc(writer.lost_rows)
             log.error("%s", e)
             status = 1
+        if status == 0 and ledger is not None and checkpoints is not None and not writer.failed:
+            publish_checkpoint(checkpoints.advance(ledger.snapshot()))
         gaps.maybe_log(force=True)
-        log.info("wrote %d rows; %d parse errors; gaps per device: %s", writer.written_rows, builder.parse_errors,
-                 gaps.total or "none")
+        log.info("wrote %d rows; %d parse errors; gaps per device: %s; duplicates dropped per device: %s",
+                 writer.written_rows, builder.parse_errors, gaps.total or "none",
+                 (ledger.duplicates if ledger is not None else None) or "none")
+        if checkpoints is not None:
+            log.info("checkpoints: %s", checkpoints.seqs or "none")
     return status
 
 

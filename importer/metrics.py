@@ -25,10 +25,23 @@ class ImporterMetrics:
                                  ["worker"], registry=r).labels(**labels)
         self.write_seconds = Histogram("logjam_importer_write_seconds", "Seconds per Spark batch write", ["worker"],
                                        buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), registry=r).labels(**labels)
-        self.gap_messages = Counter("logjam_importer_gap_messages", "Messages missing from a device's sequence (gaps)",
+        self.gap_messages = Counter("logjam_importer_gap_messages", "Messages missing from a device's sequence (gaps; with replay: only those replay could not fetch)",
                                     ["worker", "device"], registry=r)
         self.device_restarts = Counter("logjam_importer_device_restarts", "Times a device's sequence went backwards",
                                        ["worker", "device"], registry=r)
+        self.replayed = Counter("logjam_importer_replayed_messages", "Messages fetched from a device's replay endpoint",
+                                ["worker", "device"], registry=r)
+        self.recovered_gaps = Counter("logjam_importer_recovered_gaps",
+                                      "Holes in a device's sequence filled completely through replay (start-up catch-up included)",
+                                      ["worker", "device"], registry=r)
+        self.lost_messages = Counter("logjam_importer_lost_messages",
+                                     "Messages the device's journal no longer had (retention): real, counted losses",
+                                     ["worker", "device"], registry=r)
+        self.duplicates = Counter("logjam_importer_duplicates_dropped", "Messages dropped because their seq was already covered",
+                                  ["worker", "device"], registry=r)
+        self.checkpoint_seq = Gauge("logjam_importer_checkpoint_seq",
+                                    "Highest seq of the device through which everything is in Spark or filtered out",
+                                    ["worker", "device"], registry=r)
         self.pending_batches = Gauge("logjam_importer_pending_batches", "Batches queued for or being written by Spark",
                                      ["worker"], registry=r).labels(**labels)
         self.reconnects = Gauge("logjam_importer_subscriber_reconnects", "SUB reconnects after missed heartbeats",

@@ -7,7 +7,12 @@ master URL for a classic in-process session, which costs a JVM per process.
 `BackgroundWriter` lets the importer decode the next batch while Spark writes the
 previous one. Its queue holds at most `depth` batches; when Spark is slower than the
 stream, `submit` blocks, the SUB socket fills up, and its high-water mark drops messages,
-which the gap tracker then reports. Memory stays bounded either way.
+which the gap tracker then reports (or replay fills). Memory stays bounded either way.
+
+Batches are written strictly in submission order, one Spark job each, and each may carry
+a checkpoint mark that `on_committed` receives once the batch is committed. After a batch
+has been given up (failed writes at shutdown), later batches are dropped too, so that
+what is in the table is always a prefix of what was submitted (recovery relies on that).
 """
 
 from __future__ import annotations
@@ -89,15 +94,18 @@ class BackgroundWriter:
         depth: int = 1,
         on_written: Callable[[int, float], None] = lambda rows, seconds: None,
         on_failure: Callable[[BaseException], None] = lambda e: None,
+        on_committed: Callable[[Any], None] = lambda mark: None,
         stop: threading.Event | None = None,
         max_backoff: float = 10.0,
         final_attempts: int = 3,
     ) -> None:
         self._connect = connect
         self.root = root
-        self._queue: queue.Queue[pa.Table | None] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[tuple[pa.Table, Any] | None] = queue.Queue(maxsize=depth)
         self._on_written = on_written
         self._on_failure = on_failure
+        self._on_committed = on_committed
+        self.failed = False
         self._stop = stop or threading.Event()
         self._closing = threading.Event()
         self._max_backoff = max_backoff
@@ -115,7 +123,7 @@ class BackgroundWriter:
         """Batches submitted and not yet written (queued or in Spark)."""
         return self._inflight
 
-    def submit(self, table: pa.Table) -> bool:
+    def submit(self, table: pa.Table, mark: Any = None) -> bool:
         """Queue a batch, blocking while the queue is full. Returns False only if the writer died."""
         with self._lock:
             self._inflight += 1
@@ -123,7 +131,7 @@ class BackgroundWriter:
             if not self._thread.is_alive():
                 return False
             try:
-                self._queue.put(table, timeout=0.2)
+                self._queue.put((table, mark), timeout=0.2)
                 return True
             except queue.Full:
                 continue
@@ -143,16 +151,21 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         while True:
-            table = self._queue.get()
-            if table is None:
+            item = self._queue.get()
+            if item is None:
                 return
+            table, mark = item
             try:
-                self._write(table)
+                if self.failed:
+                    log.error("dropping a batch of %d rows behind a batch that could not be written", table.num_rows)
+                    self.lost_rows += table.num_rows
+                elif self._write(table):
+                    self._on_committed(mark)
             finally:
                 with self._lock:
                     self._inflight -= 1
 
-    def _write(self, table: pa.Table) -> None:
+    def _write(self, table: pa.Table) -> bool:
         attempt = 0
         backoff = 0.5
         while True:
@@ -168,7 +181,8 @@ class BackgroundWriter:
                 if closing and attempt >= self._final_attempts:
                     log.error("giving up on a batch of %d rows after %d attempts: %s", table.num_rows, attempt, e)
                     self.lost_rows += table.num_rows
-                    return
+                    self.failed = True
+                    return False
                 log.warning("writing %d rows to %s failed (attempt %d), retrying in %.1fs: %s",
                             table.num_rows, self.root, attempt, backoff, _first_line(e))
                 # A restarted Connect server no longer knows our session: start a new one.
@@ -179,7 +193,7 @@ class BackgroundWriter:
             seconds = time.monotonic() - started
             self.written_rows += table.num_rows
             self._on_written(table.num_rows, seconds)
-            return
+            return True
 
 
 def _first_line(e: BaseException) -> str:

@@ -98,6 +98,8 @@ class Subscriber:
         self.gaps: GapTracker | None = None if app_envs else GapTracker()
         self.reconnects = 0
         self.bad_messages = 0
+        # Which endpoint each device's messages first arrived on: where to ask for a replay.
+        self.device_endpoint: dict[int, str] = {}
         self._links = [self._open(ep) for ep in ([endpoints] if isinstance(endpoints, str) else endpoints)]
         self._poller = zmq.Poller()
         for link in self._links:
@@ -127,7 +129,7 @@ class Subscriber:
                 link.credit = FULL_CREDIT
                 self.reconnects += 1
 
-    def _accept(self, frames: list[bytes]) -> None:
+    def _accept(self, frames: list[bytes], endpoint: str) -> None:
         try:
             msg = Message.from_frames(frames)
         except RemoteProtocolError as e:
@@ -135,6 +137,8 @@ class Subscriber:
             self.bad_messages += 1
             log.debug("skipping undecodable message: %s", e)
             return
+        if msg.meta.device not in self.device_endpoint:
+            self.device_endpoint[msg.meta.device] = endpoint
         if self.gaps is not None:
             gap = self.gaps.observe(msg.meta.device, msg.meta.seq)
             if gap is not None:
@@ -160,7 +164,7 @@ class Subscriber:
                         frames = sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._accept(frames)
+                    self._accept(frames, link.endpoint)
         batch, self._pending = self._pending[:max_items], self._pending[max_items:]
         return batch
 

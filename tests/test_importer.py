@@ -27,12 +27,17 @@ PROBE_APP_ENV = "probe-ready"
 
 
 class Importer:
-    def __init__(self, device, spark: str, *extra: str, warehouse: Path | None = None) -> None:
+    def __init__(self, device, spark: str, *extra: str, warehouse: Path | None = None,
+                 state_dir: Path | None = None) -> None:
         self.metrics_port = free_port()
         argv = [command("logjam-importer"), "--sub", device.pub, "--spark", spark,
                 "--metrics-port", str(self.metrics_port), *extra]
         if warehouse is not None:
             argv += ["--warehouse", str(warehouse)]
+            # Checkpoints belong to one test's warehouse, never to the repository's ./data.
+            state_dir = state_dir or warehouse.parent / "importer-state"
+        if state_dir is not None:
+            argv += ["--state-dir", str(state_dir)]
         self.proc = start(argv)
         self._out: str | None = None
 
