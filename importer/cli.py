@@ -29,7 +29,8 @@ import zmq
 from importer.decode import BatchBuilder
 from importer.metrics import ImporterMetrics
 from importer.paths import output_root
-from importer.recovery import DUPLICATE, HOLE, Checkpoints, Ledger, default_state_dir, replay_endpoint
+from importer.recovery import (DUPLICATE, HOLE, Checkpoints, Ledger, default_state_dir, new_session_id,
+                               quiesce_previous_session, replay_endpoint)
 from importer.split import StreamFilter
 from importer.writer import DEFAULT_SPARK, BackgroundWriter, WriteFailed, is_connect, open_session, resolve_warehouse
 from logjam import lifecycle
@@ -168,9 +169,16 @@ def run(args: argparse.Namespace) -> int:
     if is_connect(args.spark) and not wait_for_connect_server(args.spark, stop):
         return 0
     started = time.monotonic()
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    session_id: str | None = None
+    if not args.no_replay and is_connect(args.spark):
+        previous, session_id = new_session_id(state_dir, worker_id)
+        if previous is not None:
+            quiesce_previous_session(lambda: open_session(args.spark, session_id=previous))
 
     def connect() -> Any:
-        return open_session(args.spark, app_name=f"logjam-importer-{worker_id}", warehouse=args.warehouse)
+        return open_session(args.spark, app_name=f"logjam-importer-{worker_id}", warehouse=args.warehouse,
+                            session_id=session_id)
 
     spark = connect()
     warehouse = resolve_warehouse(spark, args.warehouse)
@@ -180,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     ledger: Ledger | None = None
     checkpoints: Checkpoints | None = None
     if not args.no_replay:
-        checkpoints = Checkpoints(Path(args.state_dir) if args.state_dir else default_state_dir(), worker_id)
+        checkpoints = Checkpoints(state_dir, worker_id)
         saved = checkpoints.load()
         in_table = table_max_seqs(spark, root)
         resume = {d: max(saved.get(d, -1), in_table.get(d, -1)) for d in saved.keys() | in_table.keys()}

@@ -13,12 +13,17 @@ why that never writes a batch twice is explained in docs/reliability.md ("Import
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
+import time
+import uuid
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from importer.paths import data_dir
+
+log = logging.getLogger(__name__)
 
 
 def default_state_dir() -> Path:
@@ -62,20 +67,64 @@ class Checkpoints:
             return dict(self.seqs)
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        data = json.dumps({"worker": self.worker, "devices": {str(k): v for k, v in sorted(self.seqs.items())}})
-        with open(tmp, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        # The rename itself must reach the disk, or a power loss could bring back the old file.
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomic_write(self.path, json.dumps({"worker": self.worker,
+                                            "devices": {str(k): v for k, v in sorted(self.seqs.items())}}))
+
+
+def atomic_write(path: Path, data: str) -> None:
+    """Write tmp, fsync, rename, fsync the directory: after a crash the file is the old or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def new_session_id(state_dir: Path, worker: int) -> tuple[str | None, str]:
+    """(the previous run's Spark Connect session id or None, a fresh one now recorded in its place)."""
+    path = Path(state_dir) / f"worker-{worker}.session"
+    try:
+        previous: str | None = path.read_text().strip() or None
+    except FileNotFoundError:
+        previous = None
+    fresh = str(uuid.uuid4())
+    atomic_write(path, fresh + "\n")
+    return previous, fresh
+
+
+def quiesce_previous_session(open_previous: Callable[[], Any], timeout: float = 30.0) -> int:
+    """Interrupt whatever the previous run's Connect session is still executing; returns how many operations.
+
+    A killed importer's last write keeps running on the Connect server, detached from its
+    client, and could commit after our start-up read of max(seq); stopping it first keeps
+    the resume point honest. Errors (a server restarted since, a closed session) mean there
+    is nothing left to stop.
+    """
+    interrupted = 0
+    try:
+        spark = open_previous()
+        deadline = time.monotonic() + timeout
+        while True:
+            ids = spark.interruptAll()
+            if not ids:
+                break
+            interrupted += len(ids)
+            if time.monotonic() > deadline:
+                log.warning("the previous Spark session still reports operations %s after %.0fs", ids, timeout)
+                break
+            time.sleep(0.2)  # an interrupted operation needs a moment to wind down
+    except Exception as e:  # pyspark raises many types for an unknown or closed session
+        log.debug("previous Spark session: %s", e)
+    if interrupted:
+        log.warning("interrupted %d Spark operations the previous run left behind", interrupted)
+    return interrupted
 
 
 NEXT = 0

@@ -39,12 +39,22 @@ def is_connect(url: str) -> bool:
     return url.startswith("sc://")
 
 
-def open_session(url: str, *, app_name: str = "logjam", warehouse: str | None = None) -> Any:
-    """A SparkSession for `url`. Classic sessions get `warehouse` (or the default) as their warehouse dir."""
+def with_session_id(url: str, session_id: str) -> str:
+    """`sc://host:port` with a chosen Connect session id (a UUID4), keeping any other parameters."""
+    return f"{url};session_id={session_id}" if "/;" in url else f"{url.rstrip('/')}/;session_id={session_id}"
+
+
+def open_session(url: str, *, app_name: str = "logjam", warehouse: str | None = None,
+                 session_id: str | None = None) -> Any:
+    """A SparkSession for `url`. Classic sessions get `warehouse` (or the default) as their warehouse dir.
+
+    `session_id` (Connect only) names the server-side session, so that a later process can
+    find the operations this one left running (see `importer.recovery.quiesce_previous_session`).
+    """
     from pyspark.sql import SparkSession
 
     if is_connect(url):
-        return SparkSession.builder.remote(url).create()
+        return SparkSession.builder.remote(with_session_id(url, session_id) if session_id else url).create()
     # A master URL was asked for explicitly; a Connect mode inherited from the environment
     # (a parent process that used Spark Connect exports this) would override it.
     for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):

@@ -164,6 +164,7 @@ def test_stopped_or_killed_importer_catches_up_exactly_once(spark_server, tmp_pa
             if imp.proc.poll() is None:
                 assert imp.stop() == 0, imp.output()
         j.close()
+    print("\n".join(line for line in imps[-1].output().splitlines() if "resuming" in line or "interrupted" in line))
     if how == "sigterm-pause":
         assert "resuming after device 1: seq" in imps[1].output()
 
