@@ -189,7 +189,11 @@ def run(args: argparse.Namespace) -> int:
     checkpoints: Checkpoints | None = None
     if not args.no_replay:
         checkpoints = Checkpoints(state_dir, worker_id)
-        saved = checkpoints.load()
+        try:
+            saved = checkpoints.load()
+        except ValueError as e:
+            log.error("cannot start: %s (remove it to start from the table's max seq)", e)
+            return 1
         in_table = table_max_seqs(spark, root)
         resume = {d: max(saved.get(d, -1), in_table.get(d, -1)) for d in saved.keys() | in_table.keys()}
         ledger = Ledger(resume)

@@ -41,12 +41,14 @@ class Checkpoints:
 
     def load(self) -> dict[int, int]:
         try:
-            doc = json.loads(self.path.read_text())
+            text = self.path.read_text()
         except FileNotFoundError:
             return {}
         # A checkpoint that cannot be read must stop the start, not silently restart from scratch.
-        devices = doc["devices"]
-        self.seqs = {int(k): int(v) for k, v in devices.items()}
+        try:
+            self.seqs = {int(k): int(v) for k, v in json.loads(text)["devices"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"unreadable checkpoint {self.path}: {e!r}") from e
         return dict(self.seqs)
 
     def advance(self, seqs: Mapping[int, int]) -> dict[int, int] | None:
