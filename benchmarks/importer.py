@@ -97,7 +97,9 @@ def main() -> int:
         # The importer subscribes to this script's PUB (a stand-in device) and to the real device.
         imp = spawn([command("logjam-importer"), "--sub", f"tcp://127.0.0.1:{pub_port}",
                      "--sub", f"tcp://127.0.0.1:{dev_ports['P']}", "--spark", url, "--warehouse", str(warehouse),
-                     "--batch-rows", str(args.batch_rows), "--metrics-port", str(metrics_port)], "importer")
+                     "--batch-rows", str(args.batch_rows), "--metrics-port", str(metrics_port),
+                     # Recovery stays on (its bookkeeping is on the hot path) with checkpoints of this run only.
+                     "--state-dir", str(base / "state")], "importer")
 
         msgs = messages(args.messages)
         frames = [m.to_frames() for m in msgs]
