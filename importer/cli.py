@@ -212,7 +212,11 @@ def run(args: argparse.Namespace) -> int:
     def committed(mark: dict[int, int] | None) -> None:
         # Writer thread: this batch and every earlier one are committed, so `mark` is safe to persist.
         if mark is not None and checkpoints is not None:
-            publish_checkpoint(checkpoints.advance(mark))
+            try:
+                publish_checkpoint(checkpoints.advance(mark))
+            except OSError as e:
+                # Not fatal: the resume point also comes from the table's max(seq).
+                log.error("cannot write the checkpoint %s: %s", checkpoints.path, e)
 
     def publish_checkpoint(state: dict[int, int] | None) -> None:
         for device, seq in (state or {}).items():
@@ -329,7 +333,10 @@ def run(args: argparse.Namespace) -> int:
         if now < next_idle_checkpoint:
             return
         next_idle_checkpoint = now + 1.0
-        publish_checkpoint(checkpoints.advance(ledger.snapshot()))
+        try:
+            publish_checkpoint(checkpoints.advance(ledger.snapshot()))
+        except OSError as e:
+            log.error("cannot write the checkpoint %s: %s", checkpoints.path, e)
 
     status = 0
     try:
