@@ -11,194 +11,21 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import uuid
 from pathlib import Path
 
 import orjson
 import pytest
-from pylogbeat import PyLogBeatClient
 
-from logjam.mesh import DEFAULTS, mesh_environment
-from logjam.producer import Producer
-from tests.helpers import REPO, command, free_port, port_open, wait_for
+from tests.helpers import wait_for
+from tests.mesh_support import EXPECTED_ROUTE, landed, running_mesh, send_everywhere, wait_landed, wait_until_importing
 
 pytestmark = pytest.mark.timeout(600)
-
-PROTOCOL_PORTS = {
-    "lumberjack": "LOGJAM_LUMBERJACK_PORT",
-    "courier": "LOGJAM_COURIER_PORT",
-    "segment": "LOGJAM_SEGMENT_PORT",
-    "rustlog": "LOGJAM_RUSTLOG_PORT",
-}
-
-
-class Mesh:
-    def __init__(self, data_dir: Path) -> None:
-        base = dict(os.environ)
-        for key in DEFAULTS:
-            base.pop(key, None)
-        base.update({k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT")})
-        base.update(LOGJAM_DATA_DIR=str(data_dir), LOGJAM_BIND="127.0.0.1", LOGJAM_IMPORTERS="2",
-                    LOGJAM_SPARK_MASTER="local[2]")
-        self.config = REPO / "supervisord.conf"
-        self.env = mesh_environment(self.config, base)
-        self.proc = subprocess.Popen(
-            [command("supervisord"), "-c", str(self.config), "-n"], env=self.env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-
-    def port(self, key: str) -> int:
-        return int(self.env[key])
-
-    def ctl(self, *args: str) -> str:
-        return subprocess.run(
-            [command("supervisorctl"), "-c", str(self.config), *args], env=self.env,
-            capture_output=True, text=True, timeout=60,
-        ).stdout
-
-    def states(self) -> dict[str, tuple[str, str]]:
-        out = {}
-        for line in self.ctl("status").splitlines():
-            parts = line.split()
-            if len(parts) >= 2:
-                out[parts[0]] = (parts[1], line)
-        return out
-
-    def pid(self, name: str) -> int:
-        return int(self.ctl("pid", name).strip())
-
-    def sql(self, query: str) -> list[dict]:
-        res = subprocess.run(
-            [command("logjam-sql"), "--json", "--max-rows", "0", "--spark", f"sc://127.0.0.1:{self.port('LOGJAM_SPARK_PORT')}",
-             "--warehouse", f"{self.env['LOGJAM_DATA_DIR']}/warehouse", query],
-            capture_output=True, text=True, timeout=120,
-        )
-        assert res.returncode == 0, res.stderr[-3000:]
-        return [orjson.loads(line) for line in res.stdout.splitlines() if line.strip()]
-
-    def logs(self) -> str:
-        out = []
-        for path in sorted(Path(self.env["LOGJAM_DATA_DIR"], "logs").glob("*.log")):
-            out.append(f"== {path.name}\n" + path.read_text(errors="replace")[-2000:])
-        return "\n".join(out)
-
-    def shutdown(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
-    m = Mesh(tmp_path_factory.mktemp("mesh") / "data")
-    try:
-        def up() -> bool:
-            assert m.proc.poll() is None, "supervisord exited"
-            states = m.states()
-            return (
-                len(states) == 8 and all(s == "RUNNING" for s, _ in states.values())
-                and all(port_open(m.port(k)) for k in PROTOCOL_PORTS.values())
-                and port_open(m.port("LOGJAM_SPARK_PORT"))
-            )
-
-        try:
-            wait_for(up, timeout=240, interval=1, what="every program RUNNING and listening")
-            # RUNNING is not subscribed: importers first wait for Spark. Until the
-            # lossless-delivery journal exists, PUB/SUB drops what a subscriber has not
-            # joined for, so wait until probes reach Spark through both workers.
-            wait_until_importing(m, f"ready-{uuid.uuid4().hex[:8]}")
-        except AssertionError:
-            raise AssertionError(f"mesh did not come up: {m.states()}\n{m.logs()}") from None
-        yield m
-    finally:
-        m.shutdown()
-
-
-def wait_until_importing(mesh: Mesh, marker: str, timeout: float = 180) -> None:
-    """Send probes on streams of both workers until one of each lands in Spark."""
-    router = f"tcp://127.0.0.1:{mesh.port('LOGJAM_ROUTER_PORT')}"
-    rounds = 0
-
-    def probe() -> bool:
-        nonlocal rounds
-        rounds += 1
-        with Producer(router) as p:
-            # lumberjack-default hashes (CRC32) to worker 0, mesh-a to worker 1.
-            for app_env in ("lumberjack-default", "mesh-a"):
-                p.submit(app_env, "logs.mesh", {"message": f"{marker} {rounds}"})
-            p.flush()
-        rows = mesh.sql(f"SELECT DISTINCT app_env FROM messages WHERE body LIKE '%{marker}%'")
-        return {r["app_env"] for r in rows} == {"lumberjack-default", "mesh-a"}
-
-    wait_for(probe, timeout=timeout, interval=2, what="probes through both importers")
-
-
-def send(mesh: Mesh, protocol: str, lines: list[str]) -> None:
-    port = mesh.port(PROTOCOL_PORTS[protocol]) if protocol != "logjam" else mesh.port("LOGJAM_ROUTER_PORT")
-    res = subprocess.run(
-        [command("logjam-send"), protocol, "--to", f"127.0.0.1:{port}", *lines],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert res.returncode == 0, f"logjam-send {protocol}: {res.stderr}"
-
-
-def send_everywhere(mesh: Mesh, run: str, n: int) -> dict[str, str]:
-    """n events per path; returns marker -> the path it went through."""
-    expected: dict[str, str] = {}
-
-    def lines(path: str) -> list[str]:
-        out = [f"{run} {path} {i}" for i in range(n)]
-        expected.update({line: path for line in out})
-        return out
-
-    client = PyLogBeatClient("127.0.0.1", mesh.port("LOGJAM_LUMBERJACK_PORT"), ssl_enable=False, use_logging=False)
-    client.connect()
-    client.send([{"message": line, "@timestamp": "2026-11-21T10:00:00.000Z"} for line in lines("pylogbeat")])
-    client.close()
-    for protocol in ("courier", "segment", "rustlog"):
-        send(mesh, protocol, lines(protocol))
-    router = f"tcp://127.0.0.1:{mesh.port('LOGJAM_ROUTER_PORT')}"
-    with Producer(router) as dealer:
-        for line in lines("dealer"):
-            dealer.submit("mesh-a", "logs.mesh", {"message": line})
-        assert dealer.flush().accepted == n
-    with Producer(f"tcp://127.0.0.1:{mesh.port('LOGJAM_PULL_PORT')}", mode="push") as push:
-        for line in lines("push"):
-            push.send("mesh-b", "logs.mesh", {"message": line})
-    return expected
-
-
-EXPECTED_ROUTE = {
-    "pylogbeat": ("lumberjack-default", "logs.lumberjack", "lumberjack"),
-    "courier": ("courier-default", "logs.courier", "courier"),
-    "segment": ("segment-default", "logs.segment", "segment"),
-    "rustlog": ("rustlog-default", "logs.rustlog", "rustlog"),
-    "dealer": ("mesh-a", "logs.mesh", None),
-    "push": ("mesh-b", "logs.mesh", None),
-}
-
-
-def landed(mesh: Mesh, run: str) -> list[dict]:
-    return mesh.sql(f"SELECT app_env, topic, device, seq, body, parse_error FROM messages WHERE body LIKE '%{run}%'")
-
-
-def wait_landed(mesh: Mesh, run: str, want: int, timeout: float = 180) -> list[dict]:
-    rows: list[dict] = []
-
-    def enough() -> bool:
-        rows[:] = landed(mesh, run)
-        return len(rows) >= want
-
-    try:
-        wait_for(enough, timeout=timeout, interval=2, what=f"{want} rows of run {run} in Spark")
-    except AssertionError:
-        raise AssertionError(f"only {len(rows)} of {want} rows landed\n{mesh.logs()}") from None
-    return rows
+    yield from running_mesh(tmp_path_factory)
 
 
 def test_events_from_every_path_land_exactly_once(mesh):
