@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 import zlib
 
+import cramjam
 import lz4.block
 import snappy
 
@@ -91,12 +92,15 @@ def _unsnappy(data: bytes, max_size: int) -> bytes:
         if claimed > max_size:
             raise DecompressedTooLarge(f"snappy body claims {claimed} bytes, limit is {max_size}")
     try:
-        return snappy.decompress(data)
-    except Exception as e:  # python-snappy raises several unrelated types
+        # python-snappy's decompress is this call plus a type check and an exception
+        # rename; calling cramjam (its engine) directly saves a tenth of a small body's time.
+        return bytes(_snappy_raw(data))
+    except Exception as e:  # cramjam raises DecompressionError, but also ValueError/TypeError
         raise CompressionError(f"snappy: {e}") from None
 
 
 _TWO_BYTE_VARINT_MAX = 2**14 - 1
+_snappy_raw = cramjam.snappy.decompress_raw
 
 
 def _unlz4(data: bytes, max_size: int) -> bytes:
