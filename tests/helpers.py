@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,7 +18,30 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports handed out by bind(0) come from the kernel's ephemeral range, the same range every
+# outgoing connection takes its local port from; a port picked that way can be taken by
+# some client's connect() before the server under test binds it (seen: "Address already
+# in use"). Picking below that range leaves only our own servers to collide with.
+_PORTS = range(10000, max(10001, _ephemeral_start()))
+_rng = random.SystemRandom()
+
+
 def free_port() -> int:
+    for _ in range(100):
+        port = _rng.choice(_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
