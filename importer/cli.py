@@ -10,6 +10,10 @@ With recovery on (the default; `--no-replay` turns it off) the importer keeps a 
 per device in `--state-dir`, drops duplicates, and fills every hole in a device's sequence
 (a gap, or everything since the checkpoint at start) from the device's replay endpoint
 before going on; see docs/reliability.md "Importer recovery".
+
+Events the device journaled twice (two seqs, one `@metadata._id`) are written once: the
+worker remembers the last `--dedupe-keys` event ids it wrote, reloaded from its own root on
+start, and skips a message whose id it has seen (docs/reliability.md "Exactly once").
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from typing import Any, Sequence
 
 import zmq
 
-from importer.decode import BatchBuilder
+from importer.decode import DUPLICATE_EVENT, BatchBuilder, stream_key
+from importer.dedupe import DEFAULT_CAPACITY, RecentKeys
 from importer.metrics import ImporterMetrics
 from importer.paths import output_root
 from importer.recovery import (DUPLICATE, HOLE, Checkpoints, Ledger, default_state_dir, new_session_id,
@@ -72,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay-timeout", type=float, default=10.0, help="seconds to wait for a replay answer")
     p.add_argument("--no-replay", action="store_true",
                    help="no checkpoints and no replay: gaps are only counted (devices without --data-dir)")
+    p.add_argument("--dedupe-keys", type=int, default=DEFAULT_CAPACITY, metavar="N",
+                   help=f"remember the last N event ids (@metadata._id) written and skip repeats; 0 turns it off "
+                        f"(default {DEFAULT_CAPACITY})")
     p.add_argument("-v", "--verbose", action="store_true")
     add_config_flag(p)
     return p
@@ -95,12 +103,15 @@ def wait_for_connect_server(url: str, stop: threading.Event) -> bool:
 
 
 class GapReport:
-    """Gap counts per device, logged as a summary at most every few seconds (gaps come in floods)."""
+    """Gap counts per device and skipped duplicate events, logged as a summary at most every few seconds
+    (both come in floods)."""
 
     def __init__(self, metrics: ImporterMetrics) -> None:
         self.metrics = metrics
         self.total: dict[int, int] = {}
         self.recent: dict[int, int] = {}
+        self.duplicate_events = 0
+        self._reported_duplicates = 0
         self._next = time.monotonic() + GAP_REPORT_INTERVAL
 
     def gap(self, gap: Gap) -> None:
@@ -122,6 +133,11 @@ class GapReport:
             log.warning("gaps: device %d lost %d messages in the last %.0fs (%d in total)",
                         device, lost, GAP_REPORT_INTERVAL, self.total[device])
         self.recent.clear()
+        if self.duplicate_events > self._reported_duplicates:
+            log.info("duplicates: skipped %d events whose @metadata._id was already written in the last %.0fs "
+                     "(%d in total)", self.duplicate_events - self._reported_duplicates, GAP_REPORT_INTERVAL,
+                     self.duplicate_events)
+            self._reported_duplicates = self.duplicate_events
 
 
 def table_max_seqs(spark: Any, root: str) -> dict[int, int]:
@@ -138,15 +154,37 @@ def table_max_seqs(spark: Any, root: str) -> dict[int, int]:
     return {int(r["device"]): int(r["seq"]) for r in rows if r["seq"] is not None}
 
 
+def recent_event_keys(spark: Any, root: str, limit: int) -> list[str]:
+    """The stream-scoped event ids of the newest `limit` rows with one in this worker's own root, oldest first.
+
+    The explicit schema reads files written before the `event_id` column existed as NULLs (no
+    keys) instead of depending on which file Spark would infer the schema from.
+    """
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    try:
+        df = spark.read.schema("event_id STRING, ingested_at TIMESTAMP, app_env STRING").parquet(root)
+        table = (df.where(F.col("event_id").isNotNull()).orderBy(F.col("ingested_at").desc()).limit(limit)
+                 .select("app_env", "event_id").toArrow())
+    except AnalysisException as e:
+        if "PATH_NOT_FOUND" in str(e) or "UNABLE_TO_INFER_SCHEMA" in str(e):
+            return []
+        raise
+    app_envs, ids = table.column("app_env").to_pylist(), table.column("event_id").to_pylist()
+    return [stream_key(a, i) for a, i in zip(reversed(app_envs), reversed(ids))]
+
+
 class Tally:
     """Counts of one receive batch, added to the Prometheus metrics at once (a lock per increment is dear)."""
 
-    __slots__ = ("received", "skipped", "duplicates", "rows", "errors")
+    __slots__ = ("received", "skipped", "duplicates", "rows", "errors", "duplicate_events")
 
     def __init__(self) -> None:
         self.received = self.skipped = self.duplicates = 0
         self.rows: dict[str, int] = {}
         self.errors: dict[str, int] = {}
+        self.duplicate_events: dict[str, int] = {}
 
     def publish(self, metrics: ImporterMetrics) -> None:
         metrics.received.inc(self.received)
@@ -155,6 +193,8 @@ class Tally:
             metrics.rows.labels(metrics.worker, app_env).inc(n)
         for app_env, n in self.errors.items():
             metrics.parse_errors.labels(metrics.worker, app_env).inc(n)
+        for app_env, n in self.duplicate_events.items():
+            metrics.duplicate_events.labels(metrics.worker, app_env).inc(n)
         self.__init__()
 
 
@@ -187,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
 
     ledger: Ledger | None = None
     checkpoints: Checkpoints | None = None
+    in_table: dict[int, int] | None = None
     if not args.no_replay:
         checkpoints = Checkpoints(state_dir, worker_id)
         try:
@@ -202,6 +243,16 @@ def run(args: argparse.Namespace) -> int:
         log.info("recovery on (state %s, replay port %d); resuming after %s", checkpoints.path, args.replay_port,
                  ", ".join(f"device {d}: seq {resume[d]} (checkpoint {saved.get(d, '-')}, table {in_table.get(d, '-')})"
                            for d in sorted(resume)) or "nothing (no checkpoint, empty table)")
+
+    dedupe: RecentKeys | None = None
+    if args.dedupe_keys > 0:
+        # After the previous session was quiesced, like max(seq): its last write is in the table or never will be.
+        dedupe = RecentKeys(args.dedupe_keys)
+        loading = time.monotonic()
+        # An empty root (known from max(seq) when recovery is on) has no keys; skip the second read.
+        loaded = dedupe.extend(recent_event_keys(spark, root, args.dedupe_keys)) if in_table != {} else 0
+        log.info("dedupe: remembering up to %d event ids; %d loaded from %s in %.1fs",
+                 args.dedupe_keys, loaded, root, time.monotonic() - loading)
 
     def written(rows: int, seconds: float) -> None:
         metrics.written.inc(rows)
@@ -229,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
     ctx = zmq.Context()
     sub = Subscriber(args.sub or [DEFAULT_SUB], context=ctx, rcvhwm=args.rcvhwm)
     gaps = GapReport(metrics)
-    builder = BatchBuilder()
+    builder = BatchBuilder(dedupe=dedupe)
     share = f"worker {args.worker} of {args.workers}" if args.workers else "all streams"
     log.info("subscribed to %s (%s%s)", ", ".join(args.sub or [DEFAULT_SUB]), share,
              f", prefixes {', '.join(args.app_env)}" if args.app_env else "")
@@ -262,6 +313,11 @@ def run(args: argparse.Namespace) -> int:
             tally.skipped += 1
             return
         error = builder.add(msg, ingested_us)
+        if error is DUPLICATE_EVENT:
+            # Like a filtered-out message: its seq is covered, no row is written.
+            tally.duplicate_events[app_env] = tally.duplicate_events.get(app_env, 0) + 1
+            gaps.duplicate_events += 1
+            return
         tally.rows[app_env] = tally.rows.get(app_env, 0) + 1
         if error is not None:
             tally.errors[app_env] = tally.errors.get(app_env, 0) + 1
@@ -394,9 +450,10 @@ def run(args: argparse.Namespace) -> int:
         if status == 0 and ledger is not None and checkpoints is not None and not writer.failed:
             publish_checkpoint(checkpoints.advance(ledger.snapshot()))
         gaps.maybe_log(force=True)
-        log.info("wrote %d rows; %d parse errors; gaps per device: %s; duplicates dropped per device: %s",
+        log.info("wrote %d rows; %d parse errors; gaps per device: %s; duplicates dropped per device: %s; "
+                 "duplicate events skipped: %d",
                  writer.written_rows, builder.parse_errors, gaps.total or "none",
-                 (ledger.duplicates if ledger is not None else None) or "none")
+                 (ledger.duplicates if ledger is not None else None) or "none", builder.duplicates)
         if checkpoints is not None:
             log.info("checkpoints: %s", checkpoints.seqs or "none")
     return status
@@ -412,6 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     if args.batch_rows < 1 or args.flush_interval <= 0:
         parser.error("--batch-rows and --flush-interval must be positive")
+    if args.dedupe_keys < 0:
+        parser.error("--dedupe-keys must be 0 (off) or positive")
     lifecycle.exit_skipping_atexit(run(args))
 
 

@@ -6,6 +6,10 @@ holding the frame as received, so nothing is silently dropped.
 
 Rows are kept as one Python list per column (no per-row objects) because this runs once
 per message on the importer's hot path; Arrow then builds each column in C.
+
+A body's idempotency key (`@metadata._id`) fills `event_id`; given a `RecentKeys`
+(importer/dedupe.py), the builder also drops a message whose key it has seen before in
+the same stream, without parsing anything twice.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pyarrow as pa
 from logjam.compression import DEFAULT_MAX_DECOMPRESSED, decompress
 from logjam.errors import CompressionError
 from logjam.message import Message
+from importer.dedupe import RecentKeys
 from importer.schema import ARROW_SCHEMA, TIMESTAMP
 
 MS_PER_DAY = 86_400_000
@@ -26,7 +31,13 @@ MAX_CREATED_MS = 253_402_300_799_999
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _U64_WRAP = 2**64
 
-_TEXT_COLUMNS = ("message", "host", "level", "action", "request_id", "protocol")
+_TEXT_COLUMNS = ("message", "host", "level", "action", "request_id", "protocol", "event_id")
+
+# Longer `@metadata._id` values are ignored: a key is an id, not a payload, and each one is kept in memory.
+MAX_EVENT_ID_BYTES = 512
+
+# What `BatchBuilder.add` returns for a message whose event id was already seen (no row was added).
+DUPLICATE_EVENT = "duplicate_event_id"
 
 
 def split_app_env(app_env: str) -> tuple[str, str | None]:
@@ -65,6 +76,27 @@ def _float(v: Any) -> float | None:
     return None
 
 
+def event_id(v: Any) -> str | None:
+    """The idempotency key from an `@metadata._id` value: a non-empty string of at most 512 UTF-8 bytes,
+    or an integer as its decimal text; anything else is no key (the event is never deduplicated)."""
+    if type(v) is str:
+        n = len(v)
+        # Code points, then bytes only when it matters: at most 4 bytes per code point.
+        if 0 < n <= MAX_EVENT_ID_BYTES and (n <= MAX_EVENT_ID_BYTES // 4 or v.isascii()
+                                            or len(v.encode()) <= MAX_EVENT_ID_BYTES):
+            return v
+        return None
+    if type(v) is int:
+        return str(v)
+    return None
+
+
+def stream_key(app_env: str, eid: str) -> str:
+    """What the dedupe memory holds for an event id: scoped by stream, so one client's ids never
+    suppress another stream's events."""
+    return f"{app_env}\0{eid}"
+
+
 def _host(v: Any) -> str | None:
     # Beats send ECS `host: {"name": ...}`; Logjam agents send a plain string.
     if type(v) is dict:
@@ -88,8 +120,10 @@ def _level(doc: dict[str, Any]) -> str | None:
 class BatchBuilder:
     """Accumulates rows; `build()` returns them as one Arrow table and starts a new batch."""
 
-    def __init__(self, max_body: int = DEFAULT_MAX_DECOMPRESSED) -> None:
+    def __init__(self, max_body: int = DEFAULT_MAX_DECOMPRESSED, dedupe: RecentKeys | None = None) -> None:
         self.max_body = max_body
+        self.dedupe = dedupe
+        self.duplicates = 0
         self._names: dict[str, tuple[str, str | None]] = {}
         self.parse_errors = 0
         self._reset()
@@ -116,9 +150,38 @@ class BatchBuilder:
         return len(self._app_env)
 
     def add(self, msg: Message, ingested_us: int) -> str | None:
-        """Append one row; returns the parse error (None when the body parsed)."""
+        """Append one row; returns the parse error (None when the body parsed), or DUPLICATE_EVENT when the
+        body's event id was already seen in this stream (then no row is added)."""
         meta = msg.meta
         app_env = msg.app_env
+
+        error: str | None = None
+        doc: Any = None
+        body: bytes | None
+        try:
+            body = decompress(meta.compression, msg.body, self.max_body) if meta.compression else msg.body
+        except CompressionError as e:
+            error = f"{e.reason}: {e}"
+            body = None
+        else:
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError as e:
+                error = f"bad_json: {e}"
+                # Keep what arrived readable; the exact bytes are in `raw`.
+                body = body.decode("utf-8", "replace").encode()
+
+        # Before anything is appended: a duplicate leaves no trace in the batch.
+        md: Any = None
+        eid: str | None = None
+        if type(doc) is dict:
+            md = doc.get("@metadata")
+            if type(md) is dict:
+                eid = event_id(md.get("_id"))
+                if eid is not None and self.dedupe is not None and self.dedupe.seen(stream_key(app_env, eid)):
+                    self.duplicates += 1
+                    return DUPLICATE_EVENT
+
         names = self._names.get(app_env)
         if names is None:
             names = split_app_env(app_env)
@@ -138,22 +201,6 @@ class BatchBuilder:
         self._created.append(created_ms * 1000)
         self._date.append(created_ms // MS_PER_DAY)
         self._ingested.append(ingested_us)
-
-        error: str | None = None
-        doc: Any = None
-        body: bytes | None
-        try:
-            body = decompress(meta.compression, msg.body, self.max_body) if meta.compression else msg.body
-        except CompressionError as e:
-            error = f"{e.reason}: {e}"
-            body = None
-        else:
-            try:
-                doc = orjson.loads(body)
-            except orjson.JSONDecodeError as e:
-                error = f"bad_json: {e}"
-                # Keep what arrived readable; the exact bytes are in `raw`.
-                body = body.decode("utf-8", "replace").encode()
         self._body.append(body)
         self._error.append(error)
         self._raw.append(msg.body if error is not None else None)
@@ -168,8 +215,8 @@ class BatchBuilder:
             text["level"].append(_level(doc))
             text["action"].append(_text(get("action")))
             text["request_id"].append(_text(get("request_id")))
-            md = get("@metadata")
             text["protocol"].append(_text(md.get("protocol")) if type(md) is dict else None)
+            text["event_id"].append(eid)
             self._severity.append(_int(get("severity")))
             self._code.append(_int(get("code")))
             self._total_time.append(_float(get("total_time")))
@@ -206,6 +253,7 @@ class BatchBuilder:
             "total_time": pa.array(self._total_time, pa.float64()),
             "request_id": pa.array(t["request_id"], pa.string()),
             "protocol": pa.array(t["protocol"], pa.string()),
+            "event_id": pa.array(t["event_id"], pa.string()),
             "date": pa.array(self._date, pa.int32()).cast(pa.date32()),
         }
         self._reset()

@@ -39,6 +39,9 @@ class ImporterMetrics:
                                      ["worker", "device"], registry=r)
         self.duplicates = Counter("logjam_importer_duplicates_dropped", "Messages dropped because their seq was already covered",
                                   ["worker", "device"], registry=r)
+        self.duplicate_events = Counter("logjam_importer_duplicate_events",
+                                        "Messages not written because their @metadata._id was already written in the stream",
+                                        ["worker", "app_env"], registry=r)
         self.checkpoint_seq = Gauge("logjam_importer_checkpoint_seq",
                                     "Highest seq of the device through which everything is in Spark or filtered out",
                                     ["worker", "device"], registry=r)

@@ -36,6 +36,7 @@ ARROW_SCHEMA = pa.schema([
     pa.field("total_time", pa.float64()),
     pa.field("request_id", pa.string()),
     pa.field("protocol", pa.string()),
+    pa.field("event_id", pa.string()),
     pa.field("date", pa.date32(), nullable=False),
 ])
 

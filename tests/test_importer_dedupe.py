@@ -1,0 +1,144 @@
+"""Pure tests of the importer's event-id dedupe: the bounded key memory and the `event_id` column (no Spark)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from importer.decode import DUPLICATE_EVENT, MAX_EVENT_ID_BYTES, BatchBuilder, event_id, stream_key
+from importer.dedupe import DEFAULT_CAPACITY, RecentKeys
+from logjam.message import Message
+from logjam.meta import Compression
+
+NOW_US = 1_763_700_000_123_456
+
+
+def test_a_key_is_new_once_then_a_duplicate() -> None:
+    keys = RecentKeys(3)
+    assert not keys.seen("a")
+    assert keys.seen("a") and keys.seen("a")
+    assert not keys.seen("b")
+    assert len(keys) == 2 and "a" in keys and "c" not in keys
+
+
+def test_the_bound_is_respected_and_the_oldest_key_is_forgotten_first() -> None:
+    keys = RecentKeys(3)
+    for k in "abc":
+        assert not keys.seen(k)
+    assert not keys.seen("d")  # evicts a, the oldest
+    assert len(keys) == 3 and keys.oldest_first() == ["b", "c", "d"]
+    assert "a" not in keys
+    # A repeat does not refresh a key: eviction follows first sight, like the order rows were written.
+    assert keys.seen("b")
+    assert not keys.seen("e")  # evicts b
+    assert keys.oldest_first() == ["c", "d", "e"]
+    assert not keys.seen("a")  # forgotten, so new again (a duplicate older than the bound lands twice)
+    assert keys.oldest_first() == ["d", "e", "a"] and len(keys) == 3
+
+
+def test_extend_loads_oldest_first_and_skips_repeats() -> None:
+    keys = RecentKeys(4)
+    assert keys.extend(["x", "y", "x", "z", "w", "v"]) == 5
+    assert keys.oldest_first() == ["y", "z", "w", "v"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.lists(st.sampled_from("abcdefghij"), max_size=60))
+def test_behaves_like_a_fifo_window_of_distinct_keys(capacity: int, stream: list[str]) -> None:
+    keys = RecentKeys(capacity)
+    window: list[str] = []  # the reference: a plain list
+    for k in stream:
+        dup = k in window
+        assert keys.seen(k) == dup
+        if not dup:
+            window.append(k)
+            if len(window) > capacity:
+                window.pop(0)
+        assert keys.oldest_first() == window and len(keys) == len(window) <= capacity
+
+
+def test_capacity_must_be_positive() -> None:
+    assert RecentKeys().capacity == DEFAULT_CAPACITY
+    with pytest.raises(ValueError):
+        RecentKeys(0)
+
+
+@pytest.mark.parametrize(("value", "key"), [
+    ("abc:17", "abc:17"),
+    (42, "42"),
+    (-7, "-7"),
+    (2**64 - 1, "18446744073709551615"),
+    ("é" * 256, "é" * 256),  # 512 bytes exactly
+    ("x" * MAX_EVENT_ID_BYTES, "x" * MAX_EVENT_ID_BYTES),
+    ("x" * (MAX_EVENT_ID_BYTES + 1), None),
+    ("é" * 257, None),  # 257 code points but 514 bytes
+    ("😀" * 129, None),  # 129 code points, 516 bytes
+    ("", None),
+    (True, None),
+    (1.5, None),
+    (None, None),
+    ({"a": 1}, None),
+    (["a"], None),
+])
+def test_event_id_values_accepted_and_ignored(value, key) -> None:
+    assert event_id(value) == key
+    (row,) = _rows(Message.build("a-b", "logs", {"message": "m", "@metadata": {"_id": value, "protocol": "segment"}}))
+    assert row["event_id"] == key
+    assert row["protocol"] == "segment" and row["parse_error"] is None
+
+
+def _rows(*msgs: Message, builder: BatchBuilder | None = None) -> list[dict]:
+    b = builder or BatchBuilder()
+    for m in msgs:
+        b.add(m, NOW_US)
+    return b.build().to_pylist()
+
+
+def test_event_id_only_from_metadata_of_a_json_object() -> None:
+    r = _rows(Message.build("a-b", "logs", {"_id": "top-level"}),
+              Message.build("a-b", "logs", {"@metadata": "not an object"}),
+              Message.build("a-b", "logs", b'[{"@metadata": {"_id": "in an array"}}]'),
+              Message.build("a-b", "logs", b'{"@metadata": {"_id": "broken"'),
+              Message.build("a-b", "logs", {"@metadata": {"_id": "zlib"}}, compression=Compression.ZLIB))
+    assert [row["event_id"] for row in r] == [None, None, None, None, "zlib"]
+    assert r[3]["parse_error"].startswith("bad_json")
+
+
+def test_builder_drops_a_repeated_id_per_stream_and_keeps_bodies_without_one() -> None:
+    b = BatchBuilder(dedupe=RecentKeys(100))
+    keyed = {"message": "once", "@metadata": {"_id": "k1"}}
+    plain = {"message": "every time"}
+    results = [b.add(Message.build("a-prod", "logs", keyed, seq=1, device=1), NOW_US),
+               b.add(Message.build("a-prod", "logs", keyed, seq=2, device=1), NOW_US),
+               b.add(Message.build("b-prod", "logs", keyed, seq=3, device=1), NOW_US),  # another stream: its own row
+               *(b.add(Message.build("a-prod", "logs", plain, seq=4 + i, device=1), NOW_US) for i in range(3)),
+               b.add(Message.build("a-prod", "logs", {"@metadata": {"_id": 9}}, seq=7, device=1), NOW_US),
+               b.add(Message.build("a-prod", "logs", {"@metadata": {"_id": "9"}}, seq=8, device=1), NOW_US)]
+    assert results == [None, DUPLICATE_EVENT, None, None, None, None, None, DUPLICATE_EVENT]
+    assert b.duplicates == 2 and b.parse_errors == 0
+    rows = b.build().to_pylist()
+    assert [(r["app_env"], r["seq"], r["event_id"]) for r in rows] == [
+        ("a-prod", 1, "k1"), ("b-prod", 3, "k1"), ("a-prod", 4, None), ("a-prod", 5, None), ("a-prod", 6, None),
+        ("a-prod", 7, "9")]
+    assert stream_key("a-prod", "k1") in b.dedupe and stream_key("c-prod", "k1") not in b.dedupe
+
+
+def test_without_a_dedupe_memory_every_copy_is_a_row() -> None:
+    keyed = {"@metadata": {"_id": "k1"}}
+    rows = _rows(*(Message.build("a-b", "logs", keyed, seq=i) for i in range(3)))
+    assert [r["event_id"] for r in rows] == ["k1"] * 3
+
+
+def test_importer_dedupe_flag_and_config_key(tmp_path) -> None:
+    from importer.cli import build_parser, main
+    from logjam.config import parse_args
+
+    assert parse_args(build_parser(), []).dedupe_keys == DEFAULT_CAPACITY
+    cfg = tmp_path / "importer.toml"
+    cfg.write_text("dedupe-keys = 5000\n")
+    assert parse_args(build_parser(), ["--config", str(cfg)]).dedupe_keys == 5000
+    assert parse_args(build_parser(), ["--config", str(cfg), "--dedupe-keys", "0"]).dedupe_keys == 0
+    with pytest.raises(SystemExit) as e:
+        main(["--dedupe-keys", "-1"])
+    assert e.value.code == 2
