@@ -8,6 +8,8 @@ One run, one `logjam-spark` server, two paths over the same M messages:
 It prints both rows/s and the ratio importer/reference (target >= 0.8), then the latency
 from a Producer's acknowledged publish through a real `logjam-device` until the row is
 visible to `spark.read`. Usage: python benchmarks/importer.py [--messages M] [--spark sc://...]
+[--event-ids] (every body gets a distinct `@metadata._id`, as bridges send them: the importer's
+dedupe then looks up and remembers a key per message).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from tests.helpers import command, free_port, port_open, wait_for  # noqa: E402
 BIN = Path(sys.executable).parent
 
 
-def messages(n: int) -> list[Message]:
+def messages(n: int, event_ids: bool = False) -> list[Message]:
     rng = random.Random(5)
     streams = [f"app{i}-prod" for i in range(8)]
     actions = ["Users#show", "Orders#create", "Search#index", "Carts#update"]
@@ -48,6 +50,8 @@ def messages(n: int) -> list[Message]:
                 "total_time": rng.random() * 300, "request_id": f"{rng.getrandbits(64):016x}",
                 "host": f"web{rng.randint(1, 20)}", "severity": 1, "message": "Completed " + "x" * rng.randint(20, 200),
                 "@metadata": {"protocol": "logjam"}}
+        if event_ids:
+            body["@metadata"]["_id"] = f"bench-{rng.getrandbits(64):016x}:{i}"
         out.append(Message.build(streams[i % len(streams)], "logs.rails", body, compression=Compression.SNAPPY,
                                  seq=i + 1, device=9))
     return out
@@ -66,6 +70,7 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=120_000)
     ap.add_argument("--batch-rows", type=int, default=40_000)
     ap.add_argument("--spark", help="use this running Spark Connect server instead of starting one")
+    ap.add_argument("--event-ids", action="store_true", help="a distinct @metadata._id in every body")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-importer-"))
     procs: list[subprocess.Popen] = []
@@ -101,7 +106,7 @@ def main() -> int:
                      # Recovery stays on (its bookkeeping is on the hot path) with checkpoints of this run only.
                      "--state-dir", str(base / "state")], "importer")
 
-        msgs = messages(args.messages)
+        msgs = messages(args.messages, args.event_ids)
         frames = [m.to_frames() for m in msgs]
         # The reference gets the importer's own tables, built beforehand and not timed.
         batches = []
