@@ -19,15 +19,10 @@ pure-Python loop.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import logging
-import os
-import shutil
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
+
+from logjam.native_build import load_module
 
 log = logging.getLogger("logjam-device")
 
@@ -436,68 +431,9 @@ size_t lj_encode(lj_batch_t *b, unsigned char *out, size_t cap) {
 """
 
 
-def _libzmq_path() -> str | None:
-    """The libzmq that pyzmq loaded into this process; the extension must use the same one."""
-    import zmq.backend.cython._zmq  # noqa: F401  (make sure it is mapped)
-
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.split()[-1] if line.strip() else ""
-                if "libzmq" in os.path.basename(path) and os.path.exists(path):
-                    return path
-    except OSError:
-        return None
-    return None
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("LOGJAM_NATIVE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "logjam-mesh"
-    )
-    return Path(base)
-
-
 def load() -> tuple[Any, Any] | None:
     """(ffi, lib) of the compiled fast path, building it on first use; None if impossible."""
-    try:
-        import cffi
-    except ImportError:
-        log.info("cffi is not installed; using the Python loop")
-        return None
-    libzmq = _libzmq_path()
-    if libzmq is None:
-        log.info("cannot locate the loaded libzmq; using the Python loop")
-        return None
-    key = hashlib.sha256("\0".join([CDEF, SOURCE, libzmq, sys.version, cffi.__version__]).encode()).hexdigest()[:16]
-    name = f"_logjam_device_native_{key}"
-    cache = _cache_dir()
-    target = cache / f"{name}.so"
-    try:
-        if not target.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            ffi = cffi.FFI()
-            ffi.cdef(CDEF)
-            ffi.set_source(
-                name, SOURCE,
-                extra_compile_args=["-O2"],
-                extra_link_args=[libzmq, f"-Wl,-rpath,{os.path.dirname(libzmq)}"],
-            )
-            # Build privately, then rename: devices starting together never see half a file.
-            tmp = tempfile.mkdtemp(dir=cache, prefix="build-")
-            try:
-                built = ffi.compile(tmpdir=tmp, verbose=False)
-                os.replace(built, target)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        spec = importlib.util.spec_from_file_location(name, target)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.ffi, module.lib
-    except Exception as e:  # no compiler, no Python headers, an unwritable cache...
-        log.warning("native fast path unavailable (%s); using the Python loop", e)
-        return None
+    return load_module("_logjam_device_native", CDEF, SOURCE, log)
 
 
 class NativeBatch:

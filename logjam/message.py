@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
 
 import orjson
 
@@ -71,3 +71,46 @@ class Message:
             return orjson.loads(data)
         except orjson.JSONDecodeError as e:
             raise RemoteProtocolError(f"body is not JSON: {e}", reason="bad_json") from None
+
+
+@dataclass(slots=True)
+class MessageBatch:
+    """Messages that share app-env, topic and compression, held as columns.
+
+    This is how bridges hand events to a device: one `Message` and `Meta` object per
+    event cost more than the rest of the forwarding, and the device link sends a whole
+    column in one native call. `messages()` gives the same messages as `Message`s.
+    Each body is the frame as sent (already compressed); the producer's meta carries
+    device 0 and sequence 0, which the device replaces.
+    """
+
+    app_env: str
+    topic: str
+    compression: int = Compression.NONE
+    bodies: list[bytes] = field(default_factory=list)
+    created_ms: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def append(self, body: bytes, created_ms: int) -> None:
+        self.bodies.append(body)
+        self.created_ms.append(created_ms)
+
+    def messages(self) -> list[Message]:
+        return [
+            Message(self.app_env, self.topic, body, Meta(self.compression, 0, created, 0))
+            for body, created in zip(self.bodies, self.created_ms)
+        ]
+
+    @classmethod
+    def group(cls, messages: Iterable[Message]) -> list["MessageBatch"]:
+        """Consecutive messages with the same app-env, topic and compression, as batches (order kept)."""
+        out: list[MessageBatch] = []
+        cur: MessageBatch | None = None
+        for m in messages:
+            if cur is None or (cur.app_env, cur.topic, cur.compression) != (m.app_env, m.topic, m.meta.compression):
+                cur = cls(m.app_env, m.topic, m.meta.compression)
+                out.append(cur)
+            cur.append(m.body, m.meta.created_ms)
+        return out

@@ -42,7 +42,8 @@ def test_parse_timestamp(value, ms):
 
 def test_message_adds_metadata_and_timestamp():
     fallbacks = []
-    m = EventMapper(app_env="lj-default", topic="logs.lumberjack", app_env_field="fields.app", on_fallback=lambda: fallbacks.append(1))
+    m = EventMapper(app_env="lj-default", topic="logs.lumberjack", app_env_field="fields.app",
+                    on_fallback=lambda: fallbacks.append(1), instance="b1")
     msg = m.message(
         {"message": "x", "@timestamp": "2024-01-02T03:04:05.678Z", "fields": {"app": "shop-prod"}, "@metadata": {"beat": "filebeat"}},
         {"protocol": "lumberjack", "seq": 3},
@@ -50,8 +51,40 @@ def test_message_adds_metadata_and_timestamp():
     )
     assert msg.app_env == "shop-prod" and msg.topic == "logs.lumberjack"
     assert msg.meta.created_ms == 1704164645678
-    assert orjson.loads(msg.body)["@metadata"] == {"beat": "filebeat", "protocol": "lumberjack", "seq": 3}
+    assert orjson.loads(msg.body)["@metadata"] == {"beat": "filebeat", "protocol": "lumberjack", "seq": 3, "_id": "b1:1"}
     assert fallbacks == []
+
+
+def test_idempotency_key_client_then_bridge_position_then_counter():
+    m = EventMapper(app_env="a-b", topic="logs", instance="inst")
+    shared = {"protocol": "p"}
+    keys = [
+        orjson.loads(m.message(body, meta).body)["@metadata"]["_id"]
+        for body, meta in [
+            ({"@metadata": {"_id": "fp-1"}}, shared),          # the client's key wins
+            ({"@metadata": {"_id": "fp-2"}}, {"_id": "pos"}),  # ... even over the bridge's position
+            ({}, {"_id": "seg@7"}),                            # a stored position
+            ({"@metadata": {"_id": 5}}, shared),               # not a usable key: ours
+            ({}, shared),
+            ({"@metadata": {}}, shared),
+        ]
+    ]
+    assert keys == ["fp-1", "fp-2", "seg@7", "inst:1", "inst:2", "inst:3"]
+    assert shared == {"protocol": "p"}, "the caller's metadata dict is never changed"
+    assert EventMapper(app_env="a-b", topic="t").instance != EventMapper(app_env="a-b", topic="t").instance
+
+
+def test_batches_split_on_app_env_and_keep_order():
+    m = EventMapper(app_env="dflt-x", topic="logs", app_env_field="app", compression=Compression.ZLIB)
+    out = m.batches()
+    for i, app in enumerate(["a-x", "a-x", "b-x", "a-x"]):
+        m.add(out, {"app": app, "i": i}, {}, created_ms=100 + i)
+    assert len(out) == 4
+    assert [(b.app_env, len(b)) for b in out.batches] == [("a-x", 2), ("b-x", 1), ("a-x", 1)]
+    msgs = out.messages()
+    assert [msg.json()["i"] for msg in msgs] == [0, 1, 2, 3]
+    assert [msg.meta.created_ms for msg in msgs] == [100, 101, 102, 103]
+    assert all(msg.meta.compression == Compression.ZLIB and msg.meta.seq == 0 for msg in msgs)
 
 
 @pytest.mark.parametrize("fields", [{}, {"app": 7}, {"app": "noenv"}, {"app": "bad\x01-x"}])

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from bridges.host.link import DeviceLink, DeviceRejected
+from bridges.host.native_link import NativeWire, wire
 from logjam import Message
 from logjam.subscriber import Subscriber
 from tests.conftest import start_device
@@ -50,11 +51,19 @@ def _received(sub: Subscriber, want: int, timeout: float = 20) -> list[int]:
     return got
 
 
-def test_publish_pipelines_and_everything_arrives(device):
+@pytest.fixture(params=[True, False], ids=["native", "python"])
+def native(request) -> bool:
+    """Both wires: the C one, and the pyzmq fallback used where nothing can be compiled."""
+    if request.param:
+        assert wire(True).__class__ is NativeWire, "the native link did not build"
+    return request.param
+
+
+def test_publish_pipelines_and_everything_arrives(device, native):
     sub = _subscribe(device)
 
     async def run():
-        link = DeviceLink([device.router], max_inflight=500)
+        link = DeviceLink([device.router], max_inflight=500, native=native)
         link.start()
         await asyncio.gather(*(link.publish(_messages(100, start=k * 100)) for k in range(20)))
         assert link.inflight == 0
@@ -65,9 +74,9 @@ def test_publish_pipelines_and_everything_arrives(device):
     sub.close()
 
 
-def test_bad_topic_raises_device_rejected(device):
+def test_bad_topic_raises_device_rejected(device, native):
     async def run():
-        link = DeviceLink([device.router])
+        link = DeviceLink([device.router], native=native)
         link.start()
         with pytest.raises(DeviceRejected) as info:
             await link.publish(_messages(3) + _messages(2, topic="nope"))
@@ -78,11 +87,11 @@ def test_bad_topic_raises_device_rejected(device):
     assert (err.rejected, err.total) == (2, 5)
 
 
-def test_paused_device_is_waited_for_without_duplicates(device):
+def test_paused_device_is_waited_for_without_duplicates(device, native):
     sub = _subscribe(device)
 
     async def run():
-        link = DeviceLink([device.router])
+        link = DeviceLink([device.router], native=native)
         link.start()
         os.kill(device.proc.pid, signal.SIGSTOP)
         try:
@@ -106,12 +115,12 @@ def test_paused_device_is_waited_for_without_duplicates(device):
     sub.close()
 
 
-def test_killed_device_gets_unanswered_requests_again():
+def test_killed_device_gets_unanswered_requests_again(native):
     dev = start_device()
     ports = {"router": dev.router_port, "pull": dev.pull_port, "pub": dev.pub_port, "stats": dev.stats_port}
 
     async def run():
-        link = DeviceLink([dev.router])
+        link = DeviceLink([dev.router], native=native)
         link.start()
         await link.publish(_messages(10))
         os.kill(dev.proc.pid, signal.SIGSTOP)

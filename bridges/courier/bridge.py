@@ -37,9 +37,8 @@ from bridges.courier.engine import (
     UnknownMessage,
     Version,
 )
-from bridges.host import BridgeProtocol, Connection, DeviceRejected, IdleTimeout
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, IdleTimeout
 from logjam.errors import ProtocolError
-from logjam.message import Message
 
 log = logging.getLogger("logjam-bridge.courier")
 
@@ -123,7 +122,7 @@ class _Session:
         self.pending: deque[_Payload] = deque()
         self.tasks: set[asyncio.Task[None]] = set()
         self.slots = asyncio.Semaphore(args.max_pending_batches)
-        self.batch: list[Message] = []
+        self.batch: Batches = self.mapper.batches()
         self.batch_payload: _Payload | None = None
         self.failure: ProtocolError | None = None
         self.base_meta: dict[str, Any] = {}
@@ -202,13 +201,13 @@ class _Session:
 
     def _add_event(self, ev: EventReceived) -> None:
         meta = {**self.base_meta, "nonce": self.nonce_hex, "index": ev.index}
-        self.batch.append(self.mapper.message(ev.body, meta, created_ms=self.base_meta["received_at"]))
+        self.mapper.add(self.batch, ev.body, meta, created_ms=self.base_meta["received_at"])
 
     # -- device side -------------------------------------------------------------
     async def _flush(self) -> None:
         if not self.batch:
             return
-        messages, self.batch = self.batch, []
+        messages, self.batch = self.batch, self.mapper.batches()
         payload = self.batch_payload
         assert payload is not None
         self.metrics.events_received.inc(len(messages))
@@ -220,9 +219,9 @@ class _Session:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _publish(self, batch: _Batch, messages: list[Message]) -> None:
+    async def _publish(self, batch: _Batch, messages: Batches) -> None:
         try:
-            await self.link.publish(messages)
+            await self.link.publish(messages.batches)
         except DeviceRejected as e:
             self.metrics.device_rejected.inc(e.rejected)
             log.error("%s: device rejected %d of %d events; closing without acking them", self.conn.peer, e.rejected, e.total)

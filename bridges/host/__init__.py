@@ -2,11 +2,12 @@
 
 from bridges.host.connection import Connection, IdleTimeout
 from bridges.host.link import DeviceLink, DeviceRejected
-from bridges.host.mapping import EventMapper, body_from_bytes, parse_timestamp
+from bridges.host.mapping import Batches, EventMapper, body_from_bytes, parse_timestamp
 from bridges.host.metrics import BridgeMetrics
 from bridges.host.protocol import BridgeProtocol, Host
 
 __all__ = [
+    "Batches",
     "BridgeMetrics",
     "BridgeProtocol",
     "Connection",

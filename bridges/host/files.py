@@ -21,3 +21,22 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def store_id(root: Path) -> str:
+    """The random id of the store under `root`, made once and kept in `root/store-id`.
+
+    Idempotency keys of stored events are `<store-id>:<position>`: stable across
+    restarts of the bridge, and distinct between two bridges with their own stores.
+    """
+    path = root / "store-id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"store-id.{os.getpid()}.tmp"
+    tmp.write_text(os.urandom(8).hex() + "\n")
+    os.replace(tmp, path)
+    fsync_dir(root)
+    return path.read_text().strip()

@@ -2,18 +2,22 @@
 
 Every event goes to the device as a Logjam request; `publish()` returns only when
 the device has answered "202 Accepted" for all of them. Replies carry no id, but a
-device answers one connection in order, so each endpoint keeps a FIFO of what it
-sent. In flight is bounded process-wide; a caller that would exceed the bound waits,
-which is how back-pressure reaches the clients.
+device answers one connection in order, so each endpoint keeps, in send order, the
+batches it has not had every reply for. In flight is bounded process-wide; a caller
+that would exceed the bound waits, which is how back-pressure reaches the clients.
 
-Speed: a bridge's CPU goes mostly into this link, so it uses a plain ZeroMQ socket
-driven from the event loop (sends with NOBLOCK, replies drained when the socket's
-edge-triggered FD fires) and one future per batch, not per message.
+Speed: batches travel as `MessageBatch` columns, and the frames are sent and the
+replies read a whole batch per call by `native_link` (C, with a Python fallback),
+from a plain ZeroMQ socket driven by the event loop: sends never block (at the
+high-water mark the rest waits for the socket's FD), replies are drained when the
+edge-triggered FD fires.
 
 When the connection to a device drops (the device was killed or restarted), the
 requests it had not answered are sent again on a fresh socket: the device may have
-published some of them before dying, so delivery to the device is at-least-once.
-A device that is merely slow or paused keeps its TCP connection and is waited for.
+journaled some of them before dying, so delivery to the device is at-least-once, and
+the body's `@metadata._id` (the same bytes on every resend) lets the importer drop
+the second copy. A device that is merely slow or paused keeps its TCP connection and
+is waited for.
 """
 
 from __future__ import annotations
@@ -22,25 +26,19 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from typing import Sequence
+from typing import Any, Sequence
 
 import zmq
-from zmq.backend import Socket as _RawSocket
 from zmq.utils.monitor import parse_monitor_message
 
-from logjam.message import Message
+from bridges.host.native_link import ACCEPTED, OK, UNEXPECTED, NativeWire, PyWire, wire
+from logjam.message import Message, MessageBatch
+
+__all__ = ["ACCEPTED", "DeviceLink", "DeviceRejected"]
 
 log = logging.getLogger(__name__)
 
-ACCEPTED = b"202 Accepted"
-_NOBLOCK = zmq.NOBLOCK
 _POLLIN = zmq.POLLIN
-_FIRST = zmq.NOBLOCK | zmq.SNDMORE
-_MORE = zmq.SNDMORE
-# The backend's unbound methods: pyzmq's send_multipart wrapper (flag enums, a loop in
-# Python) costs more per request than the rest of the bridge's forwarding.
-_send = _RawSocket.send
-_recv = _RawSocket.recv
 
 
 class DeviceRejected(Exception):
@@ -52,8 +50,8 @@ class DeviceRejected(Exception):
         self.total = total
 
 
-class _Batch:
-    """One publish() call: resolved when every message has its reply."""
+class _Call:
+    """One publish() call: resolved when every message of its batches has its reply."""
 
     __slots__ = ("remaining", "rejected", "future")
 
@@ -63,19 +61,34 @@ class _Batch:
         self.future = future
 
 
-_Entry = tuple[list[bytes], _Batch]
+class _Part:
+    """One MessageBatch in flight on one endpoint: how much of it was sent, and answered."""
+
+    __slots__ = ("app", "topic", "compression", "columns", "n", "sent", "answered", "call")
+
+    def __init__(self, batch: MessageBatch, columns: Any, call: _Call) -> None:
+        self.app = batch.app_env.encode()
+        self.topic = batch.topic.encode()
+        self.compression = batch.compression
+        self.columns = columns
+        self.n = len(batch)
+        self.sent = 0
+        self.answered = 0
+        self.call = call
 
 
 class _Endpoint:
     """One device: a DEALER socket, what it sent (awaiting replies) and what waits to be sent."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, sndhwm: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, sndhwm: int, loop: asyncio.AbstractEventLoop,
+                 wire_: NativeWire | PyWire) -> None:
         self.ctx = ctx
         self.endpoint = endpoint
         self.sndhwm = sndhwm
         self.loop = loop
-        self.sent: deque[_Entry] = deque()
-        self.backlog: deque[_Entry] = deque()
+        self.wire = wire_
+        self.parts: deque[_Part] = deque()  # not fully answered, in send order
+        self.unsent: deque[_Part] = deque()  # not fully sent, in send order
         self.resets = 0
         self._check_scheduled = False
         self._open()
@@ -101,27 +114,20 @@ class _Endpoint:
         self.monitor.close()
         self.sock.close()
 
-    def submit(self, entries: list[_Entry]) -> None:
-        self.backlog.extend(entries)
+    def submit(self, parts: list[_Part]) -> None:
+        self.parts.extend(parts)
+        self.unsent.extend(parts)
         self._flush()
         self._schedule_check()
 
     def _flush(self) -> None:
-        backlog, sent, sock, send = self.backlog, self.sent, self.sock, _send
-        while backlog:
-            entry = backlog[0]
-            empty, app, topic, body, meta = entry[0]
-            try:
-                send(sock, empty, _FIRST)
-            except zmq.Again:
+        unsent, sock, send = self.unsent, self.sock, self.wire.send
+        while unsent:
+            p = unsent[0]
+            p.sent += send(sock, p.app, p.topic, p.compression, p.columns, p.sent, p.n)
+            if p.sent < p.n:
                 return  # HWM: the FD fires when there is room again
-            # Multipart messages are atomic: once the first part is queued, the rest is too.
-            send(sock, app, _MORE)
-            send(sock, topic, _MORE)
-            send(sock, body, _MORE)
-            send(sock, meta, 0)
-            backlog.popleft()
-            sent.append(entry)
+            unsent.popleft()
 
     def _schedule_check(self) -> None:
         # The ZeroMQ FD is edge-triggered and may not fire again for replies that
@@ -132,51 +138,72 @@ class _Endpoint:
 
     def _on_socket(self) -> None:
         self._check_scheduled = False
-        if self.sock.closed:
+        sock = self.sock
+        if sock.closed:
             return
-        sock, sent, recv = self.sock, self.sent, _recv
         while True:
-            try:
-                first = recv(sock, _NOBLOCK)
-            except zmq.Again:
+            n, statuses = self.wire.drain(sock)
+            if not n:
                 break
-            frames = [first]
-            while sock.rcvmore:
-                frames.append(recv(sock))
-            if len(frames) != 2 or not sent:
-                log.warning("unexpected reply from %s: %r", self.endpoint, frames[:2])
-                continue
-            batch = sent.popleft()[1]
-            if frames[1] != ACCEPTED:
-                batch.rejected += 1
-            batch.remaining -= 1
-            if batch.remaining == 0 and not batch.future.done():
-                batch.future.set_result(None)
-        if self.backlog:
+            if statuses is None:
+                self._answered(n, 0)
+            else:
+                self._answered_each(statuses)
+        if self.unsent:
             self._flush()
         if sock.getsockopt(zmq.EVENTS) & _POLLIN:
             self._schedule_check()
+
+    def _answered(self, n: int, rejected: int) -> None:
+        """`n` replies arrived, `rejected` of them refusals, all for the oldest sent messages."""
+        parts = self.parts
+        while n:
+            if not parts or parts[0].answered == parts[0].sent:
+                log.warning("%d replies from %s for requests never sent", n, self.endpoint)
+                return
+            p = parts[0]
+            k = min(n, p.sent - p.answered)
+            p.answered += k
+            n -= k
+            call = p.call
+            call.remaining -= k
+            if rejected:
+                call.rejected += rejected
+                rejected = 0
+            if p.answered == p.n:
+                parts.popleft()
+            if call.remaining <= 0 and not call.future.done():
+                call.future.set_result(None)
+
+    def _answered_each(self, statuses: bytes) -> None:
+        for s in statuses:
+            if s == UNEXPECTED:
+                log.warning("unexpected reply from %s", self.endpoint)
+            else:
+                self._answered(1, 0 if s == OK else 1)
 
     def _on_monitor(self) -> None:
         if self.monitor.closed:
             return
         while True:
             try:
-                event = parse_monitor_message(self.monitor.recv_multipart(_NOBLOCK))
+                event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_DISCONNECTED and (self.sent or self.backlog):
+            if event["event"] == zmq.EVENT_DISCONNECTED and self.parts:
                 self.reset()
                 return
 
     def reset(self) -> None:
         """Replace the socket and send every unanswered request again, in order."""
         self.resets += 1
-        unanswered = deque(e for e in self.sent if not e[1].future.done())
-        unanswered.extend(self.backlog)
-        log.warning("lost connection to %s with %d unanswered requests; resending", self.endpoint, len(unanswered))
+        live = [p for p in self.parts if not p.call.future.done()]
+        for p in live:
+            p.sent = p.answered
+        unanswered = sum(p.n - p.answered for p in live)
+        log.warning("lost connection to %s with %d unanswered requests; resending", self.endpoint, unanswered)
         self._close_sockets()
-        self.sent, self.backlog = deque(), unanswered
+        self.parts, self.unsent = deque(live), deque(live)
         self._open()
         self._flush()
         self._schedule_check()
@@ -186,11 +213,13 @@ class _Endpoint:
 
 
 class DeviceLink:
-    def __init__(self, endpoints: Sequence[str], *, max_inflight: int = 20_000, sndhwm: int = 100_000) -> None:
+    def __init__(self, endpoints: Sequence[str], *, max_inflight: int = 20_000, sndhwm: int = 100_000,
+                 native: bool = True) -> None:
         if not endpoints:
             raise ValueError("at least one device endpoint is required")
         self._endpoint_names = list(endpoints)
         self._sndhwm = sndhwm
+        self._native = native
         self._ctx: zmq.Context | None = None
         self._endpoints: list[_Endpoint] = []
         self._max_inflight = max_inflight
@@ -200,10 +229,15 @@ class DeviceLink:
     def start(self) -> None:
         """Open the sockets; call from inside the running event loop."""
         loop = asyncio.get_running_loop()
+        self._wire = wire(self._native)
         self._ctx = zmq.Context()
-        self._endpoints = [_Endpoint(self._ctx, ep, self._sndhwm, loop) for ep in self._endpoint_names]
+        self._endpoints = [_Endpoint(self._ctx, ep, self._sndhwm, loop, self._wire) for ep in self._endpoint_names]
         self._next = itertools.cycle(self._endpoints)
         self._room = asyncio.Condition()
+
+    @property
+    def native(self) -> bool:
+        return isinstance(self._wire, NativeWire)
 
     @property
     def inflight(self) -> int:
@@ -213,12 +247,14 @@ class DeviceLink:
     def resets(self) -> int:
         return sum(ep.resets for ep in self._endpoints)
 
-    async def publish(self, messages: Sequence[Message]) -> None:
+    async def publish(self, batches: Sequence[MessageBatch] | Sequence[Message]) -> None:
         """Return once the device accepted every message; raise DeviceRejected if it refused any."""
-        if not messages:
+        if batches and isinstance(batches[0], Message):
+            batches = MessageBatch.group(batches)  # type: ignore[arg-type]
+        n = sum(len(b) for b in batches)
+        if not n:
             return
         assert self._room is not None, "DeviceLink.start() was not called"
-        n = len(messages)
         # A batch larger than the whole bound still goes through, alone.
         need = min(n, self._max_inflight)
         if self._inflight + need > self._max_inflight:
@@ -226,15 +262,17 @@ class DeviceLink:
                 await self._room.wait_for(lambda: self._inflight + need <= self._max_inflight)
         self._inflight += need
         try:
-            batch = _Batch(n, asyncio.get_running_loop().create_future())
-            next(self._next).submit([([b"", *msg.to_frames()], batch) for msg in messages])
-            await batch.future
+            call = _Call(n, asyncio.get_running_loop().create_future())
+            prepare = self._wire.prepare
+            parts = [_Part(b, prepare(b.bodies, b.created_ms), call) for b in batches if len(b)]  # type: ignore[union-attr]
+            next(self._next).submit(parts)
+            await call.future
         finally:
             self._inflight -= need
             async with self._room:
                 self._room.notify_all()
-        if batch.rejected:
-            raise DeviceRejected(batch.rejected, n)
+        if call.rejected:
+            raise DeviceRejected(call.rejected, n)
 
     async def close(self) -> None:
         for ep in self._endpoints:

@@ -1,14 +1,25 @@
-"""How a bridge turns one event into a Logjam message (the contract in docs/bridges.md)."""
+"""How a bridge turns one event into a Logjam message (the contract in docs/bridges.md).
+
+Every body gets `@metadata._id`, the event's idempotency key: the client's own when
+it sent one (Beats' fingerprint processor writes `@metadata._id`), else what the
+bridge passes in its metadata (a position that survives a bridge restart, for the
+bridges that store events), else `<instance>:<counter>`, unique to this bridge process.
+The key is part of the body bytes, so every resend of a request carries the same key
+and the importer drops the copies (docs/reliability.md).
+"""
 
 from __future__ import annotations
 
 import base64
 import datetime
+import itertools
+import secrets
 from typing import Any
 
 import orjson
 
-from logjam.message import Message
+from logjam.compression import compress
+from logjam.message import Message, MessageBatch
 from logjam.meta import Compression, now_ms
 from logjam.validation import is_valid_app_env
 
@@ -56,6 +67,34 @@ def _lookup(body: dict[str, Any], path: list[str]) -> Any:
     return value
 
 
+class Batches:
+    """One publish's worth of mapped events: `MessageBatch` runs, a new one when the app-env changes."""
+
+    __slots__ = ("topic", "compression", "batches", "_cur", "_n")
+
+    def __init__(self, topic: str, compression: int) -> None:
+        self.topic = topic
+        self.compression = compression
+        self.batches: list[MessageBatch] = []
+        self._cur: MessageBatch | None = None
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, app_env: str, body: bytes, created_ms: int) -> None:
+        cur = self._cur
+        if cur is None or cur.app_env != app_env:
+            cur = self._cur = MessageBatch(app_env, self.topic, self.compression)
+            self.batches.append(cur)
+        cur.bodies.append(compress(self.compression, body) if self.compression else body)
+        cur.created_ms.append(created_ms)
+        self._n += 1
+
+    def messages(self) -> list[Message]:
+        return [m for b in self.batches for m in b.messages()]
+
+
 class EventMapper:
     def __init__(
         self,
@@ -65,12 +104,19 @@ class EventMapper:
         app_env_field: str | None = None,
         compression: int = Compression.NONE,
         on_fallback: Any = None,
+        instance: str | None = None,
     ) -> None:
         self.app_env = app_env
         self.topic = topic
         self.field_path = app_env_field.split(".") if app_env_field else None
         self.compression = compression
         self._on_fallback = on_fallback
+        # 64 random bits: two bridge processes never share a prefix in practice.
+        self.instance = instance or secrets.token_hex(8)
+        self._counter = itertools.count(1)
+
+    def batches(self) -> Batches:
+        return Batches(self.topic, self.compression)
 
     def app_env_for(self, body: dict[str, Any]) -> str:
         """--app-env-field's value when it is a valid stream name, else --app-env (counted)."""
@@ -83,6 +129,36 @@ class EventMapper:
             self._on_fallback()
         return self.app_env
 
+    def _with_metadata(self, body: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """Set body["@metadata"]: ours merged over the event's, with the idempotency key (never mutates `metadata`)."""
+        existing = body.get("@metadata")
+        if existing.__class__ is dict and existing:
+            merged = {**existing, **metadata}
+            key = existing.get("_id")
+            if isinstance(key, str) and key:
+                merged["_id"] = key  # the client's own key wins: it also covers the client's resends
+            elif "_id" not in metadata:
+                merged["_id"] = f"{self.instance}:{next(self._counter)}"
+            body["@metadata"] = merged
+        elif "_id" in metadata:
+            body["@metadata"] = metadata
+        else:
+            body["@metadata"] = {**metadata, "_id": f"{self.instance}:{next(self._counter)}"}
+
+    def add(
+        self,
+        out: Batches,
+        body: dict[str, Any],
+        metadata: dict[str, Any],
+        *,
+        created_ms: int | None = None,
+        app_env: str | None = None,
+    ) -> None:
+        """Map one event into `out`: @metadata and its key, app-env, created_ms, encoded body."""
+        self._with_metadata(body, metadata)
+        ts = parse_timestamp(body.get("@timestamp"))
+        out.add(app_env or self.app_env_for(body), orjson.dumps(body, default=str), ts or created_ms or now_ms())
+
     def message(
         self,
         body: dict[str, Any],
@@ -91,14 +167,7 @@ class EventMapper:
         created_ms: int | None = None,
         app_env: str | None = None,
     ) -> Message:
-        """Add @metadata (merged over any the event carries), pick app-env and created_ms, encode."""
-        existing = body.get("@metadata")
-        body["@metadata"] = {**existing, **metadata} if isinstance(existing, dict) else metadata
-        ts = parse_timestamp(body.get("@timestamp"))
-        return Message.build(
-            app_env or self.app_env_for(body),
-            self.topic,
-            orjson.dumps(body, default=str),
-            compression=self.compression,
-            created_ms=ts or created_ms or now_ms(),
-        )
+        """The same mapping as `add`, for one event as a `Message`."""
+        out = self.batches()
+        self.add(out, body, metadata, created_ms=created_ms, app_env=app_env)
+        return out.messages()[0]

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from typing import Any, ClassVar
 
-from bridges.host import BridgeProtocol, Connection, DeviceRejected, Host, IdleTimeout, body_from_bytes
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, IdleTimeout, body_from_bytes
 from bridges.lumberjack.engine import (
     DEFAULT_MAX_DECOMPRESSED,
     DEFAULT_MAX_FRAME,
@@ -37,8 +37,6 @@ from bridges.lumberjack.engine import (
     WindowFrame,
 )
 from logjam.errors import ProtocolError
-from logjam.message import Message
-from logjam.meta import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +262,7 @@ class Session:
             batch.append(queue.popleft())
         first_window = batch[0].window
         acks = self._plan(batch)
-        task = asyncio.ensure_future(self.host.link.publish(self._messages(batch)))
+        task = asyncio.ensure_future(self.host.link.publish(self._messages(batch).batches))
         self.inflight.append(_Flight(task, acks, len(batch), events, first_window, self.plan_silent))
         self.in_flight_items += len(batch)
 
@@ -291,18 +289,19 @@ class Session:
             acks.append(Ack(last.seq, last.window))
         return acks
 
-    def _messages(self, batch: list[Item]) -> list[Message]:
+    def _messages(self, batch: list[Item]) -> Batches:
         mapper = self.host.mapper
+        add = mapper.add
         base = self.conn.metadata("2")
         received = base["received_at"]
-        out = []
+        out = mapper.batches()
         for item in batch:
-            if isinstance(item, WindowFrame):
+            if item.__class__ is WindowFrame:
                 continue
             meta = dict(base)
             meta["protocol_version"] = "1" if item.version == V1 else "2"
             meta["seq"] = item.seq
-            out.append(mapper.message(event_body(item), meta, created_ms=received))
+            add(out, event_body(item), meta, created_ms=received)
         return out
 
     def _write(self, ack: bytes) -> None:

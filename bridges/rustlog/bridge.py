@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bridges.host import BridgeProtocol, Connection, DeviceRejected, Host, body_from_bytes
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, body_from_bytes
 from bridges.rustlog import engine as e
 from bridges.rustlog.log import (
     FSYNC_POLICIES,
@@ -35,7 +35,6 @@ from bridges.rustlog.log import (
     now_us,
 )
 from logjam.errors import RemoteProtocolError
-from logjam.message import Message
 from logjam.validation import is_valid_app_env
 
 log = logging.getLogger("logjam-bridge.rustlog")
@@ -232,21 +231,24 @@ class Bridge(BridgeProtocol):
 
     # -- mapping and forwarding
 
-    def _messages(self, topic: str, partition: int, base: int, records: Sequence[bytes],
-                  timestamp_us: int, metadata: dict[str, Any]) -> list[Message]:
+    def _messages(self, out: Batches, topic: str, partition: int, base: int, records: Sequence[bytes],
+                  timestamp_us: int, metadata: dict[str, Any]) -> Batches:
         mapper = self.host.mapper
+        add = mapper.add
         app_env = self.app_env_map.get(topic)
         created_ms = timestamp_us // 1000
-        out = []
+        # The record's place in the log: the same key when the backlog is forwarded again.
+        key = f"rustlog:{self.log.id}:{topic}/{partition}@"
         for i, payload in enumerate(records):
-            meta = {**metadata, "topic": topic, "partition": partition, "offset": base + i}
-            out.append(mapper.message(body_from_bytes(payload), meta, created_ms=created_ms, app_env=app_env))
+            offset = base + i
+            meta = {**metadata, "topic": topic, "partition": partition, "offset": offset, "_id": f"{key}{offset}"}
+            add(out, body_from_bytes(payload), meta, created_ms=created_ms, app_env=app_env)
         return out
 
-    async def _publish(self, messages: list[Message]) -> int:
+    async def _publish(self, messages: Batches) -> int:
         """Publish; returns how many the device rejected (counted and logged, never retried)."""
         try:
-            await self.host.link.publish(messages)
+            await self.host.link.publish(messages.batches)
             return 0
         except DeviceRejected as err:
             self.stats.device_rejected += err.rejected
@@ -261,11 +263,11 @@ class Bridge(BridgeProtocol):
             records = [r for r in plog.read(start, FORWARD_CHUNK_BYTES) if r.offset < end]
             if not records:
                 break
-            messages: list[Message] = []
+            messages = self.host.mapper.batches()
             for r in records:
                 meta = {"protocol": self.name, "protocol_version": "recovered", "peer": None,
                         "received_at": r.timestamp // 1000}
-                messages += self._messages(topic, partition, r.offset, [r.payload], r.timestamp, meta)
+                self._messages(messages, topic, partition, r.offset, [r.payload], r.timestamp, meta)
             await self._publish(messages)
             plog.set_forwarded(records[-1].offset + 1)
             sent += len(records)
@@ -386,7 +388,7 @@ class Bridge(BridgeProtocol):
             timestamp = now_us()
             base = plog.append(ev.records, timestamp)
             if n:
-                messages = self._messages(ev.topic, ev.partition, base, ev.records, timestamp,
+                messages = self._messages(self.host.mapper.batches(), ev.topic, ev.partition, base, ev.records, timestamp,
                                           conn.metadata(ev.dialect.value))
                 rejected = await self._publish(messages)
                 plog.set_forwarded(base + n)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from bridges.host.files import fsync_dir, write_all
+from bridges.host.files import fsync_dir, store_id, write_all
 
 HEADER = struct.Struct(">IIQQ")  # crc32, payload length, offset, timestamp µs
 HEADER_SIZE = HEADER.size
@@ -490,6 +490,7 @@ class Log:
         self.root = Path(data_dir)
         self.topics_dir = self.root / "topics"
         self.topics_dir.mkdir(parents=True, exist_ok=True)
+        self.id = store_id(self.root)
         self.partitions: dict[str, list[PartitionLog]] = {}
         for tdir in sorted(self.topics_dir.iterdir()):
             meta = tdir / "topic.json"

@@ -31,10 +31,9 @@ import logging
 import uuid
 from typing import Any, Sequence
 
-from bridges.host import BridgeProtocol, Connection, DeviceRejected, Host, body_from_bytes
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, body_from_bytes
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
-from logjam.message import Message
 from logjam.meta import now_ms
 
 log = logging.getLogger("logjam-bridge.segment")
@@ -93,12 +92,11 @@ class Bridge(BridgeProtocol):
             data = await asyncio.to_thread(_pread, seg, rec)
             events, _ = wire.split_events(data)
             first = rec.last_event_number - rec.num_events + 1
-            msgs = [
-                self.message(payload, base, seg.name, rec.writer_id, first + i, rec.start + off)
-                for i, (off, payload) in enumerate(events)
-            ]
+            msgs = self.host.mapper.batches()
+            for i, (off, payload) in enumerate(events):
+                self.add(msgs, payload, base, seg.name, rec.writer_id, first + i, rec.start + off)
             try:
-                await self.host.link.publish(msgs)
+                await self.host.link.publish(msgs.batches)
                 self.host.metrics.events_acked.inc(len(msgs))
             except DeviceRejected as e:
                 self.host.metrics.device_rejected.inc(e.rejected)
@@ -106,15 +104,18 @@ class Bridge(BridgeProtocol):
             seg.mark_forwarded(rec)
         log.info("segment %s: recovery forwarding done", seg.name)
 
-    def message(
-        self, payload: bytes, base: dict[str, Any], segment: str, writer: uuid.UUID, number: int, offset: int
-    ) -> Message:
+    def add(
+        self, out: Batches, payload: bytes, base: dict[str, Any], segment: str, writer: uuid.UUID, number: int,
+        offset: int,
+    ) -> None:
         meta = dict(base)
         meta["segment"] = segment
         meta["writer_id"] = str(writer)
         meta["event_number"] = number
         meta["segment_offset"] = offset
-        return self.host.mapper.message(body_from_bytes(payload), meta)
+        # The event's place in the store: the same key when recovery forwards it again.
+        meta["_id"] = f"segment:{self.store.id}:{segment}@{offset}"
+        self.host.mapper.add(out, body_from_bytes(payload), meta)
 
     async def serve(self, conn: Connection) -> None:
         await Session(self, conn).run()
@@ -341,10 +342,10 @@ class Session:
         self.host.metrics.events_received.inc(a.num_events)
         base = self.conn.metadata(self.version)
         first = a.first_event_number
-        msgs = [
-            self.bridge.message(p, base, a.segment, a.writer_id, first + i, rec.start + off)
-            for i, (p, off) in enumerate(zip(a.payloads, a.event_offsets))
-        ]
+        msgs = self.host.mapper.batches()
+        add = self.bridge.add
+        for i, (p, off) in enumerate(zip(a.payloads, a.event_offsets)):
+            add(msgs, p, base, a.segment, a.writer_id, first + i, rec.start + off)
         previous = self.acked.get(a.writer_id, stored)
         self.acked[a.writer_id] = a.last_event_number
         self.pending_bytes += len(a.data)
@@ -355,11 +356,11 @@ class Session:
         await self.room.wait()  # read no more while too much waits on the device
 
     async def _complete(
-        self, seg: Segment, rec: AppendRecord, msgs: list[Message], a: wire.Append, previous: int
+        self, seg: Segment, rec: AppendRecord, msgs: Batches, a: wire.Append, previous: int
     ) -> tuple[list[wire.Reply], bool]:
         try:
             await seg.sync(rec.end)
-            await self.host.link.publish(msgs)
+            await self.host.link.publish(msgs.batches)
         except DeviceRejected as e:
             # Stored but refused by the device: say so, and let the writer reconnect.
             seg.mark_forwarded(rec)

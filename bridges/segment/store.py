@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 from urllib.parse import quote
 
-from bridges.host.files import fsync_dir, write_all
+from bridges.host.files import fsync_dir, store_id, write_all
 
 log = logging.getLogger(__name__)
 
@@ -282,9 +282,11 @@ class SegmentStore:
         self.fsync = fsync
         self.segments: dict[str, Segment] = {}
         self._dir = self.root / "segments"
+        self.id = ""
 
     def open(self) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
+        self.id = store_id(self.root)
         for path in sorted(self._dir.iterdir()):
             if not path.is_dir() or path.name.endswith(".tmp"):
                 continue
