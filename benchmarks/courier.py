@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import orjson  # noqa: E402
 
 from bridges.courier.engine import CourierServer, EventReceived, encode_jdat  # noqa: E402
+from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
 from tests.conftest import start_device  # noqa: E402
 from tests.courier_client import TestCourierClient  # noqa: E402
 from tests.helpers import command, free_port, port_open, start, stop, wait_for  # noqa: E402
@@ -30,21 +31,25 @@ from tests.helpers import command, free_port, port_open, start, stop, wait_for  
 PER_PAYLOAD = 1024
 
 
+def make_events(p: int) -> list[bytes]:
+    """The JSON events of payload p: typical shipper events, ~230 bytes each."""
+    return [
+        orjson.dumps({
+            "message": f"GET /users/{p * PER_PAYLOAD + i} HTTP/1.1 200 {i % 97} ms cache=miss",
+            "@timestamp": f"2024-05-01T12:{p % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z",
+            "host": "web-17.example.net", "path": "/var/log/nginx/access.log",
+            "offset": (p * PER_PAYLOAD + i) * 120, "timezone": "UTC", "tags": ["nginx", "prod"],
+        })
+        for i in range(PER_PAYLOAD)
+    ]
+
+
 def make_payloads(n: int) -> list[tuple[bytes, bytes]]:
-    """(nonce, JDAT bytes) for n payloads of typical shipper events (~230 bytes of JSON each)."""
+    """(nonce, JDAT bytes) for n payloads of PER_PAYLOAD events."""
     out = []
     for p in range(n):
-        events = [
-            orjson.dumps({
-                "message": f"GET /users/{p * PER_PAYLOAD + i} HTTP/1.1 200 {i % 97} ms cache=miss",
-                "@timestamp": f"2024-05-01T12:{p % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z",
-                "host": "web-17.example.net", "path": "/var/log/nginx/access.log",
-                "offset": (p * PER_PAYLOAD + i) * 120, "timezone": "UTC", "tags": ["nginx", "prod"],
-            })
-            for i in range(PER_PAYLOAD)
-        ]
         nonce = os.urandom(16)
-        out.append((nonce, encode_jdat(nonce, events)))
+        out.append((nonce, encode_jdat(nonce, make_events(p))))
     return out
 
 
@@ -92,6 +97,8 @@ def main() -> int:
         through_bridge(port, payloads[:4])  # warm-up: connections, imports, allocator
         reference = max(decode_only(payloads) for _ in range(args.rounds))
         bridged = max(through_bridge(port, payloads) for _ in range(args.rounds))
+        bodies = [e for p in range(args.payloads) for e in make_events(p)]
+        ceiling = max(device_ceiling(device.router, bodies, app_env="courier-bench") for _ in range(2))
     finally:
         code = stop(bridge)
         stop(device.proc)
@@ -100,6 +107,7 @@ def main() -> int:
     print(f"  decode-only (engine, in-process): {reference:12,.0f} events/s")
     print(f"  bridge + device, acked:           {bridged:12,.0f} events/s")
     print(f"  ratio: {ratio:.2f}x (target >= 0.5x)")
+    print(f"  {describe(ceiling, reference)}")
     if code != 0:
         print(f"logjam-bridge exited {code}", file=sys.stderr)
         return 1

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 import pylogbeat  # noqa: E402
-import zmq  # noqa: E402
 
 from bridges.lumberjack.engine import JsonFrame, LumberjackClient, LumberjackServer  # noqa: E402
+from benchmarks.device_ceiling import Counter, counting_sub, describe, device_ceiling  # noqa: E402
 from tests.conftest import start_device  # noqa: E402
 from tests.helpers import command, free_port, port_open, stop, wait_for  # noqa: E402
 
@@ -91,64 +91,10 @@ def decode_only(windows: list[bytes]) -> tuple[float, float]:
     return n / elapsed, n / max(cpu, 1e-9)
 
 
-def count_messages(pub: str, total: int, ready: threading.Event, done: threading.Event, result: list) -> None:
-    ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.RCVHWM, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, APP_ENV.encode())
-    sub.connect(pub)
-    ready.set()
-    n = 0
-    poller = zmq.Poller()
-    poller.register(sub, zmq.POLLIN)
-    while n < total and not done.is_set():
-        if poller.poll(200):
-            while True:
-                try:
-                    frames = sub.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                if frames[1] != b"logs.probe":
-                    n += 1
-                    if n == total:
-                        result.append(time.perf_counter())
-    result.append(n)
-    sub.close()
-
-
-def join_subscriber(router: str, got_probe) -> None:
-    """Publish probes until the subscriber has joined (ZeroMQ's slow joiner)."""
-    ctx = zmq.Context.instance()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(router)
-    from logjam.message import Message
-
-    def joined() -> bool:
-        dealer.send_multipart(Message.build(APP_ENV, "logs.probe", {"p": 1}).to_frames())
-        return got_probe()
-
-    try:
-        wait_for(joined, timeout=15, interval=0.05, what="subscriber to join")
-    finally:
-        dealer.close()
-
-
 def through_bridge(dev, port: int, windows: list[bytes]) -> float:
     total = len(windows) * WINDOW
-    ready, done, result = threading.Event(), threading.Event(), []
-    # The probe is counted by a tiny SUB of its own so the counter's total stays exact.
-    ctx = zmq.Context.instance()
-    probe_sub = ctx.socket(zmq.SUB)
-    probe_sub.setsockopt(zmq.LINGER, 0)
-    probe_sub.setsockopt(zmq.SUBSCRIBE, APP_ENV.encode())
-    probe_sub.connect(dev.pub)
-    counter = threading.Thread(target=count_messages, args=(dev.pub, total, ready, done, result), daemon=True)
-    counter.start()
-    ready.wait()
-    join_subscriber(dev.router, lambda: probe_sub.poll(50) and probe_sub.recv_multipart())
-    probe_sub.close()
+    sub = counting_sub(dev.router, dev.pub, APP_ENV)
+    counter = Counter(sub, total)
     acks = LumberjackClient()  # only its ack parser is used
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -168,11 +114,11 @@ def through_bridge(dev, port: int, windows: list[bytes]) -> float:
             acked = max(acked, ack.seq)
     t_acked = time.perf_counter()
     counter.join(60)
-    done.set()
     sock.close()
-    if len(result) != 2 or result[-1] != total:
-        raise SystemExit(f"subscriber counted {result[-1] if result else 0} of {total}")
-    return total / (max(result[0], t_acked) - t0)
+    sub.close()
+    if counter.done_at is None:
+        raise SystemExit(f"subscriber counted {counter.counted} of {total}")
+    return total / (max(counter.done_at, t_acked) - t0)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -256,6 +202,8 @@ def main() -> int:
         cpu0 = cpu_seconds(bridge.pid), cpu_seconds(dev.proc.pid)
         rates = [through_bridge(dev, port, windows) for _ in range(args.rounds)]
         cpu1 = cpu_seconds(bridge.pid), cpu_seconds(dev.proc.pid)
+        bodies = [orjson.dumps(make_event(random.Random(i), 0, i)) for i in range(args.windows * WINDOW)]
+        ceiling = max(device_ceiling(dev.router, bodies, app_env=APP_ENV, pub=dev.pub) for _ in range(2))
         e2e = max(rates)
         events = args.rounds * args.windows * WINDOW
         per_cpu = [events / max(b - a, 1e-9) for a, b in zip(cpu0, cpu1)]
@@ -275,6 +223,7 @@ def main() -> int:
     print(f"bridge + device + subscriber:                           {e2e:12,.0f} events/s  (rounds: "
           + ", ".join(f"{r:,.0f}" for r in rates) + ")")
     print(f"ratio: {e2e / ref:.2f}x (target >= 0.5x)")
+    print(describe(ceiling, ref, "device + subscriber"))
     print(f"CPU cost (load-independent): bridge {per_cpu[0]:,.0f} events per CPU-second, "
           f"device {per_cpu[1]:,.0f}, decode-only {ref_cpu:,.0f}; bridge/decode-only {per_cpu[0] / ref_cpu:.2f}x")
     print(f"device paused, 10 clients sending: bridge RSS {before['VmRSS'] / 1024:.1f} MiB before, "

@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
 from bridges.rustlog import engine as e  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -217,6 +217,10 @@ def main() -> int:
             print(f"  {dialect.value:6s} produce bridge+device  : {rate:>10,.0f} records/s   {per_cpu:>10,.0f} records/CPU-s"
                   f" (bridge {bridge_cpu:.1f} s, device {device_cpu:.1f} s)")
             print(f"  {dialect.value:6s} ratio produce/decode   : {ratio:.3f}x wall, {per_cpu / limit_cpu:.3f}x per CPU-s (target >= 0.5x)")
+            bodies = [r for k in range(BATCHES_PER_CONN) for r in records(k)] * CONNS
+            ceiling = max(device_ceiling(f"tcp://127.0.0.1:{ports['router']}", bodies, app_env="bench-rustlog")
+                          for _ in range(2))
+            print(f"  {dialect.value:6s} {describe(ceiling, limit)}")
         for dialect in (e.Dialect.BINARY, e.Dialect.JSON):
             recs, mb = fetch_run(ports["bridge"], dialect, 2 * CONNS)
             print(f"  {dialect.value:6s} fetch                  : {recs:>10,.0f} records/s   {mb:.1f} MB/s of payload")

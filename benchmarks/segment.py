@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 
-from bridges.host.mapping import EventMapper, body_from_bytes  # noqa: E402
+from bridges.host.mapping import EventMapper, body_and_raw  # noqa: E402
 from bridges.segment import engine as wire  # noqa: E402
+from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
 from tests.conftest import start_device  # noqa: E402
 from tests.helpers import command, free_port, port_open, start, stop, wait_for  # noqa: E402
 from tests.segment_client import SegmentTestClient  # noqa: E402
@@ -67,8 +68,10 @@ def decode_only(setup: bytes, appends: list[bytes], map_events: bool = False) ->
                 events += req.num_events
                 if map_events:
                     base = {"protocol": "segment", "peer": "127.0.0.1:1", "received_at": 0}
+                    out = mapper.batches()
                     for n, p in enumerate(req.payloads):
-                        mapper.message(body_from_bytes(p), {**base, "segment": req.segment, "event_number": n})
+                        body, raw = body_and_raw(p)
+                        mapper.add(out, body, {**base, "segment": req.segment, "event_number": n}, raw=raw)
     return events / (time.perf_counter() - t0)
 
 
@@ -115,6 +118,9 @@ def main() -> int:
     try:
         wait_for(lambda: port_open(port), timeout=20, what="the bridge")
         bridged = through_bridge(port, writer, appends, args.events)
+        server = wire.SegmentServer()
+        bodies = [p for req in server.feed(setup + b"".join(appends)) if isinstance(req, wire.Append) for p in req.payloads]
+        ceiling = max(device_ceiling(dev.router, bodies, app_env="bench-segment") for _ in range(2))
     finally:
         stop(bridge)
         stop(dev.proc)
@@ -126,6 +132,7 @@ def main() -> int:
     print(f"  decode-only (engine, in-process):       {reference:12,.0f} events/s")
     print(f"  decode + map to Logjam (in-process):    {mapped:12,.0f} events/s")
     print(f"  ratio: {ratio:.2f}x (target >= 0.5x); bridge / decode+map: {bridged / mapped:.2f}x")
+    print(f"  {describe(ceiling, reference)}")
     return 0
 
 

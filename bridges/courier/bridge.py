@@ -201,7 +201,7 @@ class _Session:
 
     def _add_event(self, ev: EventReceived) -> None:
         meta = {**self.base_meta, "nonce": self.nonce_hex, "index": ev.index}
-        self.mapper.add(self.batch, ev.body, meta, created_ms=self.base_meta["received_at"])
+        self.mapper.add(self.batch, ev.body, meta, created_ms=self.base_meta["received_at"], raw=ev.raw)
 
     # -- device side -------------------------------------------------------------
     async def _flush(self) -> None:

@@ -147,6 +147,8 @@ class EventReceived:
     nonce: bytes
     index: int
     body: dict[str, Any] = field(hash=False, compare=True)
+    # The event's JSON text when `body` is exactly that object (lets the bridge splice, not re-encode).
+    raw: bytes | None = field(default=None, hash=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,7 +457,14 @@ class CourierServer:
                 pos += 4 + n
                 index = self._index
                 self._index = index + 1
-                yield EventReceived(nonce, index, event_body(raw))
+                try:
+                    obj = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    obj = None
+                if obj.__class__ is dict:
+                    yield EventReceived(nonce, index, obj, raw)
+                else:
+                    yield EventReceived(nonce, index, event_body(raw))
         finally:
             del plain[:pos]
 

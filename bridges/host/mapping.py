@@ -38,23 +38,48 @@ def body_from_bytes(data: bytes) -> dict[str, Any]:
         return {"message_base64": base64.b64encode(data).decode("ascii")}
 
 
+_UTC = datetime.timezone.utc
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
+_MS = datetime.timedelta(milliseconds=1)
+_fromisoformat = datetime.datetime.fromisoformat
+
+
+def body_and_raw(data: bytes) -> tuple[dict[str, Any], bytes | None]:
+    """`body_from_bytes`, plus `data` itself when the body is that JSON object unchanged (see `EventMapper.add`)."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        value = None
+    if value.__class__ is dict:
+        return value, bytes(data)
+    return body_from_bytes(data), None
+
+
 def parse_timestamp(value: Any) -> int | None:
     """`@timestamp` as epoch milliseconds: ISO 8601 text, or epoch seconds/milliseconds as a number."""
-    if isinstance(value, bool):
+    kind = value.__class__
+    if kind is str:  # the common case, once per event: kept to exact, cheap steps
+        if not value:
+            return None
+        try:
+            ts = _fromisoformat(value)
+        except ValueError:
+            try:
+                ts = _fromisoformat(value.strip())
+            except ValueError:
+                return None
+        if ts.tzinfo is None:
+            ts = ts.replace(tzinfo=_UTC)
+        ms = (ts - _EPOCH) // _MS
+        return ms if ms > 0 else None
+    if kind is bool or isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
         # Beyond year 5138 in seconds means the number was milliseconds already.
         ms = value if value > 1e11 else value * 1000
         return int(ms) if 0 < ms < 2**63 else None
-    if isinstance(value, str) and value:
-        try:
-            ts = datetime.datetime.fromisoformat(value.strip())
-        except ValueError:
-            return None
-        if ts.tzinfo is None:
-            ts = ts.replace(tzinfo=datetime.timezone.utc)
-        ms = int(ts.timestamp() * 1000)
-        return ms if ms > 0 else None
+    if isinstance(value, str):
+        return parse_timestamp(str(value))
     return None
 
 
@@ -113,6 +138,7 @@ class EventMapper:
         self._on_fallback = on_fallback
         # 64 random bits: two bridge processes never share a prefix in practice.
         self.instance = instance or secrets.token_hex(8)
+        self._key_prefix = f"{self.instance}:".encode()
         self._counter = itertools.count(1)
 
     def batches(self) -> Batches:
@@ -129,6 +155,9 @@ class EventMapper:
             self._on_fallback()
         return self.app_env
 
+    def _next_key(self) -> str:
+        return f"{self.instance}:{next(self._counter)}"
+
     def _with_metadata(self, body: dict[str, Any], metadata: dict[str, Any]) -> None:
         """Set body["@metadata"]: ours merged over the event's, with the idempotency key (never mutates `metadata`)."""
         existing = body.get("@metadata")
@@ -138,12 +167,12 @@ class EventMapper:
             if isinstance(key, str) and key:
                 merged["_id"] = key  # the client's own key wins: it also covers the client's resends
             elif "_id" not in metadata:
-                merged["_id"] = f"{self.instance}:{next(self._counter)}"
+                merged["_id"] = self._next_key()
             body["@metadata"] = merged
         elif "_id" in metadata:
             body["@metadata"] = metadata
         else:
-            body["@metadata"] = {**metadata, "_id": f"{self.instance}:{next(self._counter)}"}
+            body["@metadata"] = {**metadata, "_id": self._next_key()}
 
     def add(
         self,
@@ -153,8 +182,27 @@ class EventMapper:
         *,
         created_ms: int | None = None,
         app_env: str | None = None,
+        raw: bytes | None = None,
     ) -> None:
-        """Map one event into `out`: @metadata and its key, app-env, created_ms, encoded body."""
+        """Map one event into `out`: @metadata and its key, app-env, created_ms, encoded body.
+
+        `raw`, when given, is the JSON text `body` was parsed from, unchanged. For a
+        non-empty object without its own @metadata the body is then that text with
+        `,"@metadata":{...}` spliced in before the closing brace: the same JSON as
+        re-encoding the dict, without re-encoding the event.
+        """
+        if raw is not None and body and "@metadata" not in body:
+            text = raw.rstrip()
+            if text[-1:] == b"}":
+                if "_id" in metadata:
+                    meta = orjson.dumps(metadata, default=str)
+                else:
+                    key = b'"_id":"%b%d"}' % (self._key_prefix, next(self._counter))
+                    meta = orjson.dumps(metadata, default=str)[:-1] + (b"," + key if metadata else key)
+                ts = parse_timestamp(body.get("@timestamp"))
+                out.add(app_env or self.app_env_for(body), b'%b,"@metadata":%b}' % (text[:-1], meta),
+                        ts or created_ms or now_ms())
+                return
         self._with_metadata(body, metadata)
         ts = parse_timestamp(body.get("@timestamp"))
         out.add(app_env or self.app_env_for(body), orjson.dumps(body, default=str), ts or created_ms or now_ms())

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from typing import Any, ClassVar
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, IdleTimeout, body_from_bytes
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, IdleTimeout, body_and_raw
 from bridges.lumberjack.engine import (
     DEFAULT_MAX_DECOMPRESSED,
     DEFAULT_MAX_FRAME,
@@ -45,10 +45,10 @@ FEED_SLICE = 8192
 Item = DataFrame | JsonFrame | WindowFrame  # windows are queued to act on them in order
 
 
-def event_body(event: DataFrame | JsonFrame) -> dict[str, Any]:
-    """The Logjam body of one Lumberjack event (the Logstash convention)."""
-    if isinstance(event, JsonFrame):
-        return body_from_bytes(event.payload)
+def event_body(event: DataFrame | JsonFrame) -> tuple[dict[str, Any], bytes | None]:
+    """The Logjam body of one Lumberjack event (the Logstash convention), and its JSON text if unchanged."""
+    if event.__class__ is JsonFrame:
+        return body_and_raw(event.payload)  # type: ignore[union-attr]
     body: dict[str, Any] = {}
     for key, value in event.fields.items():
         if isinstance(value, bytes):
@@ -58,7 +58,7 @@ def event_body(event: DataFrame | JsonFrame) -> dict[str, Any]:
     # logstash-forwarder's `line` is Logstash's `message`; an explicit `message` wins.
     if "line" in body and "message" not in body:
         body["message"] = body.pop("line")
-    return body
+    return body, None
 
 
 class Budget:
@@ -301,7 +301,8 @@ class Session:
             meta = dict(base)
             meta["protocol_version"] = "1" if item.version == V1 else "2"
             meta["seq"] = item.seq
-            add(out, event_body(item), meta, created_ms=received)
+            body, raw = event_body(item)
+            add(out, body, meta, created_ms=received, raw=raw)
         return out
 
     def _write(self, ack: bytes) -> None:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, body_from_bytes
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, body_and_raw
 from bridges.rustlog import engine as e
 from bridges.rustlog.log import (
     FSYNC_POLICIES,
@@ -242,7 +242,8 @@ class Bridge(BridgeProtocol):
         for i, payload in enumerate(records):
             offset = base + i
             meta = {**metadata, "topic": topic, "partition": partition, "offset": offset, "_id": f"{key}{offset}"}
-            add(out, body_from_bytes(payload), meta, created_ms=created_ms, app_env=app_env)
+            body, raw = body_and_raw(payload)
+            add(out, body, meta, created_ms=created_ms, app_env=app_env, raw=raw)
         return out
 
     async def _publish(self, messages: Batches) -> int:

@@ -31,7 +31,7 @@ import logging
 import uuid
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, body_from_bytes
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, body_and_raw
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
 from logjam.meta import now_ms
@@ -115,7 +115,8 @@ class Bridge(BridgeProtocol):
         meta["segment_offset"] = offset
         # The event's place in the store: the same key when recovery forwards it again.
         meta["_id"] = f"segment:{self.store.id}:{segment}@{offset}"
-        self.host.mapper.add(out, body_from_bytes(payload), meta)
+        body, raw = body_and_raw(payload)
+        self.host.mapper.add(out, body, meta, raw=raw)
 
     async def serve(self, conn: Connection) -> None:
         await Session(self, conn).run()
