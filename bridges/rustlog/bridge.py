@@ -387,15 +387,27 @@ class Bridge(BridgeProtocol):
             if plog.forwarded < plog.high_watermark:
                 await self._forward_backlog(ev.topic, ev.partition, plog, plog.high_watermark)
             timestamp = now_us()
-            base = plog.append(ev.records, timestamp)
+            always = self.log.config.fsync == "always"
+            base = plog.append(ev.records, timestamp, sync=not always)
             if n:
                 messages = self._messages(self.host.mapper.batches(), ev.topic, ev.partition, base, ev.records, timestamp,
                                           conn.metadata(ev.dialect.value))
-                rejected = await self._publish(messages)
+                # The fsync runs in a thread while the device takes the records: the answer
+                # below still waits for both, and the event loop serves other clients meanwhile.
+                if always:
+                    synced = asyncio.ensure_future(asyncio.to_thread(plog.sync))
+                    try:
+                        rejected = await self._publish(messages)
+                    finally:
+                        await synced
+                else:
+                    rejected = await self._publish(messages)
                 plog.set_forwarded(base + n)
                 if rejected:
                     return e.Error(e.ErrorKind.INTERNAL,
                                    f"stored at offsets {base}..{base + n - 1}, but the device rejected {rejected} of {n} records")
+            elif always:
+                await asyncio.to_thread(plog.sync)
         self.host.metrics.events_acked.inc(n)
         self.stats.records_in += n
         self.stats.bytes_in += sum(map(len, ev.records))

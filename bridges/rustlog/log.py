@@ -376,8 +376,12 @@ class PartitionLog:
 
     # -- appending and reading
 
-    def append(self, records: Sequence[bytes], timestamp: int | None = None) -> int:
-        """Append durably (per the fsync policy); returns the first record's offset."""
+    def append(self, records: Sequence[bytes], timestamp: int | None = None, *, sync: bool = True) -> int:
+        """Append durably (per the fsync policy); returns the first record's offset.
+
+        With `sync=False` the caller takes over the "always" policy's fsync: it calls
+        `sync()` itself (in a thread, while the records travel on) before it acknowledges.
+        """
         ts = now_us() if timestamp is None else timestamp
         base = self.high_watermark
         offset = base
@@ -399,7 +403,7 @@ class PartitionLog:
             if batch:
                 self.segments[-1].append(batch, offset, ts)
             self._dirty = True
-            if self.config.fsync == "always":
+            if sync and self.config.fsync == "always":
                 self.sync()
         except OSError as e:
             raise _storage_error(f"appending in {self.dir}", e) from None
