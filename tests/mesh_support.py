@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -11,8 +12,11 @@ from pathlib import Path
 import orjson
 from pylogbeat import PyLogBeatClient
 
+from logjam.compression import decompress
 from logjam.mesh import DEFAULTS, mesh_environment
+from logjam.message import Message
 from logjam.producer import Producer
+from logjam.replay import ReplayClient
 from tests.helpers import REPO, command, free_port, port_open, wait_for
 
 
@@ -175,7 +179,50 @@ EXPECTED_ROUTE = {
 
 
 def landed(mesh: Mesh, run: str) -> list[dict]:
-    return mesh.sql(f"SELECT app_env, topic, device, seq, body, parse_error FROM messages WHERE body LIKE '%{run}%'")
+    return mesh.sql(
+        f"SELECT app_env, topic, device, seq, event_id, body, parse_error FROM messages WHERE body LIKE '%{run}%'"
+    )
+
+
+def repeated_event_ids(mesh: Mesh) -> list[dict]:
+    """Every non-NULL event_id that has more than one row anywhere in the table (the importer's
+    exactly-once claim is that there are none)."""
+    return mesh.sql(
+        "SELECT event_id, count(*) AS n, collect_set(app_env) AS app_envs FROM messages "
+        "WHERE event_id IS NOT NULL GROUP BY event_id HAVING count(*) > 1 ORDER BY n DESC LIMIT 20"
+    )
+
+
+def journaled(mesh: Mesh, run: str, from_seq: int) -> list[dict]:
+    """The device journal's copies of run `run`'s events at seq >= `from_seq`, read back through
+    the replay endpoint: one {"seq", "body"} per journaled message (a copy journaled twice is two)."""
+    client = ReplayClient(f"tcp://127.0.0.1:{mesh.port('LOGJAM_REPLAY_PORT')}", timeout=30)
+    needle = run.encode()
+    out = []
+    try:
+        for msg in client.fetch(from_seq, 2**63 - 1):
+            assert isinstance(msg, Message), f"journal lost {msg} within the test's range"
+            body = decompress(msg.meta.compression, msg.body)
+            if needle in body:
+                out.append({"seq": msg.meta.seq, "body": orjson.loads(body)})
+    finally:
+        client.close()
+    return out
+
+
+_SKIPPED = re.compile(r"duplicates: skipped (\d+) events whose @metadata\._id was already written")
+
+
+def importer_duplicates_dropped(mesh: Mesh) -> int:
+    """Events the importers dropped by @metadata._id so far, summed from their logs' 5-second summaries.
+
+    The summary is the only place the mesh exposes it (no --metrics-port under supervisord); a
+    count an importer had not logged yet when it was SIGKILLed is not in it.
+    """
+    total = 0
+    for path in Path(mesh.env["LOGJAM_DATA_DIR"], "logs").glob("logjam-importer-*.log"):
+        total += sum(int(n) for n in _SKIPPED.findall(path.read_text(errors="replace")))
+    return total
 
 
 def wait_landed(mesh: Mesh, run: str, want: int, timeout: float = 180) -> list[dict]:

@@ -3,13 +3,15 @@
 Events go in through all four bridges (pylogbeat, the real Beats-protocol client, for
 Lumberjack; `logjam-send` for the others) and straight to the device over DEALER and
 PUSH. `logjam-sql` must then show every event exactly once with the right app_env,
-topic and @metadata. Then one importer is SIGKILLed: supervisord must restart it, and
-traffic sent afterwards must land.
+topic and @metadata, and every bridge event with its idempotency key in `event_id`.
+Then one importer is SIGKILLed: supervisord must restart it, traffic sent afterwards
+must land, and no key may have two rows.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import uuid
 from pathlib import Path
@@ -18,9 +20,21 @@ import orjson
 import pytest
 
 from tests.helpers import wait_for
-from tests.mesh_support import EXPECTED_ROUTE, landed, running_mesh, send_everywhere, wait_landed, wait_until_importing
+from tests.mesh_support import (
+    EXPECTED_ROUTE, landed, repeated_event_ids, running_mesh, send_everywhere, wait_landed, wait_until_importing,
+)
 
 pytestmark = pytest.mark.timeout(600)
+
+# @metadata._id per bridge (bridges/host/mapping.py, bridges/segment/bridge.py `add`,
+# bridges/rustlog/bridge.py `_messages`): a random per-process prefix and a counter, or the
+# event's position in the bridge's store (16 hex digits of store id).
+KEY_FORMATS = {
+    "lumberjack": lambda md: r"[0-9a-f]{16}:[1-9][0-9]*",
+    "courier": lambda md: r"[0-9a-f]{16}:[1-9][0-9]*",
+    "segment": lambda md: rf"segment:[0-9a-f]{{16}}:{re.escape(md['segment'])}@{md['segment_offset']}",
+    "rustlog": lambda md: rf"rustlog:[0-9a-f]{{16}}:{re.escape(md['topic'])}/{md['partition']}@{md['offset']}",
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +60,18 @@ def test_events_from_every_path_land_exactly_once(mesh):
         assert row["parse_error"] is None
         assert row["device"] == int(mesh.env["LOGJAM_DEVICE_ID"])
         if protocol:
-            assert body["@metadata"]["protocol"] == protocol
-            assert body["@metadata"]["peer"].startswith("127.0.0.1:")
+            md = body["@metadata"]
+            assert md["protocol"] == protocol
+            assert md["peer"].startswith("127.0.0.1:")
+            # Every bridge keys its events (docs/reliability.md "Exactly once"); the column is that key.
+            assert row["event_id"] is not None and row["event_id"] == md["_id"], (marker, row)
+            assert re.fullmatch(KEY_FORMATS[protocol](md), row["event_id"]), (marker, row["event_id"], md)
+        else:
+            # Logjam clients' bodies go through untouched: no key unless the producer wrote one.
+            assert "@metadata" not in body and row["event_id"] is None, (marker, row)
     assert set(seen) == set(expected)
+    keyed = [row["event_id"] for row in seen.values() if row["event_id"] is not None]
+    assert len(keyed) == len(set(keyed)) == 4 * n, "bridge events share an idempotency key"
     # Both importers wrote: mesh-a and mesh-b hash (CRC32) to worker 1, the bridges' defaults to 0.
     roots = sorted(p.name for p in Path(mesh.env["LOGJAM_DATA_DIR"], "warehouse", "messages").glob("importer=*"))
     assert roots == ["importer=0", "importer=1"]
@@ -75,3 +98,5 @@ def test_killed_importer_is_restarted_and_later_traffic_lands(mesh):
 
     wait_for(all_landed, timeout=120, interval=2, what="events sent after the restart to land")
     assert sorted(markers) == sorted(expected), "duplicates or strays landed"
+    # The restarted worker reloaded the keys it had written and wrote none of them again.
+    assert repeated_event_ids(mesh) == []
