@@ -1,11 +1,14 @@
 """The event -> Logjam message mapping every bridge shares."""
 
+import datetime
+
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridges.host.mapping import EventMapper, body_from_bytes, parse_timestamp
+from bridges.host.native_link import NativeWire, wire
 from logjam.meta import Compression
 
 
@@ -128,3 +131,62 @@ def test_spliced_body_is_the_same_json_as_reencoding(body, metadata, indent, tra
     got, want = out_fast.messages()[0], out_slow.messages()[0]
     assert list(orjson.loads(got.body).items()) == list(orjson.loads(want.body).items())
     assert got.meta == want.meta and got.app_env == want.app_env
+
+
+_timestamps = st.one_of(
+    st.datetimes(min_value=datetime.datetime(1, 1, 1), max_value=datetime.datetime(9999, 12, 31),
+                 timezones=st.none() | st.just(datetime.timezone.utc)
+                 | st.builds(lambda m: datetime.timezone(datetime.timedelta(minutes=m)), st.integers(-1439, 1439)))
+    .map(lambda d: d.isoformat(timespec=["auto", "seconds", "milliseconds", "microseconds"][d.microsecond % 4])),
+    st.sampled_from(["2024-05-01T12:00:00.123Z", "2024-05-01T12:00:00Z", "2024-02-30T00:00:00Z", "2024-05-01 12:00:00",
+                     "2024-05-01T12:00:00.1234567Z", "2024-05-01T12:00:00+0100", " 2024-05-01T12:00:00Z", "1970-01-01T00:00:00Z",
+                     "2024-05-01T24:00:00Z", "2024-05-01T12:00:60Z", "2024-05-01", "x", "", "2024-05-01T12:00:00z"]),
+    st.integers(-5, 2**62) | st.floats(allow_nan=False) | st.none() | st.booleans(),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(st.dictionaries(st.text(max_size=6).filter(lambda k: k != "@metadata"), _json, min_size=1, max_size=4),
+                  _timestamps | st.none(), st.booleans(), st.integers(0, 2**40)),
+        min_size=1, max_size=6),
+    common=st.dictionaries(st.sampled_from(["protocol", "peer", "tls", "nonce"]), st.text(max_size=5) | st.integers(0, 9)),
+    fields=st.sampled_from([("", ""), ("seq", ""), ("event_number", "segment_offset")]),
+    own_keys=st.booleans(),
+)
+def test_native_run_is_exactly_add_per_event(events, common, fields, own_keys):
+    """`add_run` (C splice, C timestamps) must give byte-for-byte what `add` gives each event."""
+    if not isinstance(wire(), NativeWire):
+        pytest.skip("no compiler: add_run falls back to add itself")
+    f1, f2 = fields
+    bodies, raws, v1, v2 = [], [], [], []
+    for body, ts, nested, v in events:
+        body = dict(body)
+        if ts is not None:
+            if nested:  # a nested @timestamp must not be taken for the top-level one
+                body = {"inner": {"@timestamp": ts}, **body}
+            else:
+                body["@timestamp"] = ts
+        raw = orjson.dumps(body)
+        bodies.append(orjson.loads(raw))
+        raws.append(raw)
+        v1.append(v)
+        v2.append(v + 1)
+    keys = [v * 3 for v in v1] if own_keys else None
+    fast, slow = EventMapper(app_env="a-b", topic="t", instance="i"), EventMapper(app_env="a-b", topic="t", instance="i")
+    out_fast, out_slow = fast.batches(), slow.batches()
+    fast.add_run(out_fast, bodies, raws, common, created_ms=77, field1=f1, values1=v1, field2=f2, values2=v2,
+                 key_prefix="seg:x@" if own_keys else None, keys=keys)
+    for i, (body, raw) in enumerate(zip(bodies, raws)):
+        meta = dict(common)
+        if f1:
+            meta[f1] = v1[i]
+        if f2:
+            meta[f2] = v2[i]
+        meta["_id"] = f"seg:x@{keys[i]}" if own_keys else f"i:{i + 1}"
+        slow.add(out_slow, orjson.loads(raw), meta, created_ms=77)
+    got, want = out_fast.messages(), out_slow.messages()
+    assert [m.body for m in got] == [orjson.dumps(orjson.loads(m.body)) for m in want]
+    assert [m.meta.created_ms for m in got] == [m.meta.created_ms for m in want]
+    assert fast._next_n == 1 + (0 if own_keys else len(events))

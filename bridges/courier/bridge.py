@@ -123,6 +123,9 @@ class _Session:
         self.tasks: set[asyncio.Task[None]] = set()
         self.slots = asyncio.Semaphore(args.max_pending_batches)
         self.batch: Batches = self.mapper.batches()
+        self.run_bodies: list[dict[str, Any]] = []
+        self.run_raws: list[bytes] = []
+        self.run_index: list[int] = []
         self.batch_payload: _Payload | None = None
         self.failure: ProtocolError | None = None
         self.base_meta: dict[str, Any] = {}
@@ -166,7 +169,7 @@ class _Session:
             for ev in engine.feed(data):
                 if type(ev) is EventReceived:
                     self._add_event(ev)
-                    if len(self.batch) >= self.args.batch_size:
+                    if len(self.batch) + len(self.run_raws) >= self.args.batch_size:
                         await self._flush()
                 else:
                     await self._on_control(ev)
@@ -200,11 +203,26 @@ class _Session:
             self.conn.write(self.engine.send(Unknown()))
 
     def _add_event(self, ev: EventReceived) -> None:
+        body = ev.body
+        if ev.raw is not None and body and "@metadata" not in body:
+            # Collected for one native splice (EventMapper.add_run) when the batch is sent.
+            self.run_bodies.append(body)
+            self.run_raws.append(ev.raw)
+            self.run_index.append(ev.index)
+            return
+        self._end_run()
         meta = {**self.base_meta, "nonce": self.nonce_hex, "index": ev.index}
-        self.mapper.add(self.batch, ev.body, meta, created_ms=self.base_meta["received_at"], raw=ev.raw)
+        self.mapper.add(self.batch, body, meta, created_ms=self.base_meta["received_at"], raw=ev.raw)
+
+    def _end_run(self) -> None:
+        if self.run_raws:
+            self.mapper.add_run(self.batch, self.run_bodies, self.run_raws, {**self.base_meta, "nonce": self.nonce_hex},
+                                created_ms=self.base_meta["received_at"], field1="index", values1=self.run_index)
+            self.run_bodies, self.run_raws, self.run_index = [], [], []
 
     # -- device side -------------------------------------------------------------
     async def _flush(self) -> None:
+        self._end_run()
         if not self.batch:
             return
         messages, self.batch = self.batch, self.mapper.batches()

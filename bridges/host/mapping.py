@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import base64
 import datetime
-import itertools
 import secrets
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 
+from bridges.host.native_link import NativeWire, wire
 from logjam.compression import compress
 from logjam.message import Message, MessageBatch
 from logjam.meta import Compression, now_ms
@@ -44,14 +44,14 @@ _MS = datetime.timedelta(milliseconds=1)
 _fromisoformat = datetime.datetime.fromisoformat
 
 
-def body_and_raw(data: bytes) -> tuple[dict[str, Any], bytes | None]:
+def body_and_raw(data: bytes | memoryview) -> tuple[dict[str, Any], bytes | memoryview | None]:
     """`body_from_bytes`, plus `data` itself when the body is that JSON object unchanged (see `EventMapper.add`)."""
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
         value = None
     if value.__class__ is dict:
-        return value, bytes(data)
+        return value, data  # a memoryview stays one: the splice copies it once, into the body
     return body_from_bytes(data), None
 
 
@@ -116,6 +116,16 @@ class Batches:
         cur.created_ms.append(created_ms)
         self._n += 1
 
+    def extend(self, app_env: str, bodies: list[bytes], created_ms: list[int]) -> None:
+        """Several uncompressed bodies for one app-env (only used when compression is off)."""
+        cur = self._cur
+        if cur is None or cur.app_env != app_env:
+            cur = self._cur = MessageBatch(app_env, self.topic, self.compression)
+            self.batches.append(cur)
+        cur.bodies.extend(bodies)
+        cur.created_ms.extend(created_ms)
+        self._n += len(bodies)
+
     def messages(self) -> list[Message]:
         return [m for b in self.batches for m in b.messages()]
 
@@ -139,7 +149,8 @@ class EventMapper:
         # 64 random bits: two bridge processes never share a prefix in practice.
         self.instance = instance or secrets.token_hex(8)
         self._key_prefix = f"{self.instance}:".encode()
-        self._counter = itertools.count(1)
+        self._next_n = 1
+        self._splicer: Any = None
 
     def batches(self) -> Batches:
         return Batches(self.topic, self.compression)
@@ -155,8 +166,14 @@ class EventMapper:
             self._on_fallback()
         return self.app_env
 
+    def _take_keys(self, n: int) -> int:
+        """Reserve n consecutive key numbers; returns the first."""
+        first = self._next_n
+        self._next_n = first + n
+        return first
+
     def _next_key(self) -> str:
-        return f"{self.instance}:{next(self._counter)}"
+        return f"{self.instance}:{self._take_keys(1)}"
 
     def _with_metadata(self, body: dict[str, Any], metadata: dict[str, Any]) -> None:
         """Set body["@metadata"]: ours merged over the event's, with the idempotency key (never mutates `metadata`)."""
@@ -182,7 +199,7 @@ class EventMapper:
         *,
         created_ms: int | None = None,
         app_env: str | None = None,
-        raw: bytes | None = None,
+        raw: bytes | memoryview | None = None,
     ) -> None:
         """Map one event into `out`: @metadata and its key, app-env, created_ms, encoded body.
 
@@ -192,12 +209,12 @@ class EventMapper:
         re-encoding the dict, without re-encoding the event.
         """
         if raw is not None and body and "@metadata" not in body:
-            text = raw.rstrip()
+            text = bytes(raw).rstrip()
             if text[-1:] == b"}":
                 if "_id" in metadata:
                     meta = orjson.dumps(metadata, default=str)
                 else:
-                    key = b'"_id":"%b%d"}' % (self._key_prefix, next(self._counter))
+                    key = b'"_id":"%b%d"}' % (self._key_prefix, self._take_keys(1))
                     meta = orjson.dumps(metadata, default=str)[:-1] + (b"," + key if metadata else key)
                 ts = parse_timestamp(body.get("@timestamp"))
                 out.add(app_env or self.app_env_for(body), b'%b,"@metadata":%b}' % (text[:-1], meta),
@@ -206,6 +223,79 @@ class EventMapper:
         self._with_metadata(body, metadata)
         ts = parse_timestamp(body.get("@timestamp"))
         out.add(app_env or self.app_env_for(body), orjson.dumps(body, default=str), ts or created_ms or now_ms())
+
+    def add_run(
+        self,
+        out: Batches,
+        bodies: list[dict[str, Any]],
+        raws: list[bytes | memoryview],
+        common: dict[str, Any],
+        *,
+        created_ms: int,
+        field1: str = "",
+        values1: Sequence[int] = (),
+        field2: str = "",
+        values2: Sequence[int] = (),
+        key_prefix: str | None = None,
+        keys: Sequence[int] | None = None,
+    ) -> None:
+        """`add` for a run of events that are non-empty JSON objects without their own @metadata.
+
+        Each event's @metadata is `common`, then `field1`/`field2` with the event's
+        value from `values1`/`values2` (when named), then `_id`: `key_prefix` + the
+        event's number from `keys`, or this bridge's own `<instance>:<counter>`. The
+        splicing, the @timestamp lookup and the common timestamp format run in C
+        (`native_link.lj_splice`) for the whole run; the result is exactly what `add`
+        gives each event (tests/test_bridge_mapping.py checks it).
+        """
+        n = len(raws)
+        if not n:
+            return
+        if keys is None:
+            first = self._take_keys(n)
+            keys = range(first, first + n)
+            prefix = self.instance + ":"
+        else:
+            prefix = key_prefix or ""
+        splicer = self._native_splicer()
+        if splicer is None:
+            for i in range(n):
+                meta = dict(common)
+                if field1:
+                    meta[field1] = values1[i]
+                if field2:
+                    meta[field2] = values2[i]
+                meta["_id"] = f"{prefix}{keys[i]}"
+                self.add(out, bodies[i], meta, created_ms=created_ms, raw=raws[i])
+            return
+        blob, lens, stamps = splicer.splice(
+            raws, orjson.dumps(common, default=str)[1:-1],
+            orjson.dumps(field1) + b":" if field1 else b"", values1,
+            orjson.dumps(field2) + b":" if field2 else b"", values2,
+            orjson.dumps(prefix)[1:-1], keys,
+        )
+        out_bodies = []
+        created = []
+        pos = 0
+        for i, size in enumerate(lens):
+            out_bodies.append(blob[pos : pos + size])
+            pos += size
+            ts = stamps[i]
+            if ts == -1:  # not the common format: Python's parser decides, as in `add`
+                ts = parse_timestamp(bodies[i].get("@timestamp")) or created_ms
+            elif ts == -2:
+                ts = created_ms
+            created.append(ts)
+        out.extend(self.app_env, out_bodies, created)
+
+    def _native_splicer(self) -> NativeWire | None:
+        """The C splicer when it applies: it writes uncompressed bodies under --app-env."""
+        if self.compression or self.field_path is not None:
+            return None
+        if self._splicer is None:
+            w = wire()
+            self._splicer = w if isinstance(w, NativeWire) else False
+        return self._splicer or None
 
     def message(
         self,

@@ -38,6 +38,12 @@ int lj_link_send(void *sock, const char *app, size_t app_len, const char *topic,
                  int start, int n, unsigned int compression, int *err);
 int lj_link_drain(void *sock, unsigned char *status, int max, int *nbad, int *err);
 long lj_count(void *sock, long want);
+long lj_splice(const unsigned char *raw, const uint32_t *raw_lens, int n,
+               const char *common, size_t common_len,
+               const char *field1, size_t field1_len, const int64_t *values1,
+               const char *field2, size_t field2_len, const int64_t *values2,
+               const char *key_prefix, size_t key_prefix_len, const int64_t *keys,
+               unsigned char *out, size_t cap, uint32_t *lens, int64_t *stamps);
 """
 
 SOURCE = r"""
@@ -123,6 +129,158 @@ int lj_link_drain(void *sock, unsigned char *status, int max, int *nbad, int *er
     return n;
 }
 
+/* ---- splicing @metadata into events that are JSON objects (see mapping.py) ---- */
+
+static size_t lj_put_i64(unsigned char *o, int64_t v)
+{
+    char tmp[24];
+    size_t n = 0, k = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do { tmp[n++] = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) o[k++] = '-';
+    while (n) o[k++] = (unsigned char)tmp[--n];
+    return k;
+}
+
+static int lj_digits(const unsigned char *p, int n, int *v)
+{
+    int i, x = 0;
+    for (i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') return 0;
+        x = x * 10 + (p[i] - '0');
+    }
+    *v = x;
+    return 1;
+}
+
+static int64_t lj_days_from_civil(int64_t y, int m, int d)
+{
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+/* YYYY-MM-DDTHH:MM:SS[.f+][Z|+HH:MM|-HH:MM] as epoch ms; -1 for anything else (Python decides). */
+static int64_t lj_iso_ms(const unsigned char *p, size_t n)
+{
+    static const int mdays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int y, mo, d, h, mi, s, frac = 0, fd = 0, oh = 0, om = 0, sign = 0;
+    size_t i = 19;
+    if (n < 19 || p[4] != '-' || p[7] != '-' || p[10] != 'T' || p[13] != ':' || p[16] != ':') return -1;
+    if (!lj_digits(p, 4, &y) || !lj_digits(p + 5, 2, &mo) || !lj_digits(p + 8, 2, &d) ||
+        !lj_digits(p + 11, 2, &h) || !lj_digits(p + 14, 2, &mi) || !lj_digits(p + 17, 2, &s)) return -1;
+    if (y < 1 || mo < 1 || mo > 12 || d < 1 || h > 23 || mi > 59 || s > 59) return -1;
+    if (d > mdays[mo - 1] + (mo == 2 && (y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)))) return -1;
+    if (i < n && p[i] == '.') {
+        i++;
+        if (i >= n || p[i] < '0' || p[i] > '9') return -1;
+        while (i < n && p[i] >= '0' && p[i] <= '9') {
+            if (fd < 3) { frac = frac * 10 + (p[i] - '0'); fd++; }
+            i++;
+        }
+        while (fd < 3) { frac *= 10; fd++; }
+    }
+    if (i < n) {
+        if (p[i] == 'Z' && i + 1 == n) {
+            i++;
+        } else if ((p[i] == '+' || p[i] == '-') && i + 6 == n && p[i + 3] == ':') {
+            sign = p[i] == '-' ? -1 : 1;
+            if (!lj_digits(p + i + 1, 2, &oh) || !lj_digits(p + i + 4, 2, &om) || oh > 23 || om > 59) return -1;
+            i = n;
+        } else {
+            return -1;
+        }
+    }
+    int64_t ms = ((lj_days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + s) * 1000 + frac)
+                 - (int64_t)sign * (oh * 3600 + om * 60) * 1000;
+    return ms > 0 ? ms : -1;
+}
+
+static int lj_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* The top-level "@timestamp" of a valid JSON object: its ms, -2 when absent, -1 when Python must decide. */
+static int64_t lj_find_ts(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+    int depth = 0, expect_key = 0;
+    while (i < n && lj_ws(p[i])) i++;
+    if (i >= n || p[i] != '{') return -1;
+    depth = 1; expect_key = 1; i++;
+    while (i < n) {
+        unsigned char c = p[i];
+        if (c == '"') {
+            size_t start = ++i;
+            int escaped = 0;
+            while (i < n && p[i] != '"') {
+                if (p[i] == '\\') { escaped = 1; i++; }
+                i++;
+            }
+            size_t end = i++;
+            if (depth == 1 && expect_key) {
+                expect_key = 0;
+                if (escaped) return -1;
+                if (end - start != 10 || memcmp(p + start, "@timestamp", 10) != 0) continue;
+                while (i < n && (lj_ws(p[i]) || p[i] == ':')) i++;
+                if (i >= n || p[i] != '"') return -1;
+                start = ++i;
+                while (i < n && p[i] != '"') { if (p[i] == '\\') return -1; i++; }
+                return lj_iso_ms(p + start, i - start);
+            }
+            continue;
+        }
+        if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') depth--;
+        else if (c == ',' && depth == 1) expect_key = 1;
+        i++;
+    }
+    return -2;
+}
+
+long lj_splice(const unsigned char *raw, const uint32_t *raw_lens, int n,
+               const char *common, size_t common_len,
+               const char *field1, size_t field1_len, const int64_t *values1,
+               const char *field2, size_t field2_len, const int64_t *values2,
+               const char *key_prefix, size_t key_prefix_len, const int64_t *keys,
+               unsigned char *out, size_t cap, uint32_t *lens, int64_t *stamps)
+{
+    static const char head[] = ",\"@metadata\":{";
+    static const char idk[] = "\"_id\":\"";
+    size_t in = 0, o = 0;
+    int i;
+    for (i = 0; i < n; i++) {
+        const unsigned char *r = raw + in;
+        size_t len = raw_lens[i], start = o;
+        in += len;
+        while (len && lj_ws(r[len - 1])) len--;
+        if (len < 2 || r[len - 1] != '}') return -1 - i;
+        if (o + len + common_len + field1_len + field2_len + key_prefix_len + 128 > cap) return -1 - n;
+        stamps[i] = lj_find_ts(r, len);
+        memcpy(out + o, r, len - 1); o += len - 1;
+        memcpy(out + o, head, sizeof head - 1); o += sizeof head - 1;
+        memcpy(out + o, common, common_len); o += common_len;
+        if (field1_len) {
+            if (o > start && out[o - 1] != '{') out[o++] = ',';
+            memcpy(out + o, field1, field1_len); o += field1_len;
+            o += lj_put_i64(out + o, values1[i]);
+        }
+        if (field2_len) {
+            if (out[o - 1] != '{') out[o++] = ',';
+            memcpy(out + o, field2, field2_len); o += field2_len;
+            o += lj_put_i64(out + o, values2[i]);
+        }
+        if (out[o - 1] != '{') out[o++] = ',';
+        memcpy(out + o, idk, sizeof idk - 1); o += sizeof idk - 1;
+        memcpy(out + o, key_prefix, key_prefix_len); o += key_prefix_len;
+        o += lj_put_i64(out + o, keys[i]);
+        out[o++] = '"'; out[o++] = '}'; out[o++] = '}';
+        lens[i] = (uint32_t)(o - start);
+    }
+    return (long)o;
+}
+
 long lj_count(void *sock, long want)
 {
     unsigned char buf[8];
@@ -175,6 +333,33 @@ class NativeWire:
         if self._err[0] and not n:
             raise zmq.ZMQError(self._err[0])
         return n, (bytes(self.ffi.buffer(self._status, n)) if self._nbad[0] else None)
+
+    def splice(self, raws: list[bytes], common: bytes, field1: bytes, values1: Any, field2: bytes, values2: Any,
+               key_prefix: bytes, keys: Any) -> tuple[bytes, Any, Any]:
+        """`lj_splice`: (bodies joined, their lengths, @timestamp ms or -1 "ask Python" / -2 "absent")."""
+        from array import array
+
+        n = len(raws)
+        blob = b"".join(raws)
+        raw_lens = array("I", map(len, raws))
+        k = array("q", keys)
+        v1 = array("q", values1) if field1 else k  # an absent field's column is never read
+        v2 = array("q", values2) if field2 else k
+        cap = len(blob) + n * (len(common) + len(field1) + len(field2) + len(key_prefix) + 128)
+        out = self.ffi.new("unsigned char[]", cap)
+        lens = array("I", bytes(4 * n))
+        stamps = array("q", bytes(8 * n))
+        ffi = self.ffi
+        total = self.lib.lj_splice(
+            ffi.from_buffer("unsigned char[]", blob), ffi.from_buffer("uint32_t[]", raw_lens), n,
+            common, len(common), field1, len(field1), ffi.from_buffer("int64_t[]", v1),
+            field2, len(field2), ffi.from_buffer("int64_t[]", v2),
+            key_prefix, len(key_prefix), ffi.from_buffer("int64_t[]", k),
+            out, cap, ffi.from_buffer("uint32_t[]", lens), ffi.from_buffer("int64_t[]", stamps),
+        )
+        if total < 0:
+            raise ValueError(f"lj_splice refused event {-1 - total}: not a JSON object's text")
+        return ffi.buffer(out, total)[:], lens, stamps
 
     def count(self, sock: zmq.Socket, want: int) -> int:
         """Receive and count whole messages until `want`, or until RCVTIMEO passes without one."""

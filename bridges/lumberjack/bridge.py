@@ -291,18 +291,35 @@ class Session:
 
     def _messages(self, batch: list[Item]) -> Batches:
         mapper = self.host.mapper
-        add = mapper.add
         base = self.conn.metadata("2")
         received = base["received_at"]
         out = mapper.batches()
+        # Runs of v2 JSON objects go through the mapper's native splice in one call;
+        # anything else (v1 string maps, non-objects, events with their own @metadata)
+        # is mapped one by one, in order.
+        common = {**base, "protocol_version": "2"}
+        bodies: list[dict[str, Any]] = []
+        raws: list[bytes] = []
+        seqs: list[int] = []
         for item in batch:
-            if item.__class__ is WindowFrame:
+            kind = item.__class__
+            if kind is WindowFrame:
                 continue
+            body, raw = event_body(item)  # type: ignore[arg-type]
+            if raw is not None and body and "@metadata" not in body:
+                bodies.append(body)
+                raws.append(raw)
+                seqs.append(item.seq)  # type: ignore[union-attr]
+                continue
+            if raws:
+                mapper.add_run(out, bodies, raws, common, created_ms=received, field1="seq", values1=seqs)
+                bodies, raws, seqs = [], [], []
             meta = dict(base)
-            meta["protocol_version"] = "1" if item.version == V1 else "2"
-            meta["seq"] = item.seq
-            body, raw = event_body(item)
-            add(out, body, meta, created_ms=received, raw=raw)
+            meta["protocol_version"] = "1" if item.version == V1 else "2"  # type: ignore[union-attr]
+            meta["seq"] = item.seq  # type: ignore[union-attr]
+            mapper.add(out, body, meta, created_ms=received, raw=raw)
+        if raws:
+            mapper.add_run(out, bodies, raws, common, created_ms=received, field1="seq", values1=seqs)
         return out
 
     def _write(self, ack: bytes) -> None:
