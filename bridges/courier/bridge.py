@@ -169,7 +169,7 @@ class _Session:
             for ev in engine.feed(data):
                 if type(ev) is EventReceived:
                     self._add_event(ev)
-                    if len(self.batch) + len(self.run_raws) >= self.args.batch_size:
+                    if self.batch.n + len(self.run_raws) >= self.args.batch_size:
                         await self._flush()
                 else:
                     await self._on_control(ev)

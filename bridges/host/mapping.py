@@ -95,17 +95,17 @@ def _lookup(body: dict[str, Any], path: list[str]) -> Any:
 class Batches:
     """One publish's worth of mapped events: `MessageBatch` runs, a new one when the app-env changes."""
 
-    __slots__ = ("topic", "compression", "batches", "_cur", "_n")
+    __slots__ = ("topic", "compression", "batches", "_cur", "n")
 
     def __init__(self, topic: str, compression: int) -> None:
         self.topic = topic
         self.compression = compression
         self.batches: list[MessageBatch] = []
         self._cur: MessageBatch | None = None
-        self._n = 0
+        self.n = 0
 
     def __len__(self) -> int:
-        return self._n
+        return self.n
 
     def add(self, app_env: str, body: bytes, created_ms: int) -> None:
         cur = self._cur
@@ -114,7 +114,7 @@ class Batches:
             self.batches.append(cur)
         cur.bodies.append(compress(self.compression, body) if self.compression else body)
         cur.created_ms.append(created_ms)
-        self._n += 1
+        self.n += 1
 
     def extend(self, app_env: str, bodies: list[bytes], created_ms: list[int]) -> None:
         """Several uncompressed bodies for one app-env (only used when compression is off)."""
@@ -124,7 +124,7 @@ class Batches:
             self.batches.append(cur)
         cur.bodies.extend(bodies)
         cur.created_ms.extend(created_ms)
-        self._n += len(bodies)
+        self.n += len(bodies)
 
     def messages(self) -> list[Message]:
         return [m for b in self.batches for m in b.messages()]
