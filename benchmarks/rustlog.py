@@ -60,7 +60,7 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
 
 
 def records(seed: int) -> tuple[bytes, ...]:
-    base = b'{"level":"info","msg":"GET /orders ok","host":"web%02d","n":%06d,"pad":"'
+    base = b'{"level":"info","msg":"GET /orders ok","host":"web%02d","n":%d,"pad":"'
     out = []
     for i in range(RECORDS):
         head = base % (seed % 100, i)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 
-from bridges.host.mapping import EventMapper, body_and_raw  # noqa: E402
+from bridges.host.mapping import EventMapper  # noqa: E402
 from bridges.segment import engine as wire  # noqa: E402
 from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
 from tests.conftest import start_device  # noqa: E402
@@ -69,9 +69,10 @@ def decode_only(setup: bytes, appends: list[bytes], map_events: bool = False) ->
                 if map_events:
                     base = {"protocol": "segment", "peer": "127.0.0.1:1", "received_at": 0}
                     out = mapper.batches()
-                    for n, p in enumerate(req.payloads):
-                        body, raw = body_and_raw(p)
-                        mapper.add(out, body, {**base, "segment": req.segment, "event_number": n}, raw=raw)
+                    offsets = list(req.event_offsets)
+                    mapper.add_payloads(out, req.payloads, {**base, "segment": req.segment, "writer_id": str(req.writer_id)},
+                                        field1="event_number", values1=range(len(offsets)), field2="segment_offset",
+                                        values2=offsets, key_prefix=f"segment:x:{req.segment}@", keys=offsets)
     return events / (time.perf_counter() - t0)
 
 

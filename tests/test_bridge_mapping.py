@@ -190,3 +190,24 @@ def test_native_run_is_exactly_add_per_event(events, common, fields, own_keys):
     assert [m.body for m in got] == [orjson.dumps(orjson.loads(m.body)) for m in want]
     assert [m.meta.created_ms for m in got] == [m.meta.created_ms for m in want]
     assert fast._next_n == 1 + (0 if own_keys else len(events))
+
+
+def test_add_payloads_mixes_runs_and_single_events_in_order():
+    payloads = [b'{"a":1,"@timestamp":"2024-01-02T03:04:05.678Z"}', b"plain text", b'{"b":2}', b"{}",
+                b'{"@metadata":{"_id":"client"},"c":3}', b"\xff\xfe", b'{"d":4}  \n', b"[1,2]"]
+    m = EventMapper(app_env="a-b", topic="t", instance="i")
+    out = m.batches()
+    m.add_payloads(out, payloads, {"protocol": "x"}, created_ms=9, field1="offset", values1=range(10, 18),
+                   key_prefix="log@", keys=range(10, 18))
+    got = [(orjson.loads(msg.body), msg.meta.created_ms) for msg in out.messages()]
+    meta = lambda k, **extra: {**extra, "protocol": "x", "offset": k, "_id": f"log@{k}"}  # noqa: E731
+    assert got == [
+        ({"a": 1, "@timestamp": "2024-01-02T03:04:05.678Z", "@metadata": meta(10)}, 1704164645678),
+        ({"message": "plain text", "@metadata": meta(11)}, 9),
+        ({"b": 2, "@metadata": meta(12)}, 9),
+        ({"@metadata": meta(13)}, 9),
+        ({"@metadata": {"_id": "client", "protocol": "x", "offset": 14}, "c": 3}, 9),
+        ({"message_base64": "//4=", "@metadata": meta(15)}, 9),
+        ({"d": 4, "@metadata": meta(16)}, 9),
+        ({"message": "[1,2]", "@metadata": meta(17)}, 9),
+    ]

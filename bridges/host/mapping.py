@@ -238,6 +238,7 @@ class EventMapper:
         values2: Sequence[int] = (),
         key_prefix: str | None = None,
         keys: Sequence[int] | None = None,
+        app_env: str | None = None,
     ) -> None:
         """`add` for a run of events that are non-empty JSON objects without their own @metadata.
 
@@ -266,7 +267,7 @@ class EventMapper:
                 if field2:
                     meta[field2] = values2[i]
                 meta["_id"] = f"{prefix}{keys[i]}"
-                self.add(out, bodies[i], meta, created_ms=created_ms, raw=raws[i])
+                self.add(out, bodies[i], meta, created_ms=created_ms, app_env=app_env, raw=raws[i])
             return
         blob, lens, stamps = splicer.splice(
             raws, orjson.dumps(common, default=str)[1:-1],
@@ -286,7 +287,53 @@ class EventMapper:
             elif ts == -2:
                 ts = created_ms
             created.append(ts)
-        out.extend(self.app_env, out_bodies, created)
+        out.extend(app_env or self.app_env, out_bodies, created)
+
+    def add_payloads(
+        self,
+        out: Batches,
+        payloads: Sequence[bytes | memoryview],
+        common: dict[str, Any],
+        *,
+        created_ms: int | None = None,
+        app_env: str | None = None,
+        field1: str = "",
+        values1: Sequence[int] = (),
+        field2: str = "",
+        values2: Sequence[int] = (),
+        key_prefix: str | None = None,
+        keys: Sequence[int] | None = None,
+    ) -> None:
+        """Map raw event payloads (JSON objects, text or bytes): runs of plain JSON objects
+        through `add_run`, the rest one by one with the same @metadata, in order."""
+        created = created_ms or now_ms()
+        run_start = 0
+        bodies: list[dict[str, Any]] = []
+        raws: list[bytes | memoryview] = []
+
+        def run(end: int) -> None:
+            if raws:
+                self.add_run(out, bodies, raws, common, created_ms=created, field1=field1, values1=values1[run_start:end],
+                             field2=field2, values2=values2[run_start:end], key_prefix=key_prefix,
+                             keys=None if keys is None else keys[run_start:end], app_env=app_env)
+
+        for i, payload in enumerate(payloads):
+            body, raw = body_and_raw(payload)
+            if raw is not None and body and "@metadata" not in body:
+                bodies.append(body)
+                raws.append(raw)
+                continue
+            run(i)
+            bodies, raws, run_start = [], [], i + 1
+            meta = dict(common)
+            if field1:
+                meta[field1] = values1[i]
+            if field2:
+                meta[field2] = values2[i]
+            if keys is not None:
+                meta["_id"] = f"{key_prefix or ''}{keys[i]}"
+            self.add(out, body, meta, created_ms=created, app_env=app_env, raw=raw)
+        run(len(payloads))
 
     def _native_splicer(self) -> NativeWire | None:
         """The C splicer when it applies: it writes uncompressed bodies under --app-env."""

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, body_and_raw
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host
 from bridges.rustlog import engine as e
 from bridges.rustlog.log import (
     FSYNC_POLICIES,
@@ -233,17 +233,13 @@ class Bridge(BridgeProtocol):
 
     def _messages(self, out: Batches, topic: str, partition: int, base: int, records: Sequence[bytes],
                   timestamp_us: int, metadata: dict[str, Any]) -> Batches:
-        mapper = self.host.mapper
-        add = mapper.add
-        app_env = self.app_env_map.get(topic)
-        created_ms = timestamp_us // 1000
-        # The record's place in the log: the same key when the backlog is forwarded again.
-        key = f"rustlog:{self.log.id}:{topic}/{partition}@"
-        for i, payload in enumerate(records):
-            offset = base + i
-            meta = {**metadata, "topic": topic, "partition": partition, "offset": offset, "_id": f"{key}{offset}"}
-            body, raw = body_and_raw(payload)
-            add(out, body, meta, created_ms=created_ms, app_env=app_env, raw=raw)
+        offsets = range(base, base + len(records))
+        # The record's place in the log is its key: the same when the backlog is forwarded again.
+        self.host.mapper.add_payloads(
+            out, records, {**metadata, "topic": topic, "partition": partition}, created_ms=timestamp_us // 1000,
+            app_env=self.app_env_map.get(topic), field1="offset", values1=offsets,
+            key_prefix=f"rustlog:{self.log.id}:{topic}/{partition}@", keys=offsets,
+        )
         return out
 
     async def _publish(self, messages: Batches) -> int:

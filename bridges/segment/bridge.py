@@ -31,7 +31,7 @@ import logging
 import uuid
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, body_and_raw
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
 from logjam.meta import now_ms
@@ -93,8 +93,7 @@ class Bridge(BridgeProtocol):
             events, _ = wire.split_events(data)
             first = rec.last_event_number - rec.num_events + 1
             msgs = self.host.mapper.batches()
-            for i, (off, payload) in enumerate(events):
-                self.add(msgs, payload, base, seg.name, rec.writer_id, first + i, rec.start + off)
+            self.add(msgs, [p for _, p in events], base, seg.name, rec.writer_id, first, [rec.start + off for off, _ in events])
             try:
                 await self.host.link.publish(msgs.batches)
                 self.host.metrics.events_acked.inc(len(msgs))
@@ -105,18 +104,16 @@ class Bridge(BridgeProtocol):
         log.info("segment %s: recovery forwarding done", seg.name)
 
     def add(
-        self, out: Batches, payload: bytes, base: dict[str, Any], segment: str, writer: uuid.UUID, number: int,
-        offset: int,
+        self, out: Batches, payloads: Sequence[bytes], base: dict[str, Any], segment: str, writer: uuid.UUID,
+        first_number: int, offsets: list[int],
     ) -> None:
-        meta = dict(base)
-        meta["segment"] = segment
-        meta["writer_id"] = str(writer)
-        meta["event_number"] = number
-        meta["segment_offset"] = offset
-        # The event's place in the store: the same key when recovery forwards it again.
-        meta["_id"] = f"segment:{self.store.id}:{segment}@{offset}"
-        body, raw = body_and_raw(payload)
-        self.host.mapper.add(out, body, meta, raw=raw)
+        """Map one append's events (numbered from `first_number`, at `offsets` in the segment)."""
+        common = {**base, "segment": segment, "writer_id": str(writer)}
+        # The event's place in the store is its key: the same when recovery forwards it again.
+        self.host.mapper.add_payloads(
+            out, payloads, common, field1="event_number", values1=range(first_number, first_number + len(payloads)),
+            field2="segment_offset", values2=offsets, key_prefix=f"segment:{self.store.id}:{segment}@", keys=offsets,
+        )
 
     async def serve(self, conn: Connection) -> None:
         await Session(self, conn).run()
@@ -344,9 +341,7 @@ class Session:
         base = self.conn.metadata(self.version)
         first = a.first_event_number
         msgs = self.host.mapper.batches()
-        add = self.bridge.add
-        for i, (p, off) in enumerate(zip(a.payloads, a.event_offsets)):
-            add(msgs, p, base, a.segment, a.writer_id, first + i, rec.start + off)
+        self.bridge.add(msgs, a.payloads, base, a.segment, a.writer_id, first, [rec.start + off for off in a.event_offsets])
         previous = self.acked.get(a.writer_id, stored)
         self.acked[a.writer_id] = a.last_event_number
         self.pending_bytes += len(a.data)
