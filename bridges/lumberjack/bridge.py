@@ -23,6 +23,8 @@ import time
 from collections import deque
 from typing import Any, ClassVar
 
+import orjson
+
 from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, IdleTimeout, body_and_raw
 from bridges.lumberjack.engine import (
     DEFAULT_MAX_DECOMPRESSED,
@@ -188,11 +190,8 @@ class Session:
             self.queued.set()
 
     def _enqueue(self, events: list[Any]) -> None:
-        n = 0
-        for event in events:
-            self.queue.append(event)
-            if not isinstance(event, WindowFrame):
-                n += 1
+        self.queue.extend(events)
+        n = len(events) - [e.__class__ for e in events].count(WindowFrame)
         self.budget.take(len(events))
         if n:
             self.host.metrics.events_received.inc(n)
@@ -301,16 +300,23 @@ class Session:
         bodies: list[dict[str, Any]] = []
         raws: list[bytes] = []
         seqs: list[int] = []
+        loads, decode_error = orjson.loads, orjson.JSONDecodeError
         for item in batch:
             kind = item.__class__
-            if kind is WindowFrame:
+            if kind is JsonFrame:
+                # The common case, inlined: a v2 event that is a plain JSON object.
+                try:
+                    body = loads(item.payload)  # type: ignore[union-attr]
+                except decode_error:
+                    body = None
+                if body.__class__ is dict and body and "@metadata" not in body:
+                    bodies.append(body)
+                    raws.append(item.payload)  # type: ignore[union-attr]
+                    seqs.append(item.seq)  # type: ignore[union-attr]
+                    continue
+            elif kind is WindowFrame:
                 continue
             body, raw = event_body(item)  # type: ignore[arg-type]
-            if raw is not None and body and "@metadata" not in body:
-                bodies.append(body)
-                raws.append(raw)
-                seqs.append(item.seq)  # type: ignore[union-attr]
-                continue
             if raws:
                 mapper.add_run(out, bodies, raws, common, created_ms=received, field1="seq", values1=seqs)
                 bodies, raws, seqs = [], [], []
