@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zmq  # noqa: E402
 
 from bridges.host.native_link import wire  # noqa: E402
-from logjam.message import Message  # noqa: E402
+from logjam.message import Message, MessageBatch  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
 
 
@@ -77,8 +77,8 @@ def device_ceiling(router: str, bodies: list[bytes], *, app_env: str, pub: str |
     dealer.setsockopt(zmq.SNDHWM, 0)
     dealer.connect(router)
     n = len(bodies)
-    prepared = w.prepare(bodies, [int(time.time() * 1000)] * n)
     app, topic = app_env.encode(), b"logs.ceiling"
+    prepared = w.prepare(MessageBatch(app_env, topic.decode(), bodies=bodies, created_ms=[int(time.time() * 1000)] * n))
     counter = Counter(sub, n) if sub is not None else None
     sent = answered = 0
     t0 = time.perf_counter()

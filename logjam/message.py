@@ -88,19 +88,33 @@ class MessageBatch:
     topic: str
     compression: int = Compression.NONE
     bodies: list[bytes] = field(default_factory=list)
-    created_ms: list[int] = field(default_factory=list)
+    created_ms: Sequence[int] = field(default_factory=list)
+    # Or the bodies already joined, with their lengths (what the native splice produces):
+    # then `bodies` stays empty and nothing is sliced per message on the way to the device.
+    packed: tuple[bytes, Sequence[int]] | None = None
 
     def __len__(self) -> int:
-        return len(self.bodies)
+        return len(self.packed[1]) if self.packed is not None else len(self.bodies)
 
     def append(self, body: bytes, created_ms: int) -> None:
+        assert self.packed is None, "a packed batch is complete"
         self.bodies.append(body)
-        self.created_ms.append(created_ms)
+        self.created_ms.append(created_ms)  # type: ignore[attr-defined]
+
+    def body_list(self) -> list[bytes]:
+        if self.packed is None:
+            return self.bodies
+        blob, lens = self.packed
+        out, pos = [], 0
+        for size in lens:
+            out.append(blob[pos : pos + size])
+            pos += size
+        return out
 
     def messages(self) -> list[Message]:
         return [
             Message(self.app_env, self.topic, body, Meta(self.compression, 0, created, 0))
-            for body, created in zip(self.bodies, self.created_ms)
+            for body, created in zip(self.body_list(), self.created_ms)
         ]
 
     @classmethod

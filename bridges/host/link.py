@@ -264,7 +264,7 @@ class DeviceLink:
         try:
             call = _Call(n, asyncio.get_running_loop().create_future())
             prepare = self._wire.prepare
-            parts = [_Part(b, prepare(b.bodies, b.created_ms), call) for b in batches if len(b)]  # type: ignore[union-attr]
+            parts = [_Part(b, prepare(b), call) for b in batches if len(b)]  # type: ignore[arg-type]
             next(self._next).submit(parts)
             await call.future
         finally:

@@ -116,15 +116,11 @@ class Batches:
         cur.created_ms.append(created_ms)
         self.n += 1
 
-    def extend(self, app_env: str, bodies: list[bytes], created_ms: list[int]) -> None:
-        """Several uncompressed bodies for one app-env (only used when compression is off)."""
-        cur = self._cur
-        if cur is None or cur.app_env != app_env:
-            cur = self._cur = MessageBatch(app_env, self.topic, self.compression)
-            self.batches.append(cur)
-        cur.bodies.extend(bodies)
-        cur.created_ms.extend(created_ms)
-        self.n += len(bodies)
+    def add_packed(self, app_env: str, blob: bytes, lens: Sequence[int], created_ms: Sequence[int]) -> None:
+        """Uncompressed bodies already joined (the native splice's output), as a batch of their own."""
+        self.batches.append(MessageBatch(app_env, self.topic, self.compression, created_ms=created_ms, packed=(blob, lens)))
+        self._cur = None
+        self.n += len(lens)
 
     def messages(self) -> list[Message]:
         return [m for b in self.batches for m in b.messages()]
@@ -273,21 +269,13 @@ class EventMapper:
             raws, orjson.dumps(common, default=str)[1:-1],
             orjson.dumps(field1) + b":" if field1 else b"", values1,
             orjson.dumps(field2) + b":" if field2 else b"", values2,
-            orjson.dumps(prefix)[1:-1], keys,
+            orjson.dumps(prefix)[1:-1], keys, created_ms,
         )
-        out_bodies = []
-        created = []
-        pos = 0
-        for i, size in enumerate(lens):
-            out_bodies.append(blob[pos : pos + size])
-            pos += size
-            ts = stamps[i]
-            if ts == -1:  # not the common format: Python's parser decides, as in `add`
-                ts = parse_timestamp(bodies[i].get("@timestamp")) or created_ms
-            elif ts == -2:
-                ts = created_ms
-            created.append(ts)
-        out.extend(app_env or self.app_env, out_bodies, created)
+        if -1 in stamps:  # a @timestamp not in the common format: Python's parser decides, as in `add`
+            for i, ts in enumerate(stamps):
+                if ts == -1:
+                    stamps[i] = parse_timestamp(bodies[i].get("@timestamp")) or created_ms
+        out.add_packed(app_env or self.app_env, blob, lens, stamps)
 
     def add_payloads(
         self,

@@ -22,6 +22,7 @@ from typing import Any
 
 import zmq
 
+from logjam.message import MessageBatch
 from logjam.meta import META_TAG, META_VERSION, Meta
 from logjam.native_build import load_module
 
@@ -43,7 +44,7 @@ long lj_splice(const unsigned char *raw, const uint32_t *raw_lens, int n,
                const char *field1, size_t field1_len, const int64_t *values1,
                const char *field2, size_t field2_len, const int64_t *values2,
                const char *key_prefix, size_t key_prefix_len, const int64_t *keys,
-               unsigned char *out, size_t cap, uint32_t *lens, int64_t *stamps);
+               unsigned char *out, size_t cap, uint32_t *lens, int64_t *stamps, int64_t created_default);
 """
 
 SOURCE = r"""
@@ -244,7 +245,7 @@ long lj_splice(const unsigned char *raw, const uint32_t *raw_lens, int n,
                const char *field1, size_t field1_len, const int64_t *values1,
                const char *field2, size_t field2_len, const int64_t *values2,
                const char *key_prefix, size_t key_prefix_len, const int64_t *keys,
-               unsigned char *out, size_t cap, uint32_t *lens, int64_t *stamps)
+               unsigned char *out, size_t cap, uint32_t *lens, int64_t *stamps, int64_t created_default)
 {
     static const char head[] = ",\"@metadata\":{";
     static const char idk[] = "\"_id\":\"";
@@ -258,6 +259,7 @@ long lj_splice(const unsigned char *raw, const uint32_t *raw_lens, int n,
         if (len < 2 || r[len - 1] != '}') return -1 - i;
         if (o + len + common_len + field1_len + field2_len + key_prefix_len + 128 > cap) return -1 - n;
         stamps[i] = lj_find_ts(r, len);
+        if (stamps[i] == -2) stamps[i] = created_default;
         memcpy(out + o, r, len - 1); o += len - 1;
         memcpy(out + o, head, sizeof head - 1); o += sizeof head - 1;
         memcpy(out + o, common, common_len); o += common_len;
@@ -305,13 +307,16 @@ class NativeWire:
         self._nbad = ffi.new("int *")
         self._err = ffi.new("int *")
 
-    def prepare(self, bodies: list[bytes], created_ms: list[int]) -> Any:
+    def prepare(self, batch: MessageBatch) -> Any:
         """The batch's columns as C buffers (kept alive by the returned tuple)."""
         from array import array
 
-        blob = b"".join(bodies)
-        lens = array("I", map(len, bodies))
-        created = array("q", created_ms)
+        if batch.packed is not None:
+            blob, lens = batch.packed
+        else:
+            blob = b"".join(batch.bodies)
+            lens = array("I", map(len, batch.bodies))
+        created = batch.created_ms if isinstance(batch.created_ms, array) else array("q", batch.created_ms)
         ffi = self.ffi
         return (blob, lens, created, ffi.from_buffer("unsigned char[]", blob),
                 ffi.from_buffer("uint32_t[]", lens), ffi.from_buffer("int64_t[]", created))
@@ -334,9 +339,10 @@ class NativeWire:
             raise zmq.ZMQError(self._err[0])
         return n, (bytes(self.ffi.buffer(self._status, n)) if self._nbad[0] else None)
 
-    def splice(self, raws: list[bytes], common: bytes, field1: bytes, values1: Any, field2: bytes, values2: Any,
-               key_prefix: bytes, keys: Any) -> tuple[bytes, Any, Any]:
-        """`lj_splice`: (bodies joined, their lengths, @timestamp ms or -1 "ask Python" / -2 "absent")."""
+    def splice(self, raws: list[Any], common: bytes, field1: bytes, values1: Any, field2: bytes, values2: Any,
+               key_prefix: bytes, keys: Any, created_default: int) -> tuple[bytes, Any, Any]:
+        """`lj_splice`: (bodies joined, their lengths, created_ms: the @timestamp, `created_default`
+        when there is none, or -1 where Python's parser must decide)."""
         from array import array
 
         n = len(raws)
@@ -355,7 +361,7 @@ class NativeWire:
             common, len(common), field1, len(field1), ffi.from_buffer("int64_t[]", v1),
             field2, len(field2), ffi.from_buffer("int64_t[]", v2),
             key_prefix, len(key_prefix), ffi.from_buffer("int64_t[]", k),
-            out, cap, ffi.from_buffer("uint32_t[]", lens), ffi.from_buffer("int64_t[]", stamps),
+            out, cap, ffi.from_buffer("uint32_t[]", lens), ffi.from_buffer("int64_t[]", stamps), created_default,
         )
         if total < 0:
             raise ValueError(f"lj_splice refused event {-1 - total}: not a JSON object's text")
@@ -369,8 +375,8 @@ class NativeWire:
 class PyWire:
     """The same operations through pyzmq, for machines that cannot build the C ones."""
 
-    def prepare(self, bodies: list[bytes], created_ms: list[int]) -> Any:
-        return (bodies, created_ms)
+    def prepare(self, batch: MessageBatch) -> Any:
+        return (batch.body_list(), batch.created_ms)
 
     def send(self, sock: zmq.Socket, app: bytes, topic: bytes, compression: int, prepared: Any,
              start: int, n: int) -> int:
