@@ -7,11 +7,13 @@ import os
 import signal
 import time
 
+import orjson
 import pytest
 
 from bridges.host.link import DeviceLink, DeviceRejected
 from bridges.host.native_link import NativeWire, wire
 from logjam import Message
+from logjam.message import MessageBatch
 from logjam.subscriber import Subscriber
 from tests.conftest import start_device
 from tests.helpers import stop, wait_for
@@ -71,6 +73,35 @@ def test_publish_pipelines_and_everything_arrives(device, native):
 
     asyncio.run(run())
     assert sorted(_received(sub, 2000)) == list(range(2000))
+    sub.close()
+
+
+def test_packed_batches_arrive_whole_and_in_order(device, native):
+    """The native splice's packed form (joined bodies + lengths) and list batches, mixed in one publish."""
+    from array import array
+
+    sub = _subscribe(device)
+    bodies = [orjson.dumps({"i": i, "pad": "x" * (i % 7)}) for i in range(300)]
+    packed = MessageBatch("link-test", "logs.test", created_ms=array("q", range(1_000, 1_200)),
+                          packed=(b"".join(bodies[:200]), array("I", map(len, bodies[:200]))))
+    listed = MessageBatch("link-test", "logs.test", bodies=bodies[200:], created_ms=list(range(1_200, 1_300)))
+
+    async def run():
+        link = DeviceLink([device.router], native=native)
+        link.start()
+        await link.publish([packed, listed])
+        await link.close()
+
+    asyncio.run(run())
+    got: list[Message] = []
+
+    def enough():
+        got.extend(m for m in sub.recv_batch(timeout=0.1) if isinstance(m, Message) and m.app_env == "link-test")
+        return len(got) >= 300
+
+    wait_for(enough, timeout=20, what="300 messages at the subscriber")
+    assert [m.body for m in got] == bodies
+    assert [m.meta.created_ms for m in got] == list(range(1_000, 1_300))
     sub.close()
 
 
