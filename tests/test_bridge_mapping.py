@@ -211,3 +211,21 @@ def test_add_payloads_mixes_runs_and_single_events_in_order():
         ({"d": 4, "@metadata": meta(16)}, 9),
         ({"message": "[1,2]", "@metadata": meta(17)}, 9),
     ]
+
+
+def test_add_run_without_the_native_splice_gives_the_same_events():
+    """With compression (or --app-env-field) add_run maps event by event in Python: same JSON, same keys."""
+    raws = [b'{"a":1,"@timestamp":"2024-01-02T03:04:05.678Z"}', b'{"b":"x"}  ', b'{"c":[1,{"@timestamp":5}]}']
+    bodies = [orjson.loads(r) for r in raws]
+    native = EventMapper(app_env="a-b", topic="t", instance="i")
+    python = EventMapper(app_env="a-b", topic="t", instance="i", compression=Compression.ZLIB)
+    outs = []
+    for m in (native, python):
+        out = m.batches()
+        m.add_run(out, [dict(b) for b in bodies], raws, {"protocol": "p"}, created_ms=9, field1="seq", values1=[4, 5, 6])
+        outs.append([(list(msg.json().items()), msg.meta.created_ms) for msg in out.messages()])
+    assert outs[0] == outs[1]
+    assert [meta for items, _ in outs[1] for key, meta in items if key == "@metadata"] == [
+        {"protocol": "p", "seq": s, "_id": f"i:{k}"} for s, k in ((4, 1), (5, 2), (6, 3))
+    ]
+    assert [created for _, created in outs[1]] == [1704164645678, 9, 9]

@@ -92,6 +92,19 @@ def _lookup(body: dict[str, Any], path: list[str]) -> Any:
     return value
 
 
+def _event_metadata(common: dict[str, Any], field1: str, value1: int, field2: str, value2: int,
+                    key: str | None) -> dict[str, Any]:
+    """One event's @metadata in a run: `common`, the named per-event fields, then `_id` (the order lj_splice writes)."""
+    meta = dict(common)
+    if field1:
+        meta[field1] = value1
+    if field2:
+        meta[field2] = value2
+    if key is not None:
+        meta["_id"] = key
+    return meta
+
+
 class Batches:
     """One publish's worth of mapped events: `MessageBatch` runs, a new one when the app-env changes."""
 
@@ -257,12 +270,8 @@ class EventMapper:
         splicer = self._native_splicer()
         if splicer is None:
             for i in range(n):
-                meta = dict(common)
-                if field1:
-                    meta[field1] = values1[i]
-                if field2:
-                    meta[field2] = values2[i]
-                meta["_id"] = f"{prefix}{keys[i]}"
+                meta = _event_metadata(common, field1, values1[i] if field1 else 0, field2,
+                                       values2[i] if field2 else 0, f"{prefix}{keys[i]}")
                 self.add(out, bodies[i], meta, created_ms=created_ms, app_env=app_env, raw=raws[i])
             return
         blob, lens, stamps = splicer.splice(
@@ -313,13 +322,8 @@ class EventMapper:
                 continue
             run(i)
             bodies, raws, run_start = [], [], i + 1
-            meta = dict(common)
-            if field1:
-                meta[field1] = values1[i]
-            if field2:
-                meta[field2] = values2[i]
-            if keys is not None:
-                meta["_id"] = f"{key_prefix or ''}{keys[i]}"
+            meta = _event_metadata(common, field1, values1[i] if field1 else 0, field2, values2[i] if field2 else 0,
+                                   None if keys is None else f"{key_prefix or ''}{keys[i]}")
             self.add(out, body, meta, created_ms=created, app_env=app_env, raw=raw)
         run(len(payloads))
 
