@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 
-from bridges.host.mapping import EventMapper  # noqa: E402
+from bridges.host.mapping import EventMapper, Positions  # noqa: E402
 from bridges.segment import engine as wire  # noqa: E402
 from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
 from tests.conftest import start_device  # noqa: E402
@@ -70,9 +70,10 @@ def decode_only(setup: bytes, appends: list[bytes], map_events: bool = False) ->
                     base = {"protocol": "segment", "peer": "127.0.0.1:1", "received_at": 0}
                     out = mapper.batches()
                     offsets = list(req.event_offsets)
+                    positions = Positions("event_number", range(len(offsets)), "segment_offset", offsets,
+                                          f"segment:x:{req.segment}@", offsets)
                     mapper.add_payloads(out, req.payloads, {**base, "segment": req.segment, "writer_id": str(req.writer_id)},
-                                        field1="event_number", values1=range(len(offsets)), field2="segment_offset",
-                                        values2=offsets, key_prefix=f"segment:x:{req.segment}@", keys=offsets)
+                                        positions)
     return events / (time.perf_counter() - t0)
 
 

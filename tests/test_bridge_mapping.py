@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridges.host.mapping import EventMapper, body_from_bytes, parse_timestamp
+from bridges.host.mapping import EventMapper, Positions, body_from_bytes, parse_timestamp
 from bridges.host.native_link import NativeWire, wire
 from logjam.meta import Compression
 
@@ -176,8 +176,8 @@ def test_native_run_is_exactly_add_per_event(events, common, fields, own_keys):
     keys = [v * 3 for v in v1] if own_keys else None
     fast, slow = EventMapper(app_env="a-b", topic="t", instance="i"), EventMapper(app_env="a-b", topic="t", instance="i")
     out_fast, out_slow = fast.batches(), slow.batches()
-    fast.add_run(out_fast, bodies, raws, common, created_ms=77, field1=f1, values1=v1, field2=f2, values2=v2,
-                 key_prefix="seg:x@" if own_keys else None, keys=keys)
+    fast.add_run(out_fast, bodies, raws, common, Positions(f1, v1, f2, v2, "seg:x@" if own_keys else "", keys),
+                 created_ms=77)
     for i, (body, raw) in enumerate(zip(bodies, raws)):
         meta = dict(common)
         if f1:
@@ -197,8 +197,8 @@ def test_add_payloads_mixes_runs_and_single_events_in_order():
                 b'{"@metadata":{"_id":"client"},"c":3}', b"\xff\xfe", b'{"d":4}  \n', b"[1,2]"]
     m = EventMapper(app_env="a-b", topic="t", instance="i")
     out = m.batches()
-    m.add_payloads(out, payloads, {"protocol": "x"}, created_ms=9, field1="offset", values1=range(10, 18),
-                   key_prefix="log@", keys=range(10, 18))
+    m.add_payloads(out, payloads, {"protocol": "x"}, Positions("offset", range(10, 18), key_prefix="log@", keys=range(10, 18)),
+                   created_ms=9)
     got = [(orjson.loads(msg.body), msg.meta.created_ms) for msg in out.messages()]
     meta = lambda k, **extra: {**extra, "protocol": "x", "offset": k, "_id": f"log@{k}"}  # noqa: E731
     assert got == [
@@ -222,7 +222,7 @@ def test_add_run_without_the_native_splice_gives_the_same_events():
     outs = []
     for m in (native, python):
         out = m.batches()
-        m.add_run(out, [dict(b) for b in bodies], raws, {"protocol": "p"}, created_ms=9, field1="seq", values1=[4, 5, 6])
+        m.add_run(out, [dict(b) for b in bodies], raws, {"protocol": "p"}, Positions("seq", [4, 5, 6]), created_ms=9)
         outs.append([(list(msg.json().items()), msg.meta.created_ms) for msg in out.messages()])
     assert outs[0] == outs[1]
     assert [meta for items, _ in outs[1] for key, meta in items if key == "@metadata"] == [

@@ -37,7 +37,7 @@ from bridges.courier.engine import (
     UnknownMessage,
     Version,
 )
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, IdleTimeout
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, IdleTimeout, Positions
 from logjam.errors import ProtocolError
 
 log = logging.getLogger("logjam-bridge.courier")
@@ -217,7 +217,7 @@ class _Session:
     def _end_run(self) -> None:
         if self.run_raws:
             self.mapper.add_run(self.batch, self.run_bodies, self.run_raws, {**self.base_meta, "nonce": self.nonce_hex},
-                                created_ms=self.base_meta["received_at"], field1="index", values1=self.run_index)
+                                Positions("index", self.run_index), created_ms=self.base_meta["received_at"])
             self.run_bodies, self.run_raws, self.run_index = [], [], []
 
     # -- device side -------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from bridges.host.connection import Connection, IdleTimeout
 from bridges.host.link import DeviceLink, DeviceRejected
-from bridges.host.mapping import Batches, EventMapper, body_and_raw, body_from_bytes, parse_timestamp
+from bridges.host.mapping import Batches, EventMapper, Positions, body_and_raw, body_from_bytes, parse_timestamp
 from bridges.host.metrics import BridgeMetrics
 from bridges.host.protocol import BridgeProtocol, Host
 
@@ -16,6 +16,7 @@ __all__ = [
     "EventMapper",
     "Host",
     "IdleTimeout",
+    "Positions",
     "body_and_raw",
     "body_from_bytes",
     "parse_timestamp",

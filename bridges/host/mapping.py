@@ -11,8 +11,10 @@ and the importer drops the copies (docs/reliability.md).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import secrets
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import orjson
@@ -92,17 +94,36 @@ def _lookup(body: dict[str, Any], path: list[str]) -> Any:
     return value
 
 
-def _event_metadata(common: dict[str, Any], field1: str, value1: int, field2: str, value2: int,
-                    key: str | None) -> dict[str, Any]:
-    """One event's @metadata in a run: `common`, the named per-event fields, then `_id` (the order lj_splice writes)."""
-    meta = dict(common)
-    if field1:
-        meta[field1] = value1
-    if field2:
-        meta[field2] = value2
-    if key is not None:
-        meta["_id"] = key
-    return meta
+@dataclass(frozen=True, slots=True)
+class Positions:
+    """The per-event part of a run's @metadata, in the order `lj_splice` writes it: up to two
+    numbered fields (`field1` with `values1[i]`, `field2` with `values2[i]`), then `_id` =
+    `key_prefix` + `keys[i]`. Without `keys` the mapper gives its own `<instance>:<counter>`."""
+
+    field1: str = ""
+    values1: Sequence[int] = ()
+    field2: str = ""
+    values2: Sequence[int] = ()
+    key_prefix: str = ""
+    keys: Sequence[int] | None = None
+
+    def metadata(self, common: dict[str, Any], i: int) -> dict[str, Any]:
+        """Event i's @metadata: `common`, its numbered fields, then its key (when `keys` is set)."""
+        meta = dict(common)
+        if self.field1:
+            meta[self.field1] = self.values1[i]
+        if self.field2:
+            meta[self.field2] = self.values2[i]
+        if self.keys is not None:
+            meta["_id"] = f"{self.key_prefix}{self.keys[i]}"
+        return meta
+
+    def slice(self, start: int, end: int) -> "Positions":
+        return Positions(
+            self.field1, self.values1[start:end] if self.field1 else (), self.field2,
+            self.values2[start:end] if self.field2 else (), self.key_prefix,
+            None if self.keys is None else self.keys[start:end],
+        )
 
 
 class Batches:
@@ -239,46 +260,36 @@ class EventMapper:
         bodies: list[dict[str, Any]],
         raws: list[bytes | memoryview],
         common: dict[str, Any],
+        positions: Positions = Positions(),
         *,
         created_ms: int,
-        field1: str = "",
-        values1: Sequence[int] = (),
-        field2: str = "",
-        values2: Sequence[int] = (),
-        key_prefix: str | None = None,
-        keys: Sequence[int] | None = None,
         app_env: str | None = None,
     ) -> None:
         """`add` for a run of events that are non-empty JSON objects without their own @metadata.
 
-        Each event's @metadata is `common`, then `field1`/`field2` with the event's
-        value from `values1`/`values2` (when named), then `_id`: `key_prefix` + the
-        event's number from `keys`, or this bridge's own `<instance>:<counter>`. The
-        splicing, the @timestamp lookup and the common timestamp format run in C
+        Each event's @metadata is `common`, then its `positions`. The splicing, the
+        @timestamp lookup and the common timestamp format run in C
         (`native_link.lj_splice`) for the whole run; the result is exactly what `add`
         gives each event (tests/test_bridge_mapping.py checks it).
         """
         n = len(raws)
         if not n:
             return
-        if keys is None:
+        if positions.keys is None:
             first = self._take_keys(n)
-            keys = range(first, first + n)
-            prefix = self.instance + ":"
-        else:
-            prefix = key_prefix or ""
+            positions = dataclasses.replace(positions, key_prefix=self.instance + ":", keys=range(first, first + n))
         splicer = self._native_splicer()
         if splicer is None:
             for i in range(n):
-                meta = _event_metadata(common, field1, values1[i] if field1 else 0, field2,
-                                       values2[i] if field2 else 0, f"{prefix}{keys[i]}")
-                self.add(out, bodies[i], meta, created_ms=created_ms, app_env=app_env, raw=raws[i])
+                self.add(out, bodies[i], positions.metadata(common, i), created_ms=created_ms, app_env=app_env,
+                         raw=raws[i])
             return
+        p = positions
         blob, lens, stamps = splicer.splice(
             raws, orjson.dumps(common, default=str)[1:-1],
-            orjson.dumps(field1) + b":" if field1 else b"", values1,
-            orjson.dumps(field2) + b":" if field2 else b"", values2,
-            orjson.dumps(prefix)[1:-1], keys, created_ms,
+            orjson.dumps(p.field1) + b":" if p.field1 else b"", p.values1,
+            orjson.dumps(p.field2) + b":" if p.field2 else b"", p.values2,
+            orjson.dumps(p.key_prefix)[1:-1], p.keys, created_ms,
         )
         if -1 in stamps:  # a @timestamp not in the common format: Python's parser decides, as in `add`
             for i, ts in enumerate(stamps):
@@ -291,15 +302,10 @@ class EventMapper:
         out: Batches,
         payloads: Sequence[bytes | memoryview],
         common: dict[str, Any],
+        positions: Positions = Positions(),
         *,
         created_ms: int | None = None,
         app_env: str | None = None,
-        field1: str = "",
-        values1: Sequence[int] = (),
-        field2: str = "",
-        values2: Sequence[int] = (),
-        key_prefix: str | None = None,
-        keys: Sequence[int] | None = None,
     ) -> None:
         """Map raw event payloads (JSON objects, text or bytes): runs of plain JSON objects
         through `add_run`, the rest one by one with the same @metadata, in order."""
@@ -310,9 +316,8 @@ class EventMapper:
 
         def run(end: int) -> None:
             if raws:
-                self.add_run(out, bodies, raws, common, created_ms=created, field1=field1, values1=values1[run_start:end],
-                             field2=field2, values2=values2[run_start:end], key_prefix=key_prefix,
-                             keys=None if keys is None else keys[run_start:end], app_env=app_env)
+                self.add_run(out, bodies, raws, common, positions.slice(run_start, end), created_ms=created,
+                             app_env=app_env)
 
         for i, payload in enumerate(payloads):
             body, raw = body_and_raw(payload)
@@ -322,9 +327,7 @@ class EventMapper:
                 continue
             run(i)
             bodies, raws, run_start = [], [], i + 1
-            meta = _event_metadata(common, field1, values1[i] if field1 else 0, field2, values2[i] if field2 else 0,
-                                   None if keys is None else f"{key_prefix or ''}{keys[i]}")
-            self.add(out, body, meta, created_ms=created, app_env=app_env, raw=raw)
+            self.add(out, body, positions.metadata(common, i), created_ms=created, app_env=app_env, raw=raw)
         run(len(payloads))
 
     def _native_splicer(self) -> NativeWire | None:

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, IdleTimeout, body_and_raw
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, IdleTimeout, Positions, body_and_raw
 from bridges.lumberjack.engine import (
     DEFAULT_MAX_DECOMPRESSED,
     DEFAULT_MAX_FRAME,
@@ -318,14 +318,14 @@ class Session:
                 continue
             body, raw = event_body(item)  # type: ignore[arg-type]
             if raws:
-                mapper.add_run(out, bodies, raws, common, created_ms=received, field1="seq", values1=seqs)
+                mapper.add_run(out, bodies, raws, common, Positions("seq", seqs), created_ms=received)
                 bodies, raws, seqs = [], [], []
             meta = dict(base)
             meta["protocol_version"] = "1" if item.version == V1 else "2"  # type: ignore[union-attr]
             meta["seq"] = item.seq  # type: ignore[union-attr]
             mapper.add(out, body, meta, created_ms=received, raw=raw)
         if raws:
-            mapper.add_run(out, bodies, raws, common, created_ms=received, field1="seq", values1=seqs)
+            mapper.add_run(out, bodies, raws, common, Positions("seq", seqs), created_ms=received)
         return out
 
     def _write(self, ack: bytes) -> None:

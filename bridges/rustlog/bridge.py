@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, Positions
 from bridges.rustlog import engine as e
 from bridges.rustlog.log import (
     FSYNC_POLICIES,
@@ -236,9 +236,9 @@ class Bridge(BridgeProtocol):
         offsets = range(base, base + len(records))
         # The record's place in the log is its key: the same when the backlog is forwarded again.
         self.host.mapper.add_payloads(
-            out, records, {**metadata, "topic": topic, "partition": partition}, created_ms=timestamp_us // 1000,
-            app_env=self.app_env_map.get(topic), field1="offset", values1=offsets,
-            key_prefix=f"rustlog:{self.log.id}:{topic}/{partition}@", keys=offsets,
+            out, records, {**metadata, "topic": topic, "partition": partition},
+            Positions("offset", offsets, key_prefix=f"rustlog:{self.log.id}:{topic}/{partition}@", keys=offsets),
+            created_ms=timestamp_us // 1000, app_env=self.app_env_map.get(topic),
         )
         return out
 

@@ -31,7 +31,7 @@ import logging
 import uuid
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, Positions
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
 from logjam.meta import now_ms
@@ -110,10 +110,10 @@ class Bridge(BridgeProtocol):
         """Map one append's events (numbered from `first_number`, at `offsets` in the segment)."""
         common = {**base, "segment": segment, "writer_id": str(writer)}
         # The event's place in the store is its key: the same when recovery forwards it again.
-        self.host.mapper.add_payloads(
-            out, payloads, common, field1="event_number", values1=range(first_number, first_number + len(payloads)),
-            field2="segment_offset", values2=offsets, key_prefix=f"segment:{self.store.id}:{segment}@", keys=offsets,
-        )
+        numbers = range(first_number, first_number + len(payloads))
+        key = f"segment:{self.store.id}:{segment}@"
+        positions = Positions("event_number", numbers, "segment_offset", offsets, key, offsets)
+        self.host.mapper.add_payloads(out, payloads, common, positions)
 
     async def serve(self, conn: Connection) -> None:
         await Session(self, conn).run()
