@@ -18,6 +18,7 @@ framing as `Message.to_frames()` and `Meta.pack()`:
 from __future__ import annotations
 
 import logging
+from array import array
 from typing import Any
 
 import zmq
@@ -309,8 +310,6 @@ class NativeWire:
 
     def prepare(self, batch: MessageBatch) -> Any:
         """The batch's columns as C buffers (kept alive by the returned tuple)."""
-        from array import array
-
         if batch.packed is not None:
             blob, lens = batch.packed
         else:
@@ -343,8 +342,6 @@ class NativeWire:
                key_prefix: bytes, keys: Any, created_default: int) -> tuple[bytes, Any, Any]:
         """`lj_splice`: (bodies joined, their lengths, created_ms: the @timestamp, `created_default`
         when there is none, or -1 where Python's parser must decide)."""
-        from array import array
-
         n = len(raws)
         blob = b"".join(raws)
         raw_lens = array("I", map(len, raws))
