@@ -15,11 +15,13 @@ import dataclasses
 import datetime
 import secrets
 from dataclasses import dataclass
-from typing import Any, Sequence
+from array import array
+from itertools import accumulate
+from typing import Any, Callable, Sequence
 
 import orjson
 
-from bridges.host.native_link import NativeWire, wire
+from bridges.host.native_link import NativeWire, TextSplice, wire
 from logjam.compression import compress
 from logjam.message import Message, MessageBatch
 from logjam.meta import Compression, now_ms
@@ -96,7 +98,7 @@ def _lookup(body: dict[str, Any], path: list[str]) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Positions:
-    """The per-event part of a run's @metadata, in the order `lj_splice` writes it: up to two
+    """The per-event part of a run's @metadata, in the order `lj_splice_texts` writes it: up to two
     numbered fields (`field1` with `values1[i]`, `field2` with `values2[i]`), then `_id` =
     `key_prefix` + `keys[i]`. Without `keys` the mapper gives its own `<instance>:<counter>`."""
 
@@ -178,7 +180,7 @@ class EventMapper:
         self._on_fallback = on_fallback
         # 64 random bits: two bridge processes never share a prefix in practice.
         self.instance = instance or secrets.token_hex(8)
-        self._key_prefix = f"{self.instance}:".encode()
+        self._key_prefix = orjson.dumps(f"{self.instance}:")[1:-1]  # as JSON string text, like C writes it
         self._next_n = 1
         self._splicer: Any = None
 
@@ -265,37 +267,114 @@ class EventMapper:
         created_ms: int,
         app_env: str | None = None,
     ) -> None:
-        """`add` for a run of events that are non-empty JSON objects without their own @metadata.
+        """`add` for a run of events that are non-empty JSON objects without their own @metadata,
+        already parsed (`bodies`) from `raws`.
 
         Each event's @metadata is `common`, then its `positions`. The splicing, the
-        @timestamp lookup and the common timestamp format run in C
-        (`native_link.lj_splice`) for the whole run; the result is exactly what `add`
+        @timestamp lookup and the common timestamp format run in C for the whole run
+        (`native_link.lj_splice_texts`); an event C declines (valid JSON it is not sure
+        of, such as a surrogate pair) goes through `add`. The result is exactly what `add`
         gives each event (tests/test_bridge_mapping.py checks it).
         """
         n = len(raws)
         if not n:
             return
+        created_ms = created_ms or now_ms()  # as `add` would: 0 is no time
         if positions.keys is None:
             first = self._take_keys(n)
             positions = dataclasses.replace(positions, key_prefix=self.instance + ":", keys=range(first, first + n))
-        splicer = self._native_splicer()
+        splicer = self._native_splicer(common, positions)
         if splicer is None:
             for i in range(n):
                 self.add(out, bodies[i], positions.metadata(common, i), created_ms=created_ms, app_env=app_env,
                          raw=raws[i])
             return
-        p = positions
-        blob, lens, stamps = splicer.splice(
-            raws, orjson.dumps(common, default=str)[1:-1],
+        lengths = array("I", map(len, raws))
+        job = self._text_splice(splicer, b"".join(raws), array("I", accumulate(lengths, initial=0)), lengths,
+                                common, positions, created_ms)
+        self._splice(out, job, lambda i: parse_timestamp(bodies[i].get("@timestamp")),
+                     lambda i: self.add(out, bodies[i], positions.metadata(common, i), created_ms=created_ms,
+                                        app_env=app_env, raw=raws[i]),
+                     app_env)
+
+    def add_texts(
+        self,
+        out: Batches,
+        data: bytes,
+        offsets: Sequence[int],
+        lengths: Sequence[int],
+        common: dict[str, Any],
+        positions: Positions = Positions(),
+        *,
+        created_ms: int,
+        app_env: str | None = None,
+    ) -> None:
+        """Map n raw event payloads, event i being `data[offsets[i] : offsets[i] + lengths[i]]`:
+        exactly what `add_payloads` gives for those slices.
+
+        Natively, no event is parsed into Python objects unless it has to be: C validates
+        each text and splices the plain JSON objects' @metadata in (`lj_splice_texts`,
+        which stops at each event it declines); a declined event (text, bytes, an object
+        with its own @metadata, JSON it is unsure of) goes through `add` on its own, in
+        order. Without `positions.keys` events are numbered from this mapper's counter
+        in order, as `add` would number them one by one.
+        """
+        n = len(lengths)
+        if not n:
+            return
+        created_ms = created_ms or now_ms()  # as `add` would: 0 is no time
+        splicer = self._native_splicer(common, positions)
+        if splicer is None:
+            self._add_each(out, [data[offsets[i]:offsets[i] + lengths[i]] for i in range(n)], common, positions,
+                           created_ms, app_env)
+            return
+        own_keys = positions.keys is None
+        if own_keys:
+            positions = dataclasses.replace(positions, key_prefix=self.instance + ":")
+        job = self._text_splice(splicer, data, offsets, lengths, common, positions, created_ms)
+
+        def text(i: int) -> bytes:
+            return data[offsets[i]:offsets[i] + lengths[i]]
+
+        def single(i: int) -> None:
+            body, raw = body_and_raw(text(i))
+            # Without keys `add` takes the mapper's next one, as C would have numbered it.
+            self.add(out, body, positions.metadata(common, i), created_ms=created_ms, app_env=app_env, raw=raw)
+
+        self._splice(out, job, lambda i: parse_timestamp(orjson.loads(text(i)).get("@timestamp")), single, app_env,
+                     own_keys)
+
+    def _text_splice(self, splicer: NativeWire, data: bytes, offsets: Sequence[int], lengths: Sequence[int],
+                     common: dict[str, Any], p: Positions, created_ms: int) -> TextSplice:
+        """The C job for these events: their @metadata's parts as the JSON text C writes."""
+        return splicer.text_splice(
+            data, offsets, lengths, orjson.dumps(common, default=str)[1:-1],
             orjson.dumps(p.field1) + b":" if p.field1 else b"", p.values1,
             orjson.dumps(p.field2) + b":" if p.field2 else b"", p.values2,
             orjson.dumps(p.key_prefix)[1:-1], p.keys, created_ms,
         )
-        if -1 in stamps:  # a @timestamp not in the common format: Python's parser decides, as in `add`
-            for i, ts in enumerate(stamps):
-                if ts == -1:
-                    stamps[i] = parse_timestamp(bodies[i].get("@timestamp")) or created_ms
-        out.add_packed(app_env or self.app_env, blob, lens, stamps)
+
+    def _splice(self, out: Batches, job: TextSplice, timestamp: Callable[[int], int | None],
+                single: Callable[[int], None], app_env: str | None, own_keys: bool = False) -> None:
+        """Run `job` over all its events: each stretch C splices becomes one packed batch, each
+        event it declines goes to `single(i)`. `timestamp(i)` is Python's reading of event i's
+        @timestamp, for the forms C leaves to it. With `own_keys`, C numbers the events from
+        this mapper's counter."""
+        i, n, created = 0, job.n, job.created_default
+        while i < n:
+            blob, lens, stamps, done = job.run(i, self._next_n - i if own_keys else 0)
+            if done:
+                if own_keys:
+                    self._take_keys(done)
+                if -1 in stamps:
+                    for j, ts in enumerate(stamps):
+                        if ts == -1:
+                            stamps[j] = timestamp(i + j) or created
+                out.add_packed(app_env or self.app_env, blob, lens, stamps)
+                i += done
+            if i < n:
+                single(i)
+                i += 1
 
     def add_payloads(
         self,
@@ -307,32 +386,34 @@ class EventMapper:
         created_ms: int | None = None,
         app_env: str | None = None,
     ) -> None:
-        """Map raw event payloads (JSON objects, text or bytes): runs of plain JSON objects
-        through `add_run`, the rest one by one with the same @metadata, in order."""
+        """Map raw event payloads (JSON objects, text or bytes), in order, each with `common`
+        and its `positions` as @metadata: natively through `add_texts` (joined once)."""
+        if not payloads:
+            return
         created = created_ms or now_ms()
-        run_start = 0
-        bodies: list[dict[str, Any]] = []
-        raws: list[bytes | memoryview] = []
+        if self._native_splicer(common, positions) is None:
+            self._add_each(out, payloads, common, positions, created, app_env)
+            return
+        lengths = array("I", map(len, payloads))
+        self.add_texts(out, b"".join(payloads), array("I", accumulate(lengths, initial=0)), lengths, common,
+                       positions, created_ms=created, app_env=app_env)
 
-        def run(end: int) -> None:
-            if raws:
-                self.add_run(out, bodies, raws, common, positions.slice(run_start, end), created_ms=created,
-                             app_env=app_env)
-
+    def _add_each(self, out: Batches, payloads: Sequence[bytes | memoryview], common: dict[str, Any],
+                  positions: Positions, created_ms: int, app_env: str | None) -> None:
+        """The per-event Python mapping every native path must equal."""
         for i, payload in enumerate(payloads):
             body, raw = body_and_raw(payload)
-            if raw is not None and body and "@metadata" not in body:
-                bodies.append(body)
-                raws.append(raw)
-                continue
-            run(i)
-            bodies, raws, run_start = [], [], i + 1
-            self.add(out, body, positions.metadata(common, i), created_ms=created, app_env=app_env, raw=raw)
-        run(len(payloads))
+            self.add(out, body, positions.metadata(common, i), created_ms=created_ms, app_env=app_env, raw=raw)
 
-    def _native_splicer(self) -> NativeWire | None:
-        """The C splicer when it applies: it writes uncompressed bodies under --app-env."""
+    def _native_splicer(self, common: dict[str, Any], p: Positions) -> NativeWire | None:
+        """The C splicer when it applies: it writes uncompressed bodies under --app-env, and
+        writes the positions' fields and `_id` after `common` (Python's dict would merge a
+        name given twice instead)."""
         if self.compression or self.field_path is not None:
+            return None
+        if "_id" in common or (p.field1 and p.field1 in common) or (p.field2 and p.field2 in common):
+            return None
+        if p.field1 and p.field1 == p.field2:
             return None
         if self._splicer is None:
             w = wire()

@@ -12,6 +12,12 @@ framing as `Message.to_frames()` and `Meta.pack()`:
 - `lj_link_drain` reads every waiting reply (`[app-env, status]`) and classifies each: 202 Accepted, another
   status (the device refused the request), or a reply we do not understand.
 
+The mapping's per-event JSON work is here too: `lj_splice_texts` validates each event's
+text (accepting only what `orjson.loads` surely reads as a plain, non-empty object
+without `@metadata`), splices its `@metadata` in and parses its `@timestamp`, for a
+whole batch per call, so such an event is never parsed into Python objects
+(`EventMapper.add_texts` in mapping.py).
+
 `PyWire` does the same in Python for machines without a compiler; `wire()` picks one.
 """
 
@@ -33,6 +39,20 @@ ACCEPTED = b"202 Accepted"
 # Status codes that lj_link_drain writes per reply.
 OK, REFUSED, UNEXPECTED = 0, 1, 2
 MAX_DRAIN = 4096
+# The most one event's @metadata adds beyond its texts (LJ_SPLICE_EXTRA in SOURCE).
+SPLICE_EXTRA = 96
+
+# Declared for cffi and defined in SOURCE with this one signature.
+SPLICE_TEXTS = """long lj_splice_texts(const unsigned char *data, size_t data_len, const uint32_t *offs, const uint32_t *lens,
+                     int start, int n, const char *common, size_t common_len,
+                     const char *field1, size_t field1_len, const void *values1, int wide1,
+                     const char *field2, size_t field2_len, const void *values2, int wide2,
+                     const char *key_prefix, size_t key_prefix_len, const void *keys, int wide_keys, int64_t key_base,
+                     unsigned char *out, size_t cap, uint32_t *out_lens, int64_t *stamps,
+                     int64_t created_default, size_t *out_used)"""
+
+# lj_string's table: 1 for the bytes that need no further look inside a JSON string.
+_PLAIN = ",".join("1" if 0x20 <= c < 0x80 and c not in b'"\\' else "0" for c in range(256))
 
 CDEF = """
 int lj_link_send(void *sock, const char *app, size_t app_len, const char *topic, size_t topic_len,
@@ -40,12 +60,7 @@ int lj_link_send(void *sock, const char *app, size_t app_len, const char *topic,
                  int start, int n, unsigned int compression, int *err);
 int lj_link_drain(void *sock, unsigned char *status, int max, int *nbad, int *err);
 long lj_count(void *sock, long want);
-long lj_splice(const unsigned char *raw, const uint32_t *raw_lens, int n,
-               const char *common, size_t common_len,
-               const char *field1, size_t field1_len, const int64_t *values1,
-               const char *field2, size_t field2_len, const int64_t *values2,
-               const char *key_prefix, size_t key_prefix_len, const int64_t *keys,
-               unsigned char *out, size_t cap, uint32_t *lens, int64_t *stamps, int64_t created_default);
+""" + SPLICE_TEXTS + """;
 """
 
 SOURCE = r"""
@@ -203,85 +218,299 @@ static int64_t lj_iso_ms(const unsigned char *p, size_t n)
 
 static int lj_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-/* The top-level "@timestamp" of a valid JSON object: its ms, -2 when absent, -1 when Python must decide. */
-static int64_t lj_find_ts(const unsigned char *p, size_t n)
+/* ---- validating an event: accept only text orjson.loads surely reads as a plain object ----
+ * Anything these functions are unsure of is declined (they return 0) and Python maps
+ * that event itself, so declining is always correct, only slower. A position past a
+ * token is never 0, which is why 0 can mean "declined".
+ */
+
+#define LJ_MAX_DEPTH 128 /* orjson allows 1023 levels; deeper events are rare enough for Python */
+
+/* Bytes that stand for themselves in a JSON string: printable ASCII (DEL too) but '"' and '\'. */
+static const unsigned char lj_plain[256] = {""" + _PLAIN + r"""};
+
+#define LJ_ONES 0x0101010101010101ULL
+#define LJ_HIGH 0x8080808080808080ULL
+
+/* Whether all eight bytes at p are lj_plain, tested at once: most of an event is string
+   text, and this is where the validator spends its time. Over a word, (v - 0x01..01) & ~v
+   & 0x80..80 is non-zero exactly when some byte of v is 0 (a borrow may mark bytes above
+   that one too, never any when no byte is 0); likewise (x - 0x20..20) & ~x for a byte
+   below 0x20. x ^ '"' and x ^ '\' are 0 at a quote or backslash, and x's own high bits
+   mark non-ASCII bytes. */
+static int lj_plain8(const unsigned char *p)
 {
-    size_t i = 0;
-    int depth = 0, expect_key = 0;
-    while (i < n && lj_ws(p[i])) i++;
-    if (i >= n || p[i] != '{') return -1;
-    depth = 1; expect_key = 1; i++;
-    while (i < n) {
-        unsigned char c = p[i];
-        if (c == '"') {
-            size_t start = ++i;
-            int escaped = 0;
-            while (i < n && p[i] != '"') {
-                if (p[i] == '\\') { escaped = 1; i++; }
-                i++;
-            }
-            size_t end = i++;
-            if (depth == 1 && expect_key) {
-                expect_key = 0;
-                if (escaped) return -1;
-                if (end - start != 10 || memcmp(p + start, "@timestamp", 10) != 0) continue;
-                while (i < n && (lj_ws(p[i]) || p[i] == ':')) i++;
-                if (i >= n || p[i] != '"') return -1;
-                start = ++i;
-                while (i < n && p[i] != '"') { if (p[i] == '\\') return -1; i++; }
-                return lj_iso_ms(p + start, i - start);
-            }
-            continue;
-        }
-        if (c == '{' || c == '[') depth++;
-        else if (c == '}' || c == ']') depth--;
-        else if (c == ',' && depth == 1) expect_key = 1;
-        i++;
-    }
-    return -2;
+    uint64_t x, q, b;
+    memcpy(&x, p, 8);
+    q = x ^ (LJ_ONES * '"');
+    b = x ^ (LJ_ONES * '\\');
+    return !((x | ((x - LJ_ONES * 0x20) & ~x) | ((q - LJ_ONES) & ~q) | ((b - LJ_ONES) & ~b)) & LJ_HIGH);
 }
 
-long lj_splice(const unsigned char *raw, const uint32_t *raw_lens, int n,
-               const char *common, size_t common_len,
-               const char *field1, size_t field1_len, const int64_t *values1,
-               const char *field2, size_t field2_len, const int64_t *values2,
-               const char *key_prefix, size_t key_prefix_len, const int64_t *keys,
-               unsigned char *out, size_t cap, uint32_t *lens, int64_t *stamps, int64_t created_default)
+static size_t lj_skip_ws(const unsigned char *p, size_t i, size_t n)
+{
+    while (i < n && lj_ws(p[i])) i++;
+    return i;
+}
+
+static int lj_hex(unsigned char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* The length of the UTF-8 sequence at p (p[0] >= 0x80), or 0: orjson refuses overlong
+   forms, encoded surrogates (ED A0..BF) and anything above U+10FFFF. */
+static size_t lj_utf8(const unsigned char *p, size_t avail)
+{
+    unsigned char c = p[0], lo = 0x80, hi = 0xBF;
+    size_t len, k;
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        else if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        else if (c == 0xF4) hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if (avail < len || p[1] < lo || p[1] > hi) return 0;
+    for (k = 2; k < len; k++)
+        if (p[k] < 0x80 || p[k] > 0xBF) return 0;
+    return len;
+}
+
+/* The string whose opening quote is p[i]: the position after its closing quote, or 0.
+   *escaped is set when it holds a backslash escape. */
+static size_t lj_string(const unsigned char *p, size_t i, size_t n, int *escaped)
+{
+    i++;
+    for (;;) {
+        unsigned char c;
+        while (n - i >= 8 && lj_plain8(p + i)) i += 8;
+        while (i < n && lj_plain[p[i]]) i++;
+        if (i >= n) return 0;
+        c = p[i];
+        if (c == '"') return i + 1;
+        if (c == '\\') {
+            *escaped = 1;
+            if (i + 1 >= n) return 0;
+            c = p[i + 1];
+            if (c == 'u') {
+                unsigned v = 0;
+                size_t k;
+                int h;
+                if (n - i < 6) return 0;
+                for (k = 2; k < 6; k++) {
+                    if ((h = lj_hex(p[i + k])) < 0) return 0;
+                    v = v * 16 + (unsigned)h;
+                }
+                /* orjson refuses a lone surrogate; a pair is rare enough to leave to Python too. */
+                if (v >= 0xD800 && v <= 0xDFFF) return 0;
+                i += 6;
+            } else if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
+                i += 2;
+            } else {
+                return 0;
+            }
+        } else if (c < 0x20) {
+            return 0; /* a raw control character: orjson refuses it */
+        } else {
+            size_t k = lj_utf8(p + i, n - i);
+            if (!k) return 0;
+            i += k;
+        }
+    }
+}
+
+static int lj_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? starting at p[i]: the position after it, or 0.
+   At most 19 integer digits and 2 exponent digits: such a number never overflows a double,
+   which orjson refuses (it reads longer integers too, but Python can decide those). */
+static size_t lj_number(const unsigned char *p, size_t i, size_t n)
+{
+    size_t d;
+    if (i < n && p[i] == '-') i++;
+    if (i >= n) return 0;
+    if (p[i] == '0') {
+        i++;
+    } else if (p[i] >= '1' && p[i] <= '9') {
+        d = i;
+        while (i < n && lj_digit(p[i])) i++;
+        if (i - d > 19) return 0;
+    } else {
+        return 0;
+    }
+    if (i < n && p[i] == '.') {
+        d = ++i;
+        while (i < n && lj_digit(p[i])) i++;
+        if (i == d) return 0;
+    }
+    if (i < n && (p[i] == 'e' || p[i] == 'E')) {
+        i++;
+        if (i < n && (p[i] == '+' || p[i] == '-')) i++;
+        d = i;
+        while (i < n && lj_digit(p[i])) i++;
+        if (i == d || i - d > 2) return 0;
+    }
+    return i;
+}
+
+static size_t lj_value(const unsigned char *p, size_t i, size_t n, int depth);
+
+/* The object or array opening at p[i], inside `depth` others: the position after it, or 0. */
+static size_t lj_container(const unsigned char *p, size_t i, size_t n, int depth)
+{
+    int object = p[i] == '{';
+    unsigned char close = object ? '}' : ']';
+    if (depth >= LJ_MAX_DEPTH) return 0;
+    i = lj_skip_ws(p, i + 1, n);
+    if (i < n && p[i] == close) return i + 1;
+    for (;;) {
+        if (object) {
+            int escaped = 0;
+            if (i >= n || p[i] != '"' || !(i = lj_string(p, i, n, &escaped))) return 0;
+            i = lj_skip_ws(p, i, n);
+            if (i >= n || p[i] != ':') return 0;
+            i = lj_skip_ws(p, i + 1, n);
+        }
+        if (!(i = lj_value(p, i, n, depth + 1))) return 0;
+        i = lj_skip_ws(p, i, n);
+        if (i >= n) return 0;
+        if (p[i] == close) return i + 1;
+        if (p[i] != ',') return 0;
+        i = lj_skip_ws(p, i + 1, n);
+    }
+}
+
+static size_t lj_literal(const unsigned char *p, size_t i, size_t n, const char *word, size_t len)
+{
+    return n - i >= len && memcmp(p + i, word, len) == 0 ? i + len : 0;
+}
+
+/* Any JSON value starting at p[i] (no whitespace before it): the position after it, or 0. */
+static size_t lj_value(const unsigned char *p, size_t i, size_t n, int depth)
+{
+    int escaped = 0;
+    if (i >= n) return 0;
+    switch (p[i]) {
+    case '{':
+    case '[': return lj_container(p, i, n, depth);
+    case '"': return lj_string(p, i, n, &escaped);
+    case 't': return lj_literal(p, i, n, "true", 4);
+    case 'f': return lj_literal(p, i, n, "false", 5);
+    case 'n': return lj_literal(p, i, n, "null", 4);
+    default: return lj_number(p, i, n);
+    }
+}
+
+/* Event text p[0:n]: 1 when it is surely a non-empty JSON object without a top-level
+   "@metadata", with *close at its closing brace and *stamp its created_ms (the top-level
+   "@timestamp" in the common ISO form, `created_default` without one, -1 when Python's
+   parser must decide); else 0. */
+static int lj_event(const unsigned char *p, size_t n, size_t *close, int64_t *stamp, int64_t created_default)
+{
+    size_t i = lj_skip_ws(p, 0, n), ts = 0, ts_end = 0;
+    int ts_count = 0;
+    if (i >= n || p[i] != '{') return 0; /* also a UTF-8 BOM, which orjson refuses */
+    i = lj_skip_ws(p, i + 1, n);
+    if (i < n && p[i] == '}') return 0; /* {} is mapped differently (no body to splice into) */
+    for (;;) {
+        size_t key = i + 1, value;
+        int escaped = 0, is_ts;
+        if (i >= n || p[i] != '"' || !(i = lj_string(p, i, n, &escaped))) return 0;
+        /* An escaped key could spell @metadata or @timestamp: Python decides. */
+        if (escaped) return 0;
+        if (i - 1 - key == 9 && memcmp(p + key, "@metadata", 9) == 0) return 0;
+        is_ts = i - 1 - key == 10 && memcmp(p + key, "@timestamp", 10) == 0;
+        i = lj_skip_ws(p, i, n);
+        if (i >= n || p[i] != ':') return 0;
+        value = i = lj_skip_ws(p, i + 1, n);
+        if (!(i = lj_value(p, i, n, 1))) return 0;
+        if (is_ts) {
+            ts_count++;
+            ts = value;
+            ts_end = i;
+        }
+        i = lj_skip_ws(p, i, n);
+        if (i >= n) return 0;
+        if (p[i] == '}') break;
+        if (p[i] != ',') return 0;
+        i = lj_skip_ws(p, i + 1, n);
+    }
+    if (lj_skip_ws(p, i + 1, n) != n) return 0;
+    *close = i;
+    if (ts_count == 0) {
+        *stamp = created_default;
+    } else if (ts_count > 1 || p[ts] != '"' || memchr(p + ts, '\\', ts_end - ts)) {
+        *stamp = -1; /* a repeated key (orjson keeps the last), not a string, or escaped */
+    } else {
+        *stamp = lj_iso_ms(p + ts + 1, ts_end - ts - 2);
+    }
+    return 1;
+}
+
+/* Element i of a number column: int64_t when `wide`, else uint32_t (Lumberjack's sequence
+   numbers come as array('I'); widening them in Python would cost more than the splice). */
+static int64_t lj_column(const void *column, int wide, int i)
+{
+    return wide ? ((const int64_t *)column)[i] : (int64_t)((const uint32_t *)column)[i];
+}
+
+/* The most one event's @metadata adds beyond its four texts: punctuation and three numbers. */
+#define LJ_SPLICE_EXTRA """ + str(SPLICE_EXTRA) + r"""
+
+/* Events [start, n) of `data` (event i is data[offs[i] : offs[i] + lens[i]]) with
+   ,"@metadata":{common,field1 values1[i],field2 values2[i],"_id":"key_prefix keys[i]"}
+   spliced in before their closing brace, written one after another into `out`; the
+   client's text is otherwise kept (whitespace after the brace dropped, as Python's
+   rstrip does). The number columns are int64_t, or uint32_t where their `wide` is 0;
+   keys may be NULL: event i's key is then key_base + i. Writes out_lens[i]
+   and stamps[i] (see lj_event) and *out_used; stops at the first event lj_event declines.
+   Returns how many events it spliced, or -1 when the caller's columns or `cap` are wrong. */
+""" + SPLICE_TEXTS + r"""
 {
     static const char head[] = ",\"@metadata\":{";
     static const char idk[] = "\"_id\":\"";
-    size_t in = 0, o = 0;
+    size_t o = 0, extra = common_len + field1_len + field2_len + key_prefix_len + LJ_SPLICE_EXTRA;
     int i;
-    for (i = 0; i < n; i++) {
-        const unsigned char *r = raw + in;
-        size_t len = raw_lens[i], start = o;
-        in += len;
-        while (len && lj_ws(r[len - 1])) len--;
-        if (len < 2 || r[len - 1] != '}') return -1 - i;
-        if (o + len + common_len + field1_len + field2_len + key_prefix_len + 128 > cap) return -1 - n;
-        stamps[i] = lj_find_ts(r, len);
-        if (stamps[i] == -2) stamps[i] = created_default;
-        memcpy(out + o, r, len - 1); o += len - 1;
+    *out_used = 0;
+    for (i = start; i < n; i++) {
+        const unsigned char *r;
+        size_t begin = o, close;
+        if ((uint64_t)offs[i] + lens[i] > data_len) return -1;
+        r = data + offs[i];
+        if (!lj_event(r, lens[i], &close, &stamps[i], created_default)) break;
+        if (o + close + extra > cap) return -1;
+        memcpy(out + o, r, close); o += close;
         memcpy(out + o, head, sizeof head - 1); o += sizeof head - 1;
         memcpy(out + o, common, common_len); o += common_len;
         if (field1_len) {
-            if (o > start && out[o - 1] != '{') out[o++] = ',';
+            if (out[o - 1] != '{') out[o++] = ',';
             memcpy(out + o, field1, field1_len); o += field1_len;
-            o += lj_put_i64(out + o, values1[i]);
+            o += lj_put_i64(out + o, lj_column(values1, wide1, i));
         }
         if (field2_len) {
             if (out[o - 1] != '{') out[o++] = ',';
             memcpy(out + o, field2, field2_len); o += field2_len;
-            o += lj_put_i64(out + o, values2[i]);
+            o += lj_put_i64(out + o, lj_column(values2, wide2, i));
         }
         if (out[o - 1] != '{') out[o++] = ',';
         memcpy(out + o, idk, sizeof idk - 1); o += sizeof idk - 1;
         memcpy(out + o, key_prefix, key_prefix_len); o += key_prefix_len;
-        o += lj_put_i64(out + o, keys[i]);
+        o += lj_put_i64(out + o, keys ? lj_column(keys, wide_keys, i) : key_base + i);
         out[o++] = '"'; out[o++] = '}'; out[o++] = '}';
-        lens[i] = (uint32_t)(o - start);
+        out_lens[i] = (uint32_t)(o - begin);
     }
-    return (long)o;
+    *out_used = o;
+    return i - start;
 }
 
 long lj_count(void *sock, long want)
@@ -307,6 +536,8 @@ class NativeWire:
         self._status = ffi.new("unsigned char[]", MAX_DRAIN)
         self._nbad = ffi.new("int *")
         self._err = ffi.new("int *")
+        self._used = ffi.new("size_t *")
+        self._scratch = ffi.new("unsigned char[]", 1 << 16)
 
     def prepare(self, batch: MessageBatch) -> Any:
         """The batch's columns as C buffers (kept alive by the returned tuple)."""
@@ -338,35 +569,85 @@ class NativeWire:
             raise zmq.ZMQError(self._err[0])
         return n, (bytes(self.ffi.buffer(self._status, n)) if self._nbad[0] else None)
 
-    def splice(self, raws: list[Any], common: bytes, field1: bytes, values1: Any, field2: bytes, values2: Any,
-               key_prefix: bytes, keys: Any, created_default: int) -> tuple[bytes, Any, Any]:
-        """`lj_splice`: (bodies joined, their lengths, created_ms: the @timestamp, `created_default`
-        when there is none, or -1 where Python's parser must decide)."""
-        n = len(raws)
-        blob = b"".join(raws)
-        raw_lens = array("I", map(len, raws))
-        k = array("q", keys)
-        v1 = array("q", values1) if field1 else k  # an absent field's column is never read
-        v2 = array("q", values2) if field2 else k
-        cap = len(blob) + n * (len(common) + len(field1) + len(field2) + len(key_prefix) + 128)
-        out = self.ffi.new("unsigned char[]", cap)
-        lens = array("I", bytes(4 * n))
-        stamps = array("q", bytes(8 * n))
-        ffi = self.ffi
-        total = self.lib.lj_splice(
-            ffi.from_buffer("unsigned char[]", blob), ffi.from_buffer("uint32_t[]", raw_lens), n,
-            common, len(common), field1, len(field1), ffi.from_buffer("int64_t[]", v1),
-            field2, len(field2), ffi.from_buffer("int64_t[]", v2),
-            key_prefix, len(key_prefix), ffi.from_buffer("int64_t[]", k),
-            out, cap, ffi.from_buffer("uint32_t[]", lens), ffi.from_buffer("int64_t[]", stamps), created_default,
-        )
-        if total < 0:
-            raise ValueError(f"lj_splice refused event {-1 - total}: not a JSON object's text")
-        return ffi.buffer(out, total)[:], lens, stamps
+    def text_splice(self, data: bytes, offsets: Any, lengths: Any, common: bytes, field1: bytes, values1: Any,
+                    field2: bytes, values2: Any, key_prefix: bytes, keys: Any, created_default: int) -> "TextSplice":
+        """A batch of event texts ready for `lj_splice_texts`; see `TextSplice`."""
+        return TextSplice(self, data, offsets, lengths, common, field1, values1, field2, values2, key_prefix, keys,
+                          created_default)
+
+    def scratch(self, size: int) -> Any:
+        """A C buffer of at least `size` bytes, kept and reused: a fresh large one costs page faults each time."""
+        if len(self._scratch) < size:
+            self._scratch = self.ffi.new("unsigned char[]", max(size, 2 * len(self._scratch)))
+        return self._scratch
 
     def count(self, sock: zmq.Socket, want: int) -> int:
         """Receive and count whole messages until `want`, or until RCVTIMEO passes without one."""
         return self.lib.lj_count(self.ffi.cast("void *", sock.underlying), want)
+
+
+def _column(values: Any, typecode: str) -> array:
+    """`values` as an array the C code can read in place (copied only when it is not one already)."""
+    return values if values.__class__ is array and values.typecode == typecode else array(typecode, values)
+
+
+def _numbers(values: Any) -> array | None:
+    """A number column for `lj_column`: an array('I') or array('q') as it is, anything else as array('q')."""
+    if values is None:
+        return None
+    return values if values.__class__ is array and values.typecode in "Iq" else array("q", values)
+
+
+class TextSplice:
+    """One batch of event texts for `lj_splice_texts`: its columns as C buffers, built once,
+    then `run(start)` from event to event (C stops at each event it declines)."""
+
+    __slots__ = ("wire", "n", "created_default", "out_lens", "stamps", "_keep", "_args", "_outs", "_cap")
+
+    def __init__(self, wire: NativeWire, data: bytes, offsets: Any, lengths: Any, common: bytes, field1: bytes,
+                 values1: Any, field2: bytes, values2: Any, key_prefix: bytes, keys: Any, created_default: int) -> None:
+        ffi = wire.ffi
+        offs, lens = _column(offsets, "I"), _column(lengths, "I")
+        n = len(lens)
+        if len(offs) < n:
+            raise ValueError(f"{len(offs)} offsets for {n} events")
+        # An absent field's column, and keys=None (C then numbers from key_base), are never read.
+        v1 = _numbers(values1) if field1 else None
+        v2 = _numbers(values2) if field2 else None
+        k = _numbers(keys)
+        self.wire = wire
+        self.n = n
+        self.created_default = created_default
+        self.out_lens = array("I", bytes(4 * n))
+        self.stamps = array("q", bytes(8 * n))
+        self._keep = (data, offs, lens, v1, v2, k)  # alive as long as C may read them
+        self._cap = sum(lens) + n * (len(common) + len(field1) + len(field2) + len(key_prefix) + SPLICE_EXTRA)
+
+        def numbers(column: array | None) -> tuple[Any, int]:
+            """(the column's C buffer, whether it is int64_t)."""
+            if column is None:
+                return ffi.NULL, 1
+            return ffi.from_buffer("char[]", column), int(column.typecode == "q")
+
+        self._args = (ffi.from_buffer("unsigned char[]", data), len(data), ffi.from_buffer("uint32_t[]", offs),
+                      ffi.from_buffer("uint32_t[]", lens), common, len(common), field1, len(field1), *numbers(v1),
+                      field2, len(field2), *numbers(v2), key_prefix, len(key_prefix), *numbers(k))
+        self._outs = (ffi.from_buffer("uint32_t[]", self.out_lens), ffi.from_buffer("int64_t[]", self.stamps))
+
+    def run(self, start: int, key_base: int = 0) -> tuple[bytes, array, array, int]:
+        """Splice events from `start` on until one is declined: (their bodies joined, their
+        lengths, their created_ms (-1 where Python's parser must decide), how many).
+        Without `keys`, event i's key is `key_base + i`."""
+        w = self.wire
+        out = w.scratch(self._cap)
+        done = w.lib.lj_splice_texts(*self._args[:4], start, self.n, *self._args[4:], key_base, out, self._cap,
+                                     *self._outs, self.created_default, w._used)
+        if done < 0:
+            raise ValueError("lj_splice_texts: an event lies outside the data, or the output buffer is too small")
+        blob = w.ffi.buffer(out, w._used[0])[:]
+        if start == 0 and done == self.n:
+            return blob, self.out_lens, self.stamps, done
+        return blob, self.out_lens[start:start + done], self.stamps[start:start + done], done
 
 
 class PyWire:
