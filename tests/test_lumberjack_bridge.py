@@ -89,6 +89,45 @@ def test_v2_events_arrive_once_with_body_metadata_and_app_env(device, bridge) ->
     sub.close()
 
 
+@pytest.mark.timeout(90)
+def test_windows_larger_than_a_batch_arrive_whole_and_in_order(device) -> None:
+    """One C frame of 1000 events is split into batches of 128: every event once, in order,
+    each with its own seq and key, plain objects and the events C hands to Python alike."""
+    bridge = start_lumberjack(device.router, "--max-batch", "128")
+    try:
+        sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+        client = LumberjackClient(restart_each_window=True)
+        run = uuid.uuid4().hex
+        events: list = []
+        for i in range(1000):
+            if i % 97 == 5:
+                events.append(b'"a JSON string, not an object"')
+            elif i % 97 == 50:
+                events.append(b'{"n": %d, "broken": ' % i)  # not JSON: kept as text
+            else:
+                events.append({"n": i, "run": run, "@timestamp": f"2024-05-01T12:00:{i % 60:02d}.250Z"})
+        with connect(bridge.port) as sock:
+            for _ in range(2):
+                acks = send_window(sock, client, events)
+                assert acks[-1] == AckFrame(0x32, 1000)
+        got = collect(sub, bridge.app_env, 2000)
+        assert no_more(sub, bridge.app_env, 0.5) == []
+    finally:
+        stop_bridge(bridge)
+    assert [body["@metadata"]["seq"] for _, body in got] == list(range(1, 1001)) * 2
+    for i, (msg, body) in enumerate(got[:1000]):
+        if i % 97 == 5:
+            assert body["message"] == '"a JSON string, not an object"'
+        elif i % 97 == 50:
+            assert body["message"] == '{"n": %d, "broken": ' % i
+        else:
+            assert body["n"] == i and body["run"] == run
+            assert msg.meta.created_ms == 1714564800250 + (i % 60) * 1000
+    keys = [body["@metadata"]["_id"] for _, body in got]
+    assert len(set(keys)) == 2000
+    sub.close()
+
+
 @pytest.mark.timeout(60)
 def test_v1_string_maps_line_becomes_message_and_acks_are_version_1(device, bridge) -> None:
     sub = ready_subscriber(device.pub, device.router, bridge.app_env)

@@ -19,6 +19,7 @@ from bridges.lumberjack.engine import (
     AckFrame,
     DataFrame,
     JsonFrame,
+    JsonFrames,
     Keepalive,
     LumberjackClient,
     LumberjackServer,
@@ -29,6 +30,14 @@ from bridges.lumberjack.engine import (
     encode_window,
 )
 from logjam.errors import DecompressedTooLarge, FrameTooLarge, LocalProtocolError, ProtocolError, RemoteProtocolError
+
+
+def flat(events: list) -> list:
+    """The events with each run of J frames (`JsonFrames`) spelled out frame by frame."""
+    out: list = []
+    for e in events:
+        out += e.frames() if isinstance(e, JsonFrames) else [e]
+    return out
 
 
 def c_frame(inner: bytes, version: bytes = b"2") -> bytes:
@@ -67,19 +76,21 @@ TRAILERS = [b"2", b"2W\x00", b"2J\x00\x00\x00\x09\x00\x00\x00\x05{", b"1D\x00\x0
             W3[:5], c_frame(J1)[:-1]]
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
 @pytest.mark.parametrize("name,data,expected", VECTORS, ids=[v[0] for v in VECTORS])
-def test_vector_whole(name: str, data: bytes, expected: list) -> None:
-    server = LumberjackServer()
-    assert server.feed(data) == expected
+def test_vector_whole(name: str, data: bytes, expected: list, native: bool) -> None:
+    server = LumberjackServer(native=native)
+    assert flat(server.feed(data)) == expected
     assert server.buffered == 0
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
 @pytest.mark.parametrize("name,data,expected", VECTORS, ids=[v[0] for v in VECTORS])
-def test_vector_byte_by_byte(name: str, data: bytes, expected: list) -> None:
-    server = LumberjackServer()
+def test_vector_byte_by_byte(name: str, data: bytes, expected: list, native: bool) -> None:
+    server = LumberjackServer(native=native)
     events = []
     for i in range(len(data)):
-        events += server.feed(data[i : i + 1])
+        events += flat(server.feed(data[i : i + 1]))
     assert events == expected
     assert server.buffered == 0
 
@@ -88,15 +99,70 @@ def test_vector_byte_by_byte(name: str, data: bytes, expected: list) -> None:
 @pytest.mark.parametrize("name,data,expected", VECTORS, ids=[v[0] for v in VECTORS])
 def test_vector_with_trailing_data(name: str, data: bytes, expected: list, trailer: bytes) -> None:
     server = LumberjackServer()
-    assert server.feed(data + trailer) == expected
+    assert flat(server.feed(data + trailer)) == expected
     assert server.buffered > 0
+
+
+def test_back_to_back_json_frames_are_one_run_sharing_the_inflated_buffer() -> None:
+    frames = b"".join(encode_json_frame(seq, b'{"n":%d}' % seq) for seq in range(1, 5001))
+    (window, run) = LumberjackServer().feed(W3 + encode_compressed(frames))
+    assert isinstance(run, JsonFrames) and len(run) == 5000 and run.window == window.window == 1
+    assert run.data == frames  # the inflated payload itself, not a copy per frame
+    assert list(run.seqs) == list(range(1, 5001))
+    assert run.payload(4999) == b'{"n":5000}'
+    head, tail = run.split(4097)
+    assert head.frames() + tail.frames() == run.frames() and tail.data is run.data
+
+
+def test_a_run_ends_at_a_window_or_another_version() -> None:
+    j1_v1 = b"1" + J1[1:]
+    events = LumberjackServer().feed(J1 + J1 + W3 + J1 + j1_v1 + J1)
+    assert [type(e).__name__ for e in events] == ["JsonFrames", "WindowFrame", "JsonFrames", "JsonFrames", "JsonFrames"]
+    assert [len(e) for e in events if isinstance(e, JsonFrames)] == [2, 1, 1, 1]
+    assert [e.version for e in events if isinstance(e, JsonFrames)] == [V2, V2, V1, V2]
+
+
+def test_a_run_from_the_connection_buffer_holds_only_its_own_bytes() -> None:
+    server = LumberjackServer()
+    frame = encode_json_frame(9, b'{"a":1}')
+    server.feed(W3 + frame[:4])
+    (run,) = server.feed(frame[4:] + J1)
+    assert run.data == frame + J1 and list(run.offsets) == [10, len(frame) + 10]
+
+
+_scan_input = st.lists(
+    st.one_of(
+        st.tuples(st.integers(0, 2**32 - 1), st.binary(max_size=30)).map(lambda t: encode_json_frame(*t)),
+        st.sampled_from([W3, b"1" + J1[1:], b"2J\xff\xff\xff\xff\x00\x00\x00\x01", b"2J\x00\x00\x00\x01\x00\x00\x01\x00"]),
+        st.binary(max_size=12),
+    ),
+    max_size=12,
+).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_scan_input, st.data())
+def test_c_scanner_reads_exactly_what_the_python_one_reads(data: bytes, draw: st.DataObject) -> None:
+    from array import array
+
+    from bridges.lumberjack.scan import scanner
+
+    pos = draw.draw(st.integers(0, len(data)))
+    end = draw.draw(st.integers(pos, len(data)))
+    base = draw.draw(st.integers(0, pos))
+    max_frame = draw.draw(st.sampled_from([0, 16, 4096]))
+    results = []
+    for scan in (scanner(native=True), scanner(native=False)):
+        cols = array("I"), array("I"), array("I")
+        results.append((scan(data, pos, end, base, 0x32, max_frame, *cols), cols))
+    assert results[0] == results[1]
 
 
 def test_trailing_frame_completes_later() -> None:
     server = LumberjackServer()
     frame = encode_json_frame(9, b'{"a":1}')
-    assert server.feed(J1 + frame[:7]) == [JsonFrame(V2, 1, 0, b'{"message":1}')]
-    assert server.feed(frame[7:]) == [JsonFrame(V2, 9, 0, b'{"a":1}')]
+    assert flat(server.feed(J1 + frame[:7])) == [JsonFrame(V2, 1, 0, b'{"message":1}')]
+    assert flat(server.feed(frame[7:])) == [JsonFrame(V2, 9, 0, b'{"a":1}')]
 
 
 def test_v1_data_split_inside_pairs_keeps_state() -> None:
@@ -183,13 +249,13 @@ def test_nested_compressed_frames_share_the_decompressed_limit() -> None:
     # Each inner C alone fits in 1000 bytes; together with their parent's output they do not.
     with pytest.raises(DecompressedTooLarge):
         LumberjackServer(max_decompressed_size=1000).feed(nested)
-    assert len(LumberjackServer(max_decompressed_size=4000).feed(nested)) == 2
+    assert len(flat(LumberjackServer(max_decompressed_size=4000).feed(nested))) == 2
 
 
 def test_frame_exactly_at_the_limit_is_accepted() -> None:
     payload = b"x" * 100
     server = LumberjackServer(max_frame_size=100)
-    assert server.feed(encode_json_frame(1, payload)) == [JsonFrame(V2, 1, 0, payload)]
+    assert flat(server.feed(encode_json_frame(1, payload))) == [JsonFrame(V2, 1, 0, payload)]
     with pytest.raises(FrameTooLarge):
         LumberjackServer(max_frame_size=99).feed(encode_json_frame(1, payload))
 
@@ -250,7 +316,7 @@ def test_client_round_trip_with_every_numbering_scheme() -> None:
         server = LumberjackServer()
         lasts = []
         for batch in ([{"message": "a"}, {"message": "b"}], [{"message": str(i)} for i in range(3)]):
-            events = [e for e in server.feed(client.send(batch)) if not isinstance(e, WindowFrame)]
+            events = [e for e in flat(server.feed(client.send(batch))) if not isinstance(e, WindowFrame)]
             assert len(events) == len(batch)
             assert events[-1].seq == client.last_seq
             lasts.append(events[-1].seq)
@@ -271,7 +337,7 @@ def test_pylogbeat_framing() -> None:
     client._window_size = len(events)
     payload = client._compress_payload(client._factor_payload(events))
     window = struct.pack(">BBI", pylogbeat.PROTOCOL_VERSION, pylogbeat.FRAME_TYPE_WINDOW_SIZE, 3)
-    got = LumberjackServer().feed(window + payload)
+    got = flat(LumberjackServer().feed(window + payload))
     assert [type(e) for e in got] == [WindowFrame, JsonFrame, JsonFrame, JsonFrame]
     assert [e.seq for e in got[1:]] == [1, 2, 3]
 
@@ -283,7 +349,7 @@ def test_timbersnake_framing() -> None:
     buffer = client.pack_window_frame(3)
     for seq in range(5):
         buffer += client.pack_json_data_frame({"n": seq}, seq)
-    got = LumberjackServer().feed(client.pack_compressed_frame(buffer))
+    got = flat(LumberjackServer().feed(client.pack_compressed_frame(buffer)))
     assert got[0] == WindowFrame(V2, 3, 1)
     assert [e.seq for e in got[1:]] == [0, 1, 2, 3, 4]
 
@@ -293,7 +359,7 @@ def test_stashward_framing() -> None:
 
     window = struct.pack(b"!ssI", b"1", b"W", StashwardHandler.MAX_SEQUENCE_NUMBER)
     frames = b"".join(StashwardHandler.packetize(None, {"line": f"l{i}", "host": "h", "offset": i}, i) for i in range(3))
-    got = LumberjackServer().feed(window + frames)
+    got = flat(LumberjackServer().feed(window + frames))
     assert got[0] == WindowFrame(V1, 2**32 - 1, 1)
     assert got[1] == DataFrame(V1, 0, 1, {"line": "l0", "host": "h", "offset": "0"})
 
@@ -314,7 +380,7 @@ def test_arbitrary_bytes_give_events_or_protocol_error(chunks: list[bytes]) -> N
     try:
         for chunk in chunks:
             for event in server.feed(chunk):
-                assert isinstance(event, (WindowFrame, DataFrame, JsonFrame))
+                assert isinstance(event, (WindowFrame, DataFrame, JsonFrames))
     except ProtocolError:
         pass
 
@@ -334,11 +400,11 @@ def test_valid_streams_parse_the_same_however_split(frames: list[bytes], compres
     stream = b"".join(frames)
     if compress:
         stream = encode_compressed(stream)
-    whole = LumberjackServer().feed(stream)
+    whole = flat(LumberjackServer().feed(stream))
     split_server = LumberjackServer()
     split: list = []
     for i in range(0, len(stream), step):
-        split += split_server.feed(stream[i : i + step])
+        split += flat(split_server.feed(stream[i : i + step]))
     assert split == whole
     assert len(whole) == len(frames)
     # Whatever follows, already parsed events stand and nothing else escapes.

@@ -23,16 +23,14 @@ import time
 from collections import deque
 from typing import Any, ClassVar
 
-import orjson
-
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, IdleTimeout, Positions, body_and_raw
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, IdleTimeout, Positions
 from bridges.lumberjack.engine import (
     DEFAULT_MAX_DECOMPRESSED,
     DEFAULT_MAX_FRAME,
     V1,
     Ack,
     DataFrame,
-    JsonFrame,
+    JsonFrames,
     Keepalive,
     SEQ_MAX,
     LumberjackServer,
@@ -44,13 +42,16 @@ log = logging.getLogger(__name__)
 
 FEED_SLICE = 8192
 
-Item = DataFrame | JsonFrame | WindowFrame  # windows are queued to act on them in order
+Item = DataFrame | JsonFrames | WindowFrame  # windows are queued to act on them in order
 
 
-def event_body(event: DataFrame | JsonFrame) -> tuple[dict[str, Any], bytes | None]:
-    """The Logjam body of one Lumberjack event (the Logstash convention), and its JSON text if unchanged."""
-    if event.__class__ is JsonFrame:
-        return body_and_raw(event.payload)  # type: ignore[union-attr]
+def _weight(item: Item) -> int:
+    """What an item counts against the pending bounds: its events (a window counts one)."""
+    return len(item) if item.__class__ is JsonFrames else 1  # type: ignore[arg-type]
+
+
+def data_body(event: DataFrame) -> dict[str, Any]:
+    """The Logjam body of a v1 string map (the Logstash convention)."""
     body: dict[str, Any] = {}
     for key, value in event.fields.items():
         if isinstance(value, bytes):
@@ -60,7 +61,7 @@ def event_body(event: DataFrame | JsonFrame) -> tuple[dict[str, Any], bytes | No
     # logstash-forwarder's `line` is Logstash's `message`; an explicit `message` wins.
     if "line" in body and "message" not in body:
         body["message"] = body.pop("line")
-    return body, None
+    return body
 
 
 class Budget:
@@ -120,8 +121,9 @@ class Session:
         self.keepalive_interval: float = args.keepalive_interval
         self.pipeline: int = max(1, args.pipeline)
         self.max_inflight: int | None = getattr(args, "max_inflight", None)
-        # Decoded, not yet in a batch, in arrival order.
+        # Decoded, not yet in a batch, in arrival order; `queued_items` is their weight.
         self.queue: deque[Item] = deque()
+        self.queued_items = 0
         # Batches at the device, oldest first. Their decoded events are dropped once mapped:
         # only the acks they will need are kept.
         self.inflight: deque[_Flight] = deque()
@@ -139,8 +141,8 @@ class Session:
 
     @property
     def pending(self) -> int:
-        """Items decoded and not yet acked."""
-        return len(self.queue) + self.in_flight_items
+        """Events (and windows) decoded and not yet acked."""
+        return self.queued_items + self.in_flight_items
 
     # -- tasks
 
@@ -189,12 +191,14 @@ class Session:
             self.reader_done = True
             self.queued.set()
 
-    def _enqueue(self, events: list[Any]) -> None:
+    def _enqueue(self, events: list[Item]) -> None:
         self.queue.extend(events)
-        n = len(events) - [e.__class__ for e in events].count(WindowFrame)
-        self.budget.take(len(events))
-        if n:
-            self.host.metrics.events_received.inc(n)
+        weight = sum(map(_weight, events))
+        windows = sum(1 for e in events if e.__class__ is WindowFrame)
+        self.queued_items += weight
+        self.budget.take(weight)
+        if weight > windows:
+            self.host.metrics.events_received.inc(weight - windows)
         self.queued.set()
 
     def _link_has_room(self) -> bool:
@@ -205,7 +209,7 @@ class Session:
         # Our own batches may not be counted by the link yet; counting them twice errs on
         # the side of not pipelining when the device is already busy.
         ours = sum(f.events for f in self.inflight)
-        batch = min(self.max_batch, len(self.queue))
+        batch = min(self.max_batch, self.queued_items)
         return self.host.link.inflight + ours + batch <= self.max_inflight
 
     async def _publish(self) -> None:
@@ -248,44 +252,54 @@ class Session:
             self.budget.refund(flight.items)
 
     def _launch(self) -> None:
-        """Move the next batch from the queue to the device."""
+        """Move the next batch, up to --max-batch events, from the queue to the device."""
         batch: list[Item] = []
-        events = 0
+        events = windows = 0
         queue = self.queue
         while queue:
             item = queue[0]
-            if not isinstance(item, WindowFrame):
-                if events == self.max_batch:
+            kind = item.__class__
+            if kind is WindowFrame:
+                windows += 1
+            else:
+                room = self.max_batch - events
+                if not room:
                     break
-                events += 1
+                if kind is JsonFrames and len(item) > room:  # type: ignore[arg-type]
+                    batch_part, queue[0] = item.split(room)  # type: ignore[union-attr]
+                    batch.append(batch_part)
+                    events += room
+                    break
+                events += _weight(item)
             batch.append(queue.popleft())
-        first_window = batch[0].window
+        items = events + windows
+        self.queued_items -= items
         acks = self._plan(batch)
         task = asyncio.ensure_future(self.host.link.publish(self._messages(batch).batches))
-        self.inflight.append(_Flight(task, acks, len(batch), events, first_window, self.plan_silent))
-        self.in_flight_items += len(batch)
+        self.inflight.append(_Flight(task, acks, items, events, batch[0].window, self.plan_silent))
+        self.in_flight_items += items
 
     def _plan(self, batch: list[Item]) -> list[Ack]:
         """The acks for a batch: the last event of each window it touches (W 0 gets 0), none
         inside a 2^32-1 window."""
         acks: list[Ack] = []
-        last: DataFrame | JsonFrame | None = None
+        last: Ack | None = None  # the newest event so far, as its ack
         for item in batch:
-            if isinstance(item, WindowFrame):
+            if item.__class__ is WindowFrame:
                 if last is not None:
-                    acks.append(Ack(last.seq, last.window))
+                    acks.append(last)
                     last = None
-                self.plan_silent = item.size == SEQ_MAX
-                if item.size == 0:
+                self.plan_silent = item.size == SEQ_MAX  # type: ignore[union-attr]
+                if item.size == 0:  # type: ignore[union-attr]
                     acks.append(Ack(0, item.window))
                 continue
             if self.plan_silent:
                 continue
             if last is not None and item.window != last.window:
-                acks.append(Ack(last.seq, last.window))
-            last = item
+                acks.append(last)
+            last = Ack(item.seqs[-1] if item.__class__ is JsonFrames else item.seq, item.window)  # type: ignore[union-attr]
         if last is not None:
-            acks.append(Ack(last.seq, last.window))
+            acks.append(last)
         return acks
 
     def _messages(self, batch: list[Item]) -> Batches:
@@ -293,39 +307,20 @@ class Session:
         base = self.conn.metadata("2")
         received = base["received_at"]
         out = mapper.batches()
-        # Runs of v2 JSON objects go through the mapper's native splice in one call;
-        # anything else (v1 string maps, non-objects, events with their own @metadata)
-        # is mapped one by one, in order.
-        common = {**base, "protocol_version": "2"}
-        bodies: list[dict[str, Any]] = []
-        raws: list[bytes] = []
-        seqs: list[int] = []
-        loads, decode_error = orjson.loads, orjson.JSONDecodeError
         for item in batch:
             kind = item.__class__
-            if kind is JsonFrame:
-                # The common case, inlined: a v2 event that is a plain JSON object.
-                try:
-                    body = loads(item.payload)  # type: ignore[union-attr]
-                except decode_error:
-                    body = None
-                if body.__class__ is dict and body and "@metadata" not in body:
-                    bodies.append(body)
-                    raws.append(item.payload)  # type: ignore[union-attr]
-                    seqs.append(item.seq)  # type: ignore[union-attr]
-                    continue
-            elif kind is WindowFrame:
+            if kind is WindowFrame:
                 continue
-            body, raw = event_body(item)  # type: ignore[arg-type]
-            if raws:
-                mapper.add_run(out, bodies, raws, common, Positions("seq", seqs), created_ms=received)
-                bodies, raws, seqs = [], [], []
-            meta = dict(base)
-            meta["protocol_version"] = "1" if item.version == V1 else "2"  # type: ignore[union-attr]
-            meta["seq"] = item.seq  # type: ignore[union-attr]
-            mapper.add(out, body, meta, created_ms=received, raw=raw)
-        if raws:
-            mapper.add_run(out, bodies, raws, common, Positions("seq", seqs), created_ms=received)
+            # A run of v2 J frames is mapped in one call (its JSON objects spliced in C);
+            # v1 string maps one by one, in order.
+            common = dict(base)
+            common["protocol_version"] = "1" if item.version == V1 else "2"  # type: ignore[union-attr]
+            if kind is JsonFrames:
+                mapper.add_texts(out, item.data, item.offsets, item.lengths, common,  # type: ignore[union-attr]
+                                 Positions("seq", item.seqs), created_ms=received)  # type: ignore[union-attr]
+            else:
+                common["seq"] = item.seq  # type: ignore[union-attr]
+                mapper.add(out, data_body(item), common, created_ms=received)  # type: ignore[arg-type]
         return out
 
     def _write(self, ack: bytes) -> None:

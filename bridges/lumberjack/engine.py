@@ -1,9 +1,11 @@
 """Sans-IO Lumberjack v1/v2 (Beats) engine: a server half and a client half, no sockets.
 
 Server: `LumberjackServer.feed(bytes)` returns `WindowFrame`, `DataFrame` (v1 'D',
-a string map) and `JsonFrame` (v2 'J', raw JSON bytes) events; `send(Ack | Keepalive)`
-returns the 6-byte ack to write, in the connection's own version byte (the npm v1
-client drops the connection on a '2').
+a string map) and `JsonFrames` events; `send(Ack | Keepalive)` returns the 6-byte ack to
+write, in the connection's own version byte (the npm v1 client drops the connection on
+a '2'). `JsonFrames` is a run of back-to-back v2 'J' frames (raw JSON bytes) as one
+event: a Beats window is thousands of them in one C frame, and one Python object per
+event cost more than the rest of the bridge; `JsonFrames.frames()` gives them one by one.
 
 Client: `LumberjackClient.send(events)` returns the bytes of one window (W, then the data
 frames, optionally inside a C frame); `feed(bytes)` returns the `AckFrame`s received.
@@ -23,11 +25,13 @@ from __future__ import annotations
 
 import struct
 import zlib
+from array import array
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Union
 
 import orjson
 
+from bridges.lumberjack.scan import scanner
 from logjam.errors import (
     DecompressedTooLarge,
     FrameTooLarge,
@@ -104,7 +108,7 @@ class DataFrame:
 
 @dataclass(frozen=True, slots=True)
 class JsonFrame:
-    """v2 `J`: the raw JSON document, parsed by the mapping layer."""
+    """One v2 `J` frame: the raw JSON document, parsed by the mapping layer."""
 
     version: int
     seq: int
@@ -112,7 +116,40 @@ class JsonFrame:
     payload: bytes
 
 
-Event = Union[WindowFrame, DataFrame, JsonFrame]
+@dataclass(frozen=True, slots=True)
+class JsonFrames:
+    """v2 `J` frames that arrived back to back in one window, in one version.
+
+    Frame i has sequence number `seqs[i]` and its JSON document is
+    `data[offsets[i] : offsets[i] + lengths[i]]`: the documents stay in the buffer they
+    were read or inflated into, and nothing is made per frame.
+    """
+
+    version: int
+    window: int
+    seqs: array
+    data: bytes
+    offsets: array
+    lengths: array
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def payload(self, i: int) -> bytes:
+        start = self.offsets[i]
+        return self.data[start : start + self.lengths[i]]
+
+    def frames(self) -> list[JsonFrame]:
+        return [JsonFrame(self.version, seq, self.window, self.payload(i)) for i, seq in enumerate(self.seqs)]
+
+    def split(self, n: int) -> tuple["JsonFrames", "JsonFrames"]:
+        """The first n frames, and the rest (sharing `data`)."""
+        head = JsonFrames(self.version, self.window, self.seqs[:n], self.data, self.offsets[:n], self.lengths[:n])
+        tail = JsonFrames(self.version, self.window, self.seqs[n:], self.data, self.offsets[n:], self.lengths[n:])
+        return head, tail
+
+
+Event = Union[WindowFrame, DataFrame, JsonFrames]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +205,9 @@ class LumberjackServer:
         self,
         max_frame_size: int = DEFAULT_MAX_FRAME,
         max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED,
+        native: bool = True,
     ) -> None:
+        self._scan = scanner(native)
         self.max_frame_size = max_frame_size
         self.max_decompressed_size = max_decompressed_size
         self.version = V2
@@ -243,8 +282,7 @@ class LumberjackServer:
                     raise FrameTooLarge(f"J frame of {length} bytes exceeds the limit of {max_frame}")
                 if avail < 10 + length:
                     break
-                out.append(JsonFrame(version, seq, self.window, bytes(buf[pos + 10 : pos + 10 + length])))
-                pos += 10 + length
+                pos = self._json_run(buf, pos, end, version, out)
             elif ftype == T_WINDOW:
                 if avail < 6:
                     break
@@ -288,6 +326,17 @@ class LumberjackServer:
         if pos < end and not outer:
             raise TruncatedCompressedFrame("C payload ends inside a frame")
         return pos
+
+    def _json_run(self, buf: bytes | bytearray, pos: int, end: int, version: int, out: list[Event]) -> int:
+        """The run of whole J frames starting at pos (there is at least one) as one event."""
+        seqs, offs, lens = array("I"), array("I"), array("I")
+        # An inflated C payload is kept by the run as it is; the connection's own buffer is
+        # reused, so from there the run takes a copy of its span.
+        base = 0 if buf.__class__ is bytes else pos
+        run_end = self._scan(buf, pos, end, base, version, self.max_frame_size, seqs, offs, lens)
+        data = buf if buf.__class__ is bytes else bytes(buf[pos:run_end])
+        out.append(JsonFrames(version, self.window, seqs, data, offs, lens))
+        return run_end
 
     def _continue_pairs(self, buf: bytearray, pos: int, end: int, out: list[Event]) -> int:
         st = self._pairs
