@@ -202,14 +202,15 @@ def main() -> int:
     )
     try:
         wait_for(lambda: port_open(port), timeout=20, what="bridge to listen")
-        cpu0 = cpu_seconds(bridge.pid), cpu_seconds(dev.proc.pid)
+        cpu0 = cpu_seconds(bridge.pid), cpu_seconds(dev.proc.pid), time.process_time()
         rates = [through_bridge(dev, port, windows) for _ in range(args.rounds)]
-        cpu1 = cpu_seconds(bridge.pid), cpu_seconds(dev.proc.pid)
+        cpu1 = cpu_seconds(bridge.pid), cpu_seconds(dev.proc.pid), time.process_time()
         bodies = [orjson.dumps(make_event(random.Random(i), 0, i)) for i in range(args.windows * WINDOW)]
         ceiling = max(device_ceiling(dev.router, bodies, app_env=APP_ENV, pub=dev.pub) for _ in range(2))
         e2e = max(rates)
         events = args.rounds * args.windows * WINDOW
         per_cpu = [events / max(b - a, 1e-9) for a, b in zip(cpu0, cpu1)]
+        busy = sum(b - a for a, b in zip(cpu0, cpu1)) / sum(args.windows * WINDOW / r for r in rates)
         before, during, blocked_windows = paused_rss(dev, bridge.pid, port, windows)
     finally:
         code = stop(bridge)
@@ -229,6 +230,16 @@ def main() -> int:
     print(describe(ceiling, ref, "device + subscriber"))
     print(f"CPU cost (load-independent): bridge {per_cpu[0]:,.0f} events per CPU-second, "
           f"device {per_cpu[1]:,.0f}, decode-only {ref_cpu:,.0f}; bridge/decode-only {per_cpu[0] / ref_cpu:.2f}x")
+    # Every process of the pipeline shares this machine's cores, so their CPU per event,
+    # summed, bounds the rate: cores / (bridge + device + client and subscriber).
+    cores = os.cpu_count() or 1
+    us = [1e6 / r for r in per_cpu]
+    bound = cores / sum(1 / r for r in per_cpu)
+    rest = cores / sum(1 / r for r in per_cpu[1:])
+    print(f"CPU per event: bridge {us[0]:.2f} us, device {us[1]:.2f} us, this process's client + subscriber "
+          f"{us[2]:.2f} us; {busy:.2f} of {cores} cores busy while events flowed")
+    print(f"CPU bound on {cores} cores: at most {bound:,.0f} events/s = {bound / ref:.2f}x of decode-only; "
+          f"with a bridge that cost nothing, at most {rest:,.0f} events/s = {rest / ref:.2f}x")
     print(f"device paused, 10 clients sending: bridge RSS {before['VmRSS'] / 1024:.1f} MiB before, "
           f"{during['VmRSS'] / 1024:.1f} MiB with every client blocked, peak (VmHWM) {during['VmHWM'] / 1024:.1f} MiB; "
           f"{blocked_windows} windows got out of the clients")
