@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import ssl
+import subprocess
 import threading
 import time
 import uuid
@@ -16,7 +17,7 @@ import pytest
 
 from bridges.lumberjack.engine import V1, AckFrame, LumberjackClient, encode_data_frame, encode_window
 from logjam.validation import is_valid_app_env
-from tests.helpers import wait_for
+from tests.helpers import command, wait_for
 from tests.bridge_support import client_tls, collect, no_more, ready_subscriber, stop_bridge
 from tests.lumberjack_support import start_lumberjack
 
@@ -463,3 +464,13 @@ def test_device_rejection_is_not_acked_and_closes_the_connection(device) -> None
         out = stop_bridge(b)
     assert "device rejected 5 of 5 messages; closing without ack" in out
     assert "Traceback" not in out
+
+
+@pytest.mark.timeout(60)
+def test_limits_beyond_32_bits_are_refused_at_start() -> None:
+    proc = subprocess.run(
+        [command("logjam-bridge"), "lumberjack", "--listen", "127.0.0.1:0", "--max-decompressed-size", str(2**32)],
+        capture_output=True, text=True, timeout=50,
+    )
+    assert proc.returncode != 0
+    assert "decompressed size limits must be between 1 and 2^32-1 bytes" in proc.stderr

@@ -260,6 +260,12 @@ def test_frame_exactly_at_the_limit_is_accepted() -> None:
         LumberjackServer(max_frame_size=99).feed(encode_json_frame(1, payload))
 
 
+@pytest.mark.parametrize("limits", [{"max_frame_size": 0}, {"max_decompressed_size": 2**32}])
+def test_limits_beyond_32_bit_offsets_are_refused(limits: dict) -> None:
+    with pytest.raises(LocalProtocolError):
+        LumberjackServer(**limits)
+
+
 def test_huge_window_and_endless_data_stream_use_flat_memory() -> None:
     server = LumberjackServer()
     assert server.feed(b"1W\xff\xff\xff\xff") == [WindowFrame(V1, 2**32 - 1, 1)]

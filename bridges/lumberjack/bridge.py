@@ -36,7 +36,7 @@ from bridges.lumberjack.engine import (
     LumberjackServer,
     WindowFrame,
 )
-from logjam.errors import ProtocolError
+from logjam.errors import LocalProtocolError, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +376,10 @@ class Bridge(BridgeProtocol):
 
     def __init__(self, args: argparse.Namespace, host: Host) -> None:
         super().__init__(args, host)
+        try:  # refuse bad limits at start, not on every connection
+            LumberjackServer(args.max_frame_size, args.max_decompressed_size)
+        except LocalProtocolError as e:
+            raise SystemExit(f"logjam-bridge lumberjack: {e}") from None
         self.budget = Budget(args.max_process_pending_events)
 
     async def serve(self, conn: Connection) -> None:

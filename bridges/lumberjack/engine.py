@@ -207,6 +207,9 @@ class LumberjackServer:
         max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED,
         native: bool = True,
     ) -> None:
+        # Runs address their frames with 32-bit offsets into one buffer.
+        if not 0 < max_decompressed_size <= SEQ_MAX or not 0 < max_frame_size <= SEQ_MAX:
+            raise LocalProtocolError("frame and decompressed size limits must be between 1 and 2^32-1 bytes")
         self._scan = scanner(native)
         self.max_frame_size = max_frame_size
         self.max_decompressed_size = max_decompressed_size
