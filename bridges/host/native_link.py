@@ -586,16 +586,15 @@ class NativeWire:
         return self.lib.lj_count(self.ffi.cast("void *", sock.underlying), want)
 
 
-def _column(values: Any, typecode: str) -> array:
-    """`values` as an array the C code can read in place (copied only when it is not one already)."""
-    return values if values.__class__ is array and values.typecode == typecode else array(typecode, values)
+def _column(values: Any, typecodes: str) -> array:
+    """`values` as an array the C code can read in place: kept when it already is one of
+    `typecodes`, else copied into an array of the last of them."""
+    return values if values.__class__ is array and values.typecode in typecodes else array(typecodes[-1], values)
 
 
 def _numbers(values: Any) -> array | None:
     """A number column for `lj_column`: an array('I') or array('q') as it is, anything else as array('q')."""
-    if values is None:
-        return None
-    return values if values.__class__ is array and values.typecode in "Iq" else array("q", values)
+    return None if values is None else _column(values, "Iq")
 
 
 class TextSplice:
