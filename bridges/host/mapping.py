@@ -120,13 +120,6 @@ class Positions:
             meta["_id"] = f"{self.key_prefix}{self.keys[i]}"
         return meta
 
-    def slice(self, start: int, end: int) -> "Positions":
-        return Positions(
-            self.field1, self.values1[start:end] if self.field1 else (), self.field2,
-            self.values2[start:end] if self.field2 else (), self.key_prefix,
-            None if self.keys is None else self.keys[start:end],
-        )
-
 
 class Batches:
     """One publish's worth of mapped events: `MessageBatch` runs, a new one when the app-env changes."""
