@@ -135,6 +135,7 @@ class BatchBuilder:
         self._topic: list[str] = []
         self._device: list[int] = []
         self._seq: list[int] = []
+        self._journal: list[str | None] = []
         self._created: list[int] = []
         self._ingested: list[int] = []
         self._date: list[int] = []
@@ -145,13 +146,16 @@ class BatchBuilder:
         self._severity: list[int | None] = []
         self._code: list[int | None] = []
         self._total_time: list[float | None] = []
+        # Decompressed body bytes in the open batch: what sizes it in memory and on disk.
+        self.body_bytes = 0
 
     def __len__(self) -> int:
         return len(self._app_env)
 
-    def add(self, msg: Message, ingested_us: int) -> str | None:
+    def add(self, msg: Message, ingested_us: int, journal: str | None = None) -> str | None:
         """Append one row; returns the parse error (None when the body parsed), or DUPLICATE_EVENT when the
-        body's event id was already seen in this stream (then no row is added)."""
+        body's event id was already seen in this stream (then no row is added). `journal` is the id of the
+        device journal the message came from, when the device announced one."""
         meta = msg.meta
         app_env = msg.app_env
 
@@ -195,6 +199,7 @@ class BatchBuilder:
         seq = meta.seq
         # Stored as a signed 64-bit integer like every Java and Ruby consumer; u64 values past 2**63 wrap.
         self._seq.append(seq - _U64_WRAP if seq > _I64_MAX else seq)
+        self._journal.append(journal)
         created_ms = meta.created_ms
         if created_ms > MAX_CREATED_MS or created_ms == 0:
             created_ms = ingested_us // 1000
@@ -202,6 +207,7 @@ class BatchBuilder:
         self._date.append(created_ms // MS_PER_DAY)
         self._ingested.append(ingested_us)
         self._body.append(body)
+        self.body_bytes += len(body) if body is not None else len(msg.body)
         self._error.append(error)
         self._raw.append(msg.body if error is not None else None)
         if error is not None:
@@ -238,6 +244,7 @@ class BatchBuilder:
             "topic": pa.array(self._topic, pa.string()),
             "device": pa.array(self._device, pa.int64()),
             "seq": pa.array(self._seq, pa.int64()),
+            "journal": pa.array(self._journal, pa.string()),
             "created_at": pa.array(self._created, pa.int64()).cast(TIMESTAMP),
             "ingested_at": pa.array(self._ingested, pa.int64()).cast(TIMESTAMP),
             # Bodies that parsed are valid UTF-8 (orjson checks), so the cast cannot fail.

@@ -25,6 +25,19 @@ class ImporterMetrics:
                                  ["worker"], registry=r).labels(**labels)
         self.write_seconds = Histogram("logjam_importer_write_seconds", "Seconds per Spark batch write", ["worker"],
                                        buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), registry=r).labels(**labels)
+        self.batch_rows = Histogram("logjam_importer_batch_rows", "Rows per Spark write (group commit follows the load)",
+                                    ["worker"], buckets=(100, 1000, 10_000, 50_000, 100_000, 200_000, 500_000),
+                                    registry=r).labels(**labels)
+        self.batch_bytes = Histogram("logjam_importer_batch_bytes", "Bytes per Spark write (bounded by --batch-bytes)",
+                                     ["worker"], buckets=(2**16, 2**20, 2**23, 2**24, 2**25, 2**26, 2**27, 2**28),
+                                     registry=r).labels(**labels)
+        self.commit_delay = Histogram("logjam_importer_commit_delay_seconds",
+                                      "Seconds from a batch's first row to its commit", ["worker"],
+                                      buckets=(0.5, 1, 2, 3, 5, 8, 13, 21, 34, 60), registry=r).labels(**labels)
+        self.write_stalls = Counter("logjam_importer_write_stalls", "Spark writes pending longer than --write-timeout",
+                                    ["worker"], registry=r).labels(**labels)
+        self.write_stalled = Gauge("logjam_importer_write_stalled", "1 while a Spark write is pending too long",
+                                   ["worker"], registry=r).labels(**labels)
         self.gap_messages = Counter("logjam_importer_gap_messages", "Messages missing from a device's sequence (gaps; with replay: only those replay could not fetch)",
                                     ["worker", "device"], registry=r)
         self.device_restarts = Counter("logjam_importer_device_restarts", "Times a device's sequence went backwards",

@@ -1,7 +1,13 @@
-"""Where logjam-mesh keeps its data on this host: the data dir and the default warehouse under it.
+"""Where logjam-mesh keeps its data: the data dir, the warehouse, and the `messages` table's directories.
 
 The data dir is `$LOGJAM_DATA_DIR`, or `./data` relative to where the process was started
 (supervisord starts everything from the repository root, so that is `<repo>/data`).
+
+Inside the table's location every importer writes only below its own root,
+`importer=<I>/app_env=<app-env>/date=<YYYY-MM-DD>/`: one Spark job per root at a time,
+because two jobs appending under one output path share its `_temporary` directory and
+corrupt each other (SPARK-24238). Staged batches wait in `_staging/`, which Spark's
+readers skip like every name starting with `_`.
 """
 
 from __future__ import annotations
@@ -9,8 +15,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from importer.schema import TABLE_NAME
+
 DATA_DIR_ENV = "LOGJAM_DATA_DIR"
-TABLE = "messages"
+TABLE = TABLE_NAME
+
+# The characters Hive and Spark escape as %XX in a partition directory name
+# (ExternalCatalogUtils.escapePathName), so that a value maps to exactly one directory.
+_ESCAPED = set(range(0x01, 0x20)) | {ord(c) for c in "\"#%'*/:=?\\\x7f{[]^"}
 
 
 def data_dir() -> Path:
@@ -28,11 +40,34 @@ def normalise_warehouse(path: str) -> str:
     return str(Path(path).expanduser().resolve())
 
 
+def local_path(location: str) -> Path | None:
+    """The local filesystem path of a Spark location (`/x`, `file:/x`, `file:///x`), or None for hdfs:// etc."""
+    if location.startswith("file:"):
+        return Path("/" + location[len("file:"):].lstrip("/"))
+    if "://" in location:
+        return None
+    return Path(location)
+
+
 def table_path(warehouse: str) -> str:
-    """The whole `messages` table: every importer's output root lies below it."""
+    """The table's default location under a warehouse: every importer's output root lies below it."""
     return f"{warehouse.rstrip('/')}/{TABLE}"
 
 
-def output_root(warehouse: str, importer: int) -> str:
-    """One importer's own output root. Two Spark jobs appending to one root corrupt it (SPARK-24238)."""
-    return f"{table_path(warehouse)}/importer={importer}"
+def output_root(table_location: str, importer: int) -> str:
+    """One importer's own output root inside the table's location."""
+    return f"{table_location.rstrip('/')}/importer={importer}"
+
+
+def staging_dir(table_location: str, importer: int) -> str:
+    """Where an importer stages the Parquet file of a batch for Spark to read."""
+    return f"{table_location.rstrip('/')}/_staging/importer={importer}"
+
+
+def escape_partition_value(value: str) -> str:
+    return "".join(f"%{ord(c):02X}" if ord(c) in _ESCAPED else c for c in value)
+
+
+def partition_dir(root: str, app_env: str, date: str) -> str:
+    """`<root>/app_env=<escaped>/date=<date>`: where Spark's partitioned write puts those rows."""
+    return f"{root.rstrip('/')}/app_env={escape_partition_value(app_env)}/date={date}"

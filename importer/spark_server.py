@@ -1,10 +1,15 @@
-"""`logjam-spark`: the Spark Connect server from the installed pyspark, in the foreground.
+"""`logjam-spark`: the Spark server of the mesh, in the foreground: Spark Connect, JDBC, and the catalog.
 
-It runs pyspark's own `spark-submit` with the Connect server class (what
-`sbin/start-connect-server.sh` runs, minus the daemonising), as a child process that dies
-with us. SIGTERM or SIGINT is passed on to the JVM, which stops its sessions; we then
-exit 0. Importers and `logjam-sql` connect to it as thin clients in under a second, where
-a JVM per process would take 12-24 s and ~400 MiB.
+It runs the installed pyspark's own `spark-submit` as a child process that dies with us:
+- Spark Connect on `--port` (importers, `logjam-sql`, notebooks);
+- HiveServer2 (JDBC/ODBC, `beeline -u jdbc:hive2://HOST:10000`) on `--jdbc-port`, in the
+  same JVM (the Thrift server's main class with Connect as a plugin), so both see one
+  catalog; `--jdbc-port 0` runs the Connect server alone;
+- a Hive metastore in embedded Derby under `--metastore`, holding `logjam.messages` and its
+  partitions across restarts (or `--metastore-uri thrift://...` for an existing one).
+Once the server answers, it makes sure the table exists (adopting rows written before),
+then runs table maintenance (compaction and retention, importer/maintenance.py) on a
+schedule. SIGTERM or SIGINT stops maintenance and the JVM, then we exit 0.
 """
 
 from __future__ import annotations
@@ -21,26 +26,34 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from importer.paths import default_warehouse, normalise_warehouse
+from importer.paths import data_dir, default_warehouse, normalise_warehouse, table_path
+from importer.schema import DEFAULT_DATABASE
+from importer.session import driver_address
 from logjam.config import add_config_flag, parse_args, setup_logging
 
 log = logging.getLogger("logjam-spark")
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 _PR_SET_PDEATHSIG = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="logjam-spark", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="logjam-spark", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--master", default="local[*]", help="local[*], spark://HOST:7077, yarn, k8s://...")
-    p.add_argument("--bind", default="127.0.0.1", help="address the Connect server listens on")
+    p.add_argument("--bind", default="127.0.0.1", help="address the servers (and a cluster driver) listen on")
     p.add_argument("--port", type=int, default=15002, help="Spark Connect port")
+    p.add_argument("--jdbc-port", type=int, default=10000, help="HiveServer2 (JDBC/ODBC) port; 0 turns it off")
     p.add_argument("--warehouse", metavar="DIR",
                    help="warehouse dir (default $LOGJAM_DATA_DIR/warehouse, i.e. ./data/warehouse)")
-    p.add_argument("--driver-memory", default="1g", help="JVM heap of the driver")
+    p.add_argument("--metastore", metavar="DIR", help="embedded metastore dir (default $LOGJAM_DATA_DIR/metastore)")
+    p.add_argument("--metastore-uri", metavar="thrift://HOST:9083", help="use this Hive metastore instead")
+    p.add_argument("--database", default=DEFAULT_DATABASE, help="database of the messages table")
+    p.add_argument("--driver-memory", default="2g", help="JVM heap of the driver (default 2g)")
     p.add_argument("--conf", action="append", default=None, metavar="KEY=VALUE", help="extra Spark setting; repeatable")
     p.add_argument("-v", "--verbose", action="store_true", help="keep Spark's INFO logging")
     add_config_flag(p)
@@ -53,35 +66,62 @@ def spark_home() -> Path:
     return Path(_find_spark_home())
 
 
-def command(args: argparse.Namespace, warehouse: str) -> list[str]:
+def spark_conf(args: argparse.Namespace, warehouse: str, metastore: Path) -> dict[str, str]:
+    """Every Spark setting of the server: ours first, then `--conf`, which wins."""
     conf = {
         "spark.connect.grpc.binding.port": str(args.port),
         "spark.connect.grpc.binding.address": args.bind,
         "spark.sql.warehouse.dir": warehouse,
-        # No Hive metastore (and no metastore_db/ in the working directory).
-        "spark.sql.catalogImplementation": "in-memory",
+        "spark.sql.catalogImplementation": "hive",
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
+        # Importers add files to registered partitions; the next query must list them.
+        "spark.sql.hive.filesourcePartitionFileCacheSize": "0",
+        # Partition stats would list every new partition's files on ADD PARTITION; nobody reads them.
+        "spark.hadoop.hive.stats.autogather": "false",
+        "spark.sql.statistics.size.autoUpdate.enabled": "false",
     }
-    if args.master.startswith("local"):
-        # Nothing but this host talks to a local driver; keep its ports off other interfaces.
-        conf["spark.driver.host"] = "127.0.0.1"
-        conf["spark.driver.bindAddress"] = "127.0.0.1"
+    if args.metastore_uri:
+        conf["spark.hadoop.hive.metastore.uris"] = args.metastore_uri
+    else:
+        conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
+            f"jdbc:derby:;databaseName={metastore / 'metastore_db'};create=true")
+        conf["spark.hadoop.datanucleus.schema.autoCreateAll"] = "true"
+        conf["spark.hadoop.hive.metastore.schema.verification"] = "false"
+    if args.jdbc_port:
+        conf["spark.plugins"] = CONNECT_PLUGIN
+        conf["spark.hadoop.hive.server2.thrift.port"] = str(args.jdbc_port)
+        conf["spark.hadoop.hive.server2.thrift.bind.host"] = args.bind
+    # Executors connect back to the driver: bind it where --bind says, and advertise an address
+    # they can reach (for a cluster on other hosts: this host's address towards the master).
+    if args.bind in ("0.0.0.0", "::"):
+        conf["spark.driver.bindAddress"] = args.bind
+        conf["spark.driver.host"] = driver_address(args.master)
+    else:
+        conf["spark.driver.bindAddress"] = conf["spark.driver.host"] = args.bind
     for item in args.conf or []:
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key.strip():
             raise SystemExit(f"logjam-spark: --conf wants KEY=VALUE, got {item!r}")
         conf[key.strip()] = value
+    return conf
+
+
+def command(args: argparse.Namespace, warehouse: str, metastore: Path) -> list[str]:
+    java_options = [f"-Dderby.system.home={metastore}",
+                    # A JVM out of heap is wedged, not dead; exit so supervisord restarts it.
+                    "-XX:+ExitOnOutOfMemoryError"]
+    if not args.verbose and LOG4J_CONFIG.exists():
+        java_options.append(f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}")
     argv = [
         str(spark_home() / "bin" / "spark-submit"),
-        "--class", CONNECT_SERVER_CLASS,
-        "--name", "logjam Spark Connect server",
+        "--class", THRIFT_SERVER_CLASS if args.jdbc_port else CONNECT_SERVER_CLASS,
+        "--name", "logjam Spark server",
         "--master", args.master,
         "--driver-memory", args.driver_memory,
+        "--driver-java-options", " ".join(java_options),
     ]
-    if not args.verbose and LOG4J_CONFIG.exists():
-        argv += ["--driver-java-options", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"]
-    for key, value in conf.items():
+    for key, value in spark_conf(args, warehouse, metastore).items():
         argv += ["--conf", f"{key}={value}"]
     return argv
 
@@ -97,15 +137,49 @@ def _die_with_parent() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _announce_when_listening(host: str, port: int, proc: subprocess.Popen) -> None:
+def _listening(host: str, port: int) -> bool:
     probe = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    while proc.poll() is None:
-        try:
-            with socket.create_connection((probe, port), timeout=0.5):
-                log.info("Spark Connect server ready at sc://%s:%d", probe, port)
-                return
-        except OSError:
+    try:
+        with socket.create_connection((probe, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _prepare(args: argparse.Namespace, warehouse: str, proc: subprocess.Popen, stopping: threading.Event) -> None:
+    """Announce the endpoints once they accept, create the table, then run maintenance until stopping."""
+    host = "127.0.0.1" if args.bind in ("0.0.0.0", "::") else args.bind
+    while proc.poll() is None and not stopping.is_set() and not _listening(args.bind, args.port):
+        time.sleep(0.25)
+    if proc.poll() is not None or stopping.is_set():
+        return
+    log.info("Spark Connect server ready at sc://%s:%d", host, args.port)
+    spark = _table_session(args, host, warehouse, stopping)
+    if args.jdbc_port:
+        while proc.poll() is None and not stopping.is_set() and not _listening(args.bind, args.jdbc_port):
             time.sleep(0.25)
+        if proc.poll() is None:
+            log.info("JDBC (HiveServer2) ready at jdbc:hive2://%s:%d", host, args.jdbc_port)
+    if spark is not None:
+        from importer.maintenance import run_maintenance
+
+        run_maintenance(spark, args, stopping)
+
+
+def _table_session(args: argparse.Namespace, host: str, warehouse: str, stopping: threading.Event) -> Any:
+    from importer.catalog import ensure_table
+    from importer.session import open_session
+
+    while not stopping.is_set():
+        try:
+            spark = open_session(f"sc://{host}:{args.port}")
+            location = ensure_table(spark, args.database, table_path(warehouse))
+            log.info("table %s.messages ready at %s", args.database, location)
+            return spark
+        except Exception as e:  # the server may still be starting its sessions; try again
+            log.warning("cannot prepare the table yet: %s", str(e).strip().splitlines()[0] if str(e).strip() else e)
+            stopping.wait(2.0)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,15 +189,19 @@ def run(args: argparse.Namespace) -> int:
     warehouse = normalise_warehouse(args.warehouse or default_warehouse())
     if "://" not in warehouse:
         Path(warehouse).mkdir(parents=True, exist_ok=True)
-    argv = command(args, warehouse)
+    metastore = Path(args.metastore).resolve() if args.metastore else data_dir() / "metastore"
+    metastore.mkdir(parents=True, exist_ok=True)
+    argv = command(args, warehouse, metastore)
     env = dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_NO_DAEMONIZE="1",
                PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
-    if args.master.startswith("local"):
-        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    log.info("starting Spark Connect on %s:%d, master %s, warehouse %s", args.bind, args.port, args.master, warehouse)
+    if args.bind not in ("0.0.0.0", "::"):
+        env.setdefault("SPARK_LOCAL_IP", args.bind)
+    log.info("starting Spark on %s (Connect :%d%s), master %s, warehouse %s, metastore %s", args.bind, args.port,
+             f", JDBC :{args.jdbc_port}" if args.jdbc_port else "", args.master, warehouse,
+             args.metastore_uri or metastore)
 
     stopping = threading.Event()
-    proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL, cwd=metastore)
 
     def forward(signum: int, frame: object) -> None:
         stopping.set()
@@ -132,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    threading.Thread(target=_announce_when_listening, args=(args.bind, args.port, proc), daemon=True).start()
+    threading.Thread(target=_prepare, args=(args, warehouse, proc, stopping), name="prepare", daemon=True).start()
 
     while True:
         try:
@@ -142,16 +220,18 @@ def run(args: argparse.Namespace) -> int:
             continue
     if stopping.is_set():
         # The JVM answers SIGTERM with 143 after running its shutdown hooks: a clean stop.
-        log.info("Spark Connect server stopped")
+        log.info("Spark server stopped")
         return 0
-    log.error("Spark Connect server exited with status %s", code)
+    log.error("Spark server exited with status %s", code)
     return code or 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     setup_logging("logjam-spark", args.verbose)
-    return run(args)
+    from logjam import lifecycle
+
+    lifecycle.exit_skipping_atexit(run(args))
 
 
 if __name__ == "__main__":

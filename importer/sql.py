@@ -1,9 +1,10 @@
-"""`logjam-sql "SELECT ..."`: run a query through the Spark Connect server and print the result.
+"""`logjam-sql "SELECT ..."`: run a query against the `logjam.messages` table and print the result.
 
-The `messages` table is registered as a temporary view over
-`spark.read.parquet("<warehouse>/messages")` with the table's known schema, so queries
-work even before the first batch has landed (the table is then empty). Output is an
-aligned text table, or one JSON object per row with `--json`.
+It talks to `logjam-spark` through Spark Connect (or starts a classic session for a master
+URL such as `local[2]`), makes `--database` the current database so that `messages` alone
+names the table (`logjam.messages` works too), and creates the table first if this Spark
+has none (over `<warehouse>/messages`, adopting rows already there). Output is an aligned
+text table, or one JSON object per row with `--json`.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any, Sequence
 
 import orjson
 
-from importer.paths import TABLE, table_path
-from importer.schema import spark_read_ddl
-from importer.writer import DEFAULT_SPARK, open_session, resolve_warehouse
+from importer.catalog import ensure_table
+from importer.paths import table_path
+from importer.schema import DEFAULT_DATABASE
+from importer.session import DEFAULT_SPARK, is_connect, open_session, resolve_warehouse
 from logjam import lifecycle
 from logjam.config import add_config_flag, parse_args, setup_logging
 
@@ -28,33 +30,18 @@ log = logging.getLogger("logjam-sql")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="logjam-sql", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="logjam-sql", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("query", help='SQL, e.g. "SELECT app_env, count(*) FROM messages GROUP BY 1"')
     p.add_argument("--spark", default=DEFAULT_SPARK, metavar="URL", help="Spark Connect URL (or a master URL such as local[*])")
-    p.add_argument("--warehouse", metavar="DIR", help="warehouse root (default: the server's spark.sql.warehouse.dir)")
+    p.add_argument("--warehouse", metavar="DIR",
+                   help="where the table is created if it does not exist yet (default: the server's warehouse)")
+    p.add_argument("--database", default=DEFAULT_DATABASE, help="database of the messages table (default logjam)")
     p.add_argument("--json", action="store_true", help="print one JSON object per row")
     p.add_argument("--max-rows", type=int, default=1000, help="print at most this many rows (0: all)")
     p.add_argument("--max-width", type=int, default=60, help="truncate table cells to this many characters (0: never)")
     p.add_argument("-v", "--verbose", action="store_true")
     add_config_flag(p)
     return p
-
-
-def register_messages(spark: Any, warehouse: str) -> None:
-    """Make `messages` a temp view; an absent or empty table reads as zero rows, not an error."""
-    from pyspark.errors import AnalysisException
-
-    path = table_path(warehouse)
-    df = spark.read.schema(spark_read_ddl()).parquet(path)
-    try:
-        df.schema  # noqa: B018 - forces the server to resolve the path now
-        df.limit(0).collect()
-    except AnalysisException as e:
-        if "PATH_NOT_FOUND" not in str(e) and "does not exist" not in str(e):
-            raise
-        log.debug("no table at %s yet: %s", path, e)
-        df = spark.createDataFrame([], spark_read_ddl())
-    df.createOrReplaceTempView(TABLE)
 
 
 def _json_default(v: Any) -> Any:
@@ -96,14 +83,13 @@ def run(args: argparse.Namespace) -> int:
     from pyspark.errors import PySparkException
 
     spark = open_session(args.spark, app_name="logjam-sql", warehouse=args.warehouse)
-    client = getattr(spark, "client", None)
-    if client is not None and hasattr(client, "disable_reattachable_execute"):
+    if is_connect(args.spark):
         # A one-shot query gains nothing from reattaching, and its asynchronous release races
         # our session close, leaving SESSION_CLOSED errors in the server log.
-        client.disable_reattachable_execute()
+        spark.client.disable_reattachable_execute()
     try:
-        warehouse = resolve_warehouse(spark, args.warehouse)
-        register_messages(spark, warehouse)
+        ensure_table(spark, args.database, table_path(resolve_warehouse(spark, args.warehouse)))
+        spark.sql(f"USE `{args.database}`")
         df = spark.sql(args.query)
         columns = df.columns
         limited = df.limit(args.max_rows + 1) if args.max_rows else df

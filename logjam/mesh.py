@@ -26,6 +26,7 @@ DEFAULTS = {
     "LOGJAM_STATS_PORT": "9621",
     "LOGJAM_REPLAY_PORT": "9607",
     "LOGJAM_SPARK_PORT": "15002",
+    "LOGJAM_JDBC_PORT": "10000",
     "LOGJAM_SPARK_MASTER": "local[*]",
     "LOGJAM_LUMBERJACK_PORT": "5044",
     "LOGJAM_COURIER_PORT": "5043",
@@ -78,6 +79,7 @@ logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
   Segment append  tcp :{e('LOGJAM_SEGMENT_PORT')}  (Pravega wire protocol)
   RustLog         tcp :{e('LOGJAM_RUSTLOG_PORT')}
   Spark Connect   sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')}  ({e('LOGJAM_IMPORTERS')} importers)
+  JDBC            jdbc:hive2://127.0.0.1:{e('LOGJAM_JDBC_PORT')}  (table logjam.messages)
 
 Send:   echo hello | {rel}/logjam-send logjam --to 127.0.0.1:{e('LOGJAM_ROUTER_PORT')}
 Tail:   {rel}/logjam-tail --sub tcp://127.0.0.1:{e('LOGJAM_PUB_PORT')}

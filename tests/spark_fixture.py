@@ -6,6 +6,7 @@ one server and connects to it as a thin client. Its warehouse is a temporary dir
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,18 +50,19 @@ def spark_server(tmp_path_factory) -> SparkServer:
     with open(log, "w") as out:
         # A file, not a pipe: a JVM that fills an unread pipe stops dead.
         proc = subprocess.Popen(
-            [command("logjam-spark"), "--port", str(port), "--warehouse", str(warehouse)],
+            [command("logjam-spark"), "--port", str(port), "--warehouse", str(warehouse), "--jdbc-port", "0",
+             "--metastore", str(base / "metastore")],
             stdout=out, stderr=subprocess.STDOUT, cwd=base,
         )
     server = SparkServer(proc, port, warehouse, log)
 
-    def listening() -> bool:
+    def ready() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"logjam-spark exited early:\n{server.output()}")
-        return port_open(port)
+        return port_open(port) and "table logjam.messages ready" in server.output()
 
     try:
-        wait_for(listening, timeout=120, interval=0.25, what="logjam-spark to listen")
+        wait_for(ready, timeout=120, interval=0.25, what="logjam-spark to listen and create its table")
         yield server
     finally:
         if server._session is not None:
@@ -70,3 +72,18 @@ def spark_server(tmp_path_factory) -> SparkServer:
                 pass
         code = stop(proc, timeout=60)
         assert code == 0, f"logjam-spark exited with {code}:\n{server.output()}"
+
+
+def database_for(warehouse: Path) -> str:
+    """A catalog database of its own for each test's warehouse, on the one shared server."""
+    return "t_" + hashlib.sha1(str(warehouse).encode()).hexdigest()[:12]
+
+
+def table(spark_server: SparkServer, warehouse: Path) -> Any:
+    """`<database>.messages` for a test's warehouse as a DataFrame, created (adopting rows) if need be."""
+    from importer.catalog import ensure_table
+
+    spark = spark_server.session()
+    database = database_for(warehouse)
+    ensure_table(spark, database, str(warehouse / "messages"))
+    return spark.table(f"{database}.messages")

@@ -13,22 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from importer.schema import spark_read_ddl
 from logjam.producer import Producer
 from tests.helpers import wait_for
+from tests.spark_fixture import table as catalog_table
 from tests.test_importer import Importer
 from tests.test_importer_recovery import Journaled, importer
 
 
 def table(spark_server, warehouse: Path, app_envs: list[str]) -> list:
-    """(app_env, seq, event_id, n) of every row of those streams, read with the table's schema as logjam-sql does."""
-    spark = spark_server.session()
-    try:
-        df = spark.read.schema(spark_read_ddl()).parquet(str(warehouse / "messages"))
-        rows = df.where(df.app_env.isin(app_envs)).select(
-            "app_env", "seq", "event_id", df.body, "parse_error").collect()
-    except Exception:  # nothing committed yet, or a listing that raced a commit: poll again
-        return []
+    """(app_env, seq, event_id, n) of every row of those streams, read through the catalog table as logjam-sql does."""
+    df = catalog_table(spark_server, warehouse)
+    rows = df.where(df.app_env.isin(app_envs)).select("app_env", "seq", "event_id", df.body, "parse_error").collect()
     return sorted(rows, key=lambda r: (r.app_env, r.seq))
 
 
@@ -135,7 +130,8 @@ def test_a_copy_sent_after_a_sigkill_still_lands_once(spark_server, tmp_path, se
 @pytest.mark.timeout(240)
 def test_a_root_written_before_the_event_id_column_still_works(spark_server, tmp_path) -> None:
     warehouse, state, app_env = tmp_path / "wh", tmp_path / "state", "dedupe-old-prod"
-    # A batch as an importer without the column wrote it: same layout, no `event_id` in the file.
+    # A batch as an importer without the column wrote it, before the catalog table existed: same layout,
+    # no `event_id` (nor `journal`) in the file. The importer's table adopts it.
     spark = spark_server.session()
     old = spark.createDataFrame(
         [(app_env, "dedupe-old", "prod", "logs.app", 1, 1, '{"n": -1, "@metadata": {"_id": "old-1"}}')],

@@ -8,11 +8,12 @@ from pathlib import Path
 import orjson
 import pytest
 
+from importer.catalog import ensure_table
 from importer.decode import BatchBuilder
-from importer.paths import output_root
-from importer.writer import write_batch
+from importer.write import TableWriter
 from logjam.message import Message
 from tests.helpers import command
+from tests.spark_fixture import database_for
 
 
 def sql(spark_server, query: str, *extra: str) -> subprocess.CompletedProcess:
@@ -20,14 +21,17 @@ def sql(spark_server, query: str, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def land(spark_server, warehouse: Path | str, importer: int, counts: dict[str, int]) -> None:
+def land(spark_server, warehouse: Path, importer: int, counts: dict[str, int], database: str | None = None) -> None:
     """Write rows exactly as an importer does, through the same writer code."""
     b = BatchBuilder()
     for app_env, n in counts.items():
         for i in range(n):
             b.add(Message.build(app_env, "logs.sql", {"message": f"m{i}", "@metadata": {"protocol": "segment"}},
                                 seq=i + 1, device=5), 1_763_700_000_000_000)
-    write_batch(spark_server.session(), b.build(), output_root(str(warehouse), importer))
+    spark = spark_server.session()
+    database = database or database_for(warehouse)
+    location = ensure_table(spark, database, str(warehouse / "messages"))
+    TableWriter(database, importer, location).write(spark, b.build())
 
 
 @pytest.mark.timeout(240)
@@ -37,14 +41,15 @@ def test_query_prints_a_table_and_json_lines(spark_server, tmp_path) -> None:
     land(spark_server, warehouse, 1, {"sqlb-dev": 2})
     q = "SELECT app_env, count(*) AS n, first(protocol) AS protocol FROM messages GROUP BY 1 ORDER BY 1"
 
-    r = sql(spark_server, q, "--warehouse", str(warehouse), "--json")
+    db = ["--warehouse", str(warehouse), "--database", database_for(warehouse)]
+    r = sql(spark_server, q, *db, "--json")
     assert r.returncode == 0, r.stderr
     assert [orjson.loads(line) for line in r.stdout.splitlines()] == [
         {"app_env": "sqla-prod", "n": 3, "protocol": "segment"},
         {"app_env": "sqlb-dev", "n": 2, "protocol": "segment"},
     ]
 
-    r = sql(spark_server, q, "--warehouse", str(warehouse))
+    r = sql(spark_server, q, *db)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[1].split("|")[1:4] == [" app_env   ", " n ", " protocol "]
@@ -54,7 +59,7 @@ def test_query_prints_a_table_and_json_lines(spark_server, tmp_path) -> None:
 
 @pytest.mark.timeout(240)
 def test_default_warehouse_is_the_servers(spark_server) -> None:
-    land(spark_server, spark_server.warehouse, 99, {"sqldefault-prod": 4})
+    land(spark_server, spark_server.warehouse, 99, {"sqldefault-prod": 4}, database="logjam")
     r = sql(spark_server, "SELECT count(*) AS n FROM messages WHERE app_env = 'sqldefault-prod'", "--json")
     assert r.returncode == 0, r.stderr
     assert orjson.loads(r.stdout) == {"n": 4}
@@ -62,9 +67,9 @@ def test_default_warehouse_is_the_servers(spark_server) -> None:
 
 @pytest.mark.timeout(240)
 def test_empty_warehouse_and_bad_query(spark_server, tmp_path) -> None:
-    r = sql(spark_server, "SELECT app_env, count(*) FROM messages GROUP BY 1", "--warehouse", str(tmp_path / "none"),
-            "--json")
+    db = ["--warehouse", str(tmp_path / "none"), "--database", database_for(tmp_path / "none")]
+    r = sql(spark_server, "SELECT app_env, count(*) FROM messages GROUP BY 1", *db, "--json")
     assert (r.returncode, r.stdout) == (0, ""), r.stderr
-    r = sql(spark_server, "SELECT no_such_column FROM messages", "--warehouse", str(tmp_path / "none"))
+    r = sql(spark_server, "SELECT no_such_column FROM messages", *db)
     assert r.returncode == 1
     assert "UNRESOLVED_COLUMN" in r.stderr and "JVM stacktrace" not in r.stderr

@@ -1,0 +1,112 @@
+"""The batch stage: group commit. Decoded rows accumulate until the writer is free, bounded by bytes.
+
+At low load a batch is cut `--flush-interval` after its first row, so a row is queryable
+about that long (plus one Spark job) after it arrived. Under load the writer is busy for
+a whole Spark job; meanwhile rows keep accumulating, and the next job takes everything
+that arrived since the last one. Batch size thus follows the load with no tuning, and
+the fixed cost of a Spark job (about a second here) is paid once per batch, not per
+`--batch-rows`. `--batch-bytes` bounds a batch (and so the importer's memory and the
+length of a job); a full batch waits for the writer, and while it waits the importer
+stops receiving (the SUB socket fills, and what its high-water mark drops comes back
+through replay).
+
+Rows are turned into Arrow every CHUNK_ROWS rows, so the Python objects of a large batch
+never pile up: a batch is held as compact Arrow chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import pyarrow as pa
+
+from importer.checkpoint import Position
+from importer.decode import BatchBuilder
+from logjam.message import Message
+
+CHUNK_ROWS = 8192
+DEFAULT_BATCH_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Rows for one Spark job, and the per-device positions they (and all before them) cover."""
+
+    table: pa.Table
+    mark: Mapping[int, Position] | None
+    rows: int
+    bytes: int
+    opened: float  # time.monotonic() of its first row
+
+
+class GroupCommit:
+    """Accumulates decoded rows; says when a batch is due and cuts it."""
+
+    def __init__(self, builder: BatchBuilder, *, flush_interval: float, batch_bytes: int = DEFAULT_BATCH_BYTES,
+                 batch_rows: int | None = None) -> None:
+        self.builder = builder
+        self.flush_interval = flush_interval
+        self.batch_bytes = batch_bytes
+        self.batch_rows = batch_rows
+        self._chunks: list[pa.Table] = []
+        self._chunk_bytes = 0
+        self._rows = 0
+        self._opened: float | None = None
+
+    @property
+    def rows(self) -> int:
+        return self._rows + len(self.builder)
+
+    @property
+    def bytes(self) -> int:
+        """Arrow bytes of the finished chunks plus the decompressed bodies not yet turned into Arrow."""
+        return self._chunk_bytes + self.builder.body_bytes
+
+    def add(self, msg: Message, ingested_us: int, journal: str | None = None) -> Any:
+        """Decode one message into the open batch; returns what `BatchBuilder.add` returns."""
+        result = self.builder.add(msg, ingested_us, journal)
+        if self._opened is None and len(self.builder):
+            self._opened = time.monotonic()
+        if len(self.builder) >= CHUNK_ROWS:
+            self._finish_chunk()
+        return result
+
+    def _finish_chunk(self) -> None:
+        chunk = self.builder.build()
+        self.builder.body_bytes = 0
+        self._chunks.append(chunk)
+        self._chunk_bytes += chunk.nbytes
+        self._rows += chunk.num_rows
+
+    def full(self) -> bool:
+        return self.bytes >= self.batch_bytes or (self.batch_rows is not None and self.rows >= self.batch_rows)
+
+    def due(self, writer_idle: bool, now: float | None = None) -> bool:
+        """A batch is due when it is full, or when the writer is idle and the first row waited `--flush-interval`."""
+        if self._opened is None:
+            return False
+        if self.full():
+            return True
+        return writer_idle and (now if now is not None else time.monotonic()) - self._opened >= self.flush_interval
+
+    def deadline(self) -> float | None:
+        """When the open batch becomes due by age (None when there is none)."""
+        return None if self._opened is None else self._opened + self.flush_interval
+
+    def cut(self, mark: Mapping[int, Position] | None) -> Batch | None:
+        """The open batch (None if it is empty); a new one starts."""
+        if len(self.builder):
+            self._finish_chunk()
+        opened = self._opened
+        self._opened = None
+        if not self._rows or opened is None:
+            self._chunks.clear()
+            self._chunk_bytes = self._rows = 0
+            return None
+        table = pa.concat_tables(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
+        batch = Batch(table, mark, self._rows, self._chunk_bytes, opened)
+        self._chunks = []
+        self._chunk_bytes = self._rows = 0
+        return batch

@@ -1,0 +1,146 @@
+"""Spark sessions for importers and logjam-sql: Connect clients of `logjam-spark`, or classic in-process sessions.
+
+`--spark` picks the session: `sc://...` is a Spark Connect client (the default, a thin
+client of `logjam-spark`); anything else (`local[*]`, `spark://host:7077`, `yarn`) is a
+master URL for a classic in-process session, which costs a JVM per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from importer.paths import default_warehouse
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SPARK = "sc://127.0.0.1:15002"
+WAREHOUSE_CONF = "spark.sql.warehouse.dir"
+
+# What every classic session gets; `logjam-spark` sets the same on its server (importer/spark_server.py).
+CLASSIC_CONF: Mapping[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    # Rows an importer committed must be visible to the next query at once.
+    "spark.sql.hive.filesourcePartitionFileCacheSize": "0",
+}
+
+
+def is_connect(url: str) -> bool:
+    return url.startswith("sc://")
+
+
+def with_session_id(url: str, session_id: str) -> str:
+    """`sc://host:port` with a chosen Connect session id (a UUID4), keeping any other parameters."""
+    return f"{url};session_id={session_id}" if "/;" in url else f"{url.rstrip('/')}/;session_id={session_id}"
+
+
+def driver_address(master: str) -> str:
+    """The address a classic driver binds and advertises: 127.0.0.1 for local masters and masters on
+    this host, else the local address this host uses to reach the master (never a guess among NICs)."""
+    if master.startswith("local"):
+        return "127.0.0.1"
+    host = urllib.parse.urlparse(master.split(",")[0]).hostname or ""
+    if host in ("", "localhost") or host.startswith("127."):
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 7077))  # no packet is sent for a UDP connect
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def open_session(url: str, *, app_name: str = "logjam", warehouse: str | None = None,
+                 session_id: str | None = None, conf: Mapping[str, str] | None = None) -> Any:
+    """A SparkSession for `url`. Classic sessions get `warehouse` (or the default) as their warehouse dir.
+
+    `session_id` (Connect only) names the server-side session, so that a later process can
+    find the operations this one left running (see `quiesce_previous_session`).
+    """
+    from pyspark.sql import SparkSession
+
+    if is_connect(url):
+        return SparkSession.builder.remote(with_session_id(url, session_id) if session_id else url).create()
+    # A master URL was asked for explicitly; a Connect mode inherited from the environment
+    # (a parent process that used Spark Connect exports this) would override it.
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+        os.environ.pop(name, None)
+    address = driver_address(url)
+    log4j = Path(__file__).with_name("log4j2.properties")
+    builder = SparkSession.builder.master(url).appName(app_name).config(WAREHOUSE_CONF, warehouse or default_warehouse())
+    settings = {**CLASSIC_CONF, "spark.driver.host": address, "spark.driver.bindAddress": address,
+                "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}", **(conf or {})}
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def resolve_warehouse(spark: Any, explicit: str | None) -> str:
+    """`--warehouse` if given, else the session's own warehouse dir (for Connect: the server's, which
+    `logjam-spark` sets to `<data dir>/warehouse`). The path is where the Spark *server* writes."""
+    from importer.paths import normalise_warehouse
+
+    if explicit:
+        return normalise_warehouse(explicit)
+    value = spark.conf.get(WAREHOUSE_CONF)
+    if value.startswith("file:"):
+        # file:/abs/path or file:///abs/path; both are the local path.
+        value = "/" + value[len("file:"):].lstrip("/")
+    return value.rstrip("/")
+
+
+def wait_for_connect_server(url: str, stop: threading.Event) -> bool:
+    """Poll the Connect endpoint's TCP port so a missing server means waiting, not a long client retry loop."""
+    parsed = urllib.parse.urlparse(url.split(";", 1)[0])
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 15002
+    warned = False
+    while not stop.is_set():
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            if not warned:
+                log.info("waiting for the Spark Connect server at %s:%d", host, port)
+                warned = True
+            stop.wait(0.5)
+    return False
+
+
+def quiesce_previous_session(open_previous: Callable[[], Any], timeout: float = 30.0) -> int:
+    """Interrupt whatever the previous run's Connect session is still executing; returns how many operations.
+
+    A killed importer's last write keeps running on the Connect server, detached from its
+    client, and could commit after our start-up read of max(seq); stopping it first keeps
+    the resume point honest. Errors (a server restarted since, a closed session) mean there
+    is nothing left to stop.
+    """
+    interrupted = 0
+    try:
+        spark = open_previous()
+        deadline = time.monotonic() + timeout
+        while True:
+            ids = spark.interruptAll()
+            if not ids:
+                break
+            interrupted += len(ids)
+            if time.monotonic() > deadline:
+                log.warning("the previous Spark session still reports operations %s after %.0fs", ids, timeout)
+                break
+            time.sleep(0.2)  # an interrupted operation needs a moment to wind down
+    except Exception as e:  # pyspark raises many types for an unknown or closed session
+        log.debug("previous Spark session: %s", e)
+    if interrupted:
+        log.warning("interrupted %d Spark operations the previous run left behind", interrupted)
+    return interrupted
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,306 @@
+"""One importer worker as a pipeline of named stages: receive -> decode -> batch -> write -> checkpoint.
+
+- receive: `logjam.subscriber.Subscriber` (SUB to every device) and `importer.sequence.Sequencer`
+  (each device in sequence order; duplicates dropped; holes filled from replay);
+- decode: `importer.decode.BatchBuilder` (a row per message, dedupe by `@metadata._id`);
+- batch: `importer.batch.GroupCommit` (group commit, bounded by bytes);
+- write: `importer.write.BackgroundWriter` running `TableWriter` (a Spark job per batch, in a thread);
+- checkpoint: `importer.checkpoint.Checkpoints` (persisted after each commit).
+
+`Worker.start` connects to Spark, makes sure the table exists and finds where to resume;
+`Worker.run` is the loop; both run in the main thread, the write stage in its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from importer import catalog
+from importer.batch import Batch, GroupCommit
+from importer.checkpoint import Checkpoints, Position, default_state_dir, new_session_id, resume_positions
+from importer.decode import DUPLICATE_EVENT, BatchBuilder, stream_key
+from importer.dedupe import RecentKeys
+from importer.metrics import ImporterMetrics
+from importer.paths import table_path
+from importer.report import GapReport, Tally
+from importer.sequence import Ledger, Sequencer
+from importer.session import (is_connect, open_session, quiesce_previous_session, resolve_warehouse,
+                              wait_for_connect_server)
+from importer.split import StreamFilter
+from importer.write import BackgroundWriter, TableWriter, WriteFailed
+from logjam import lifecycle
+from logjam.message import Message
+from logjam.subscriber import Gap, Subscriber
+
+log = logging.getLogger("logjam-importer")
+
+DEFAULT_SUB = "tcp://127.0.0.1:9606"
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace, stop: threading.Event, metrics: ImporterMetrics) -> None:
+        self.args = args
+        self.stop = stop
+        self.metrics = metrics
+        self.worker_id = args.worker if args.worker is not None else 0
+        self.filter = StreamFilter(args.worker, args.workers, args.app_env or ())
+        self.state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+        self.session_id: str | None = None
+        self.checkpoints: Checkpoints | None = None
+        self.ledger: Ledger | None = None
+        self.dedupe: RecentKeys | None = None
+        self.gaps = GapReport(metrics)
+        self.tally = Tally()
+        self._next_idle_checkpoint = 0.0
+        self._stalled = False
+
+    # -- start-up -----------------------------------------------------------------------------
+    def connect(self) -> Any:
+        return open_session(self.args.spark, app_name=f"logjam-importer-{self.worker_id}",
+                            warehouse=self.args.warehouse, session_id=self.session_id)
+
+    def start(self) -> int | None:
+        """Connect, create or find the table, and work out where to resume; an exit status if that failed."""
+        args = self.args
+        if is_connect(args.spark) and not wait_for_connect_server(args.spark, self.stop):
+            return 0
+        started = time.monotonic()
+        if not args.no_replay and is_connect(args.spark):
+            previous, self.session_id = new_session_id(self.state_dir, self.worker_id)
+            if previous is not None:
+                quiesce_previous_session(lambda: open_session(args.spark, session_id=previous))
+        spark = self.connect()
+        warehouse = resolve_warehouse(spark, args.warehouse)
+        location = catalog.ensure_table(spark, args.database, table_path(warehouse))
+        self.table = TableWriter(args.database, self.worker_id, location, staging=not args.no_staging)
+        staged = self.table.probe_staging(spark)
+        log.info("spark %s ready in %.1fs; writing %s.messages under %s (%s)", args.spark,
+                 time.monotonic() - started, args.database, self.table.root,
+                 "batches staged as Parquet" if staged else "batches sent inside the Spark request")
+        self.spark = spark
+        if not args.no_replay:
+            status = self._recover(spark)
+            if status is not None:
+                return status
+        if args.dedupe_keys > 0:
+            self._load_event_ids(spark)
+        return None
+
+    def _recover(self, spark: Any) -> int | None:
+        self.checkpoints = Checkpoints(self.state_dir, self.worker_id)
+        try:
+            saved = self.checkpoints.load()
+        except ValueError as e:
+            log.error("cannot start: %s (remove it to start from the table's max seq)", e)
+            return 1
+        self.in_table = catalog.max_seqs(spark, self.args.database, self.worker_id)
+        resume = resume_positions(saved, self.in_table)
+        self.ledger = Ledger(resume)
+        for device, position in resume.items():
+            self.metrics.checkpoint_seq.labels(self.metrics.worker, str(device)).set(position.seq)
+
+        def where(d: int) -> str:
+            table = ", ".join(f"{s}" for s, _ in self.in_table.get(d, {}).values()) or "-"
+            return f"device {d}: seq {resume[d].seq} (checkpoint {saved[d].seq if d in saved else '-'}, table {table})"
+        log.info("recovery on (state %s, replay port %d); resuming after %s", self.checkpoints.path,
+                 self.args.replay_port, ", ".join(where(d) for d in sorted(resume)) or "nothing (no checkpoint, empty table)")
+        return None
+
+    def _load_event_ids(self, spark: Any) -> None:
+        # After the previous session was quiesced, like max(seq): its last write is in the table or never will be.
+        self.dedupe = RecentKeys(self.args.dedupe_keys)
+        loading = time.monotonic()
+        loaded = 0
+        if getattr(self, "in_table", None) != {}:  # an empty root (known from max(seq)) has no keys
+            ids = catalog.recent_event_ids(spark, self.args.database, self.worker_id, self.args.dedupe_keys)
+            loaded = self.dedupe.extend(stream_key(a, i) for a, i in ids)
+        log.info("dedupe: remembering up to %d event ids; %d loaded from %s in %.1fs",
+                 self.args.dedupe_keys, loaded, self.table.root, time.monotonic() - loading)
+
+    # -- the stages' callbacks ------------------------------------------------------------------
+    def handle(self, msg: Message) -> None:
+        """One message in sequence order: into the batch, or filtered out."""
+        tally = self.tally
+        tally.received += 1
+        if msg.is_heartbeat:
+            return
+        app_env = msg.app_env
+        if not self.filter.keeps(app_env):
+            tally.skipped += 1
+            return
+        error = self.batch.add(msg, self.ingested_us)
+        if error is DUPLICATE_EVENT:
+            # Like a filtered-out message: its seq is covered, no row is written.
+            tally.duplicate_events[app_env] = tally.duplicate_events.get(app_env, 0) + 1
+            self.gaps.duplicate_events += 1
+            return
+        tally.rows[app_env] = tally.rows.get(app_env, 0) + 1
+        if error is not None:
+            tally.errors[app_env] = tally.errors.get(app_env, 0) + 1
+            log.debug("%s seq %d: %s", app_env, msg.meta.seq, error)
+
+    def written(self, batch: Batch, seconds: float) -> None:
+        m = self.metrics
+        m.written.inc(batch.rows)
+        m.batches.inc()
+        m.write_seconds.observe(seconds)
+        m.batch_rows.observe(batch.rows)
+        m.batch_bytes.observe(batch.bytes)
+        m.commit_delay.observe(time.monotonic() - batch.opened)
+        log.debug("wrote %d rows (%d bytes) in %.2fs", batch.rows, batch.bytes, seconds)
+
+    def committed(self, batch: Batch) -> None:
+        # Writer thread: this batch and every earlier one are committed, so its mark is safe to persist.
+        if batch.mark is not None and self.checkpoints is not None:
+            self._persist(batch.mark)
+
+    def _persist(self, mark: dict[int, Position] | Any) -> None:
+        assert self.checkpoints is not None
+        try:
+            state = self.checkpoints.advance(mark)
+        except OSError as e:
+            # Not fatal: the resume point also comes from the table's max(seq).
+            log.error("cannot write the checkpoint %s: %s", self.checkpoints.path, e)
+            return
+        for device, position in (state or {}).items():
+            self.metrics.checkpoint_seq.labels(self.metrics.worker, str(device)).set(position.seq)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> int:
+        args = self.args
+        builder = BatchBuilder(dedupe=self.dedupe)
+        self.batch = GroupCommit(builder, flush_interval=args.flush_interval, batch_bytes=args.batch_bytes,
+                                 batch_rows=args.batch_rows)
+        self.writer = BackgroundWriter(self.connect, self.table, on_written=self.written,
+                                       on_failure=lambda e: self.metrics.write_failures.inc(),
+                                       on_committed=self.committed, stop=self.stop)
+        self.writer.spark = self.spark
+        ctx = zmq.Context()
+        self.sub = Subscriber(args.sub or [DEFAULT_SUB], context=ctx, rcvhwm=args.rcvhwm)
+        self.sequencer = None if self.ledger is None else Sequencer(
+            self.ledger, self.metrics, context=ctx, device_endpoint=self.sub.device_endpoint,
+            replay_port=args.replay_port, replay_timeout=args.replay_timeout, stopping=self.stop.is_set)
+        share = f"worker {args.worker} of {args.workers}" if args.workers else "all streams"
+        log.info("subscribed to %s (%s%s)", ", ".join(args.sub or [DEFAULT_SUB]), share,
+                 f", prefixes {', '.join(args.app_env)}" if args.app_env else "")
+        status = 0
+        try:
+            with lifecycle.eterm_is_clean():
+                self._loop()
+            log.info("stopping: flushing %d buffered rows", self.batch.rows)
+            self.flush()
+        except WriteFailed as e:
+            log.error("%s", e)
+            status = 1
+        finally:
+            status = self._shutdown(ctx, status)
+        return status
+
+    def _loop(self) -> None:
+        writer, batch, stop = self.writer, self.batch, self.stop
+        while not stop.is_set():
+            if batch.full() and not writer.has_room:
+                # Back-pressure: a full batch waits for the writer; the SUB socket buffers meanwhile.
+                writer.done.clear()
+                if not writer.has_room:
+                    writer.done.wait(0.2)
+                self._housekeeping()
+                continue
+            deadline = batch.deadline()
+            wait = 0.2 if deadline is None else max(0.001, min(0.2, deadline - time.monotonic()))
+            items = self.sub.recv_batch(1000, timeout=wait)
+            if items:
+                self._receive(items)
+            if batch.due(writer.idle) and (writer.idle or writer.has_room):
+                self.flush()
+            self._housekeeping()
+
+    def _receive(self, items: list[Message | Gap]) -> None:
+        self.ingested_us = time.time_ns() // 1000
+        sequencer = self.sequencer
+        for item in items:
+            if isinstance(item, Gap):
+                if sequencer is None:
+                    self.gaps.gap(item)
+                continue
+            if sequencer is None:
+                self.handle(item)
+            else:
+                sequencer.admit(item, self.handle)
+                if self.stop.is_set():
+                    break
+        self.tally.publish(self.metrics)
+
+    def flush(self) -> None:
+        """Cut the open batch and hand it to the writer."""
+        batch = self.batch.cut(self.ledger.snapshot() if self.ledger is not None else None)
+        if batch is None:
+            return
+        ok = self.writer.submit(batch)
+        self.metrics.pending_batches.set(self.writer.pending)
+        if not ok:
+            raise WriteFailed("the Spark writer thread died")
+
+    def _housekeeping(self) -> None:
+        self._watch_writer()
+        self._idle_checkpoint()
+        self.metrics.reconnects.set(self.sub.reconnects)
+        self.metrics.pending_batches.set(self.writer.pending)
+        self.gaps.maybe_log()
+
+    def _watch_writer(self) -> None:
+        started = self.writer.started
+        stalled = started is not None and time.monotonic() - started > self.args.write_timeout
+        if stalled and not self._stalled:
+            log.error("a Spark write has been pending for %.0fs (--write-timeout); interrupting it to retry",
+                      time.monotonic() - started)
+            self.metrics.write_stalls.inc()
+            self.writer.interrupt()
+        elif self._stalled and not stalled:
+            log.info("Spark writes are making progress again")
+        self._stalled = stalled
+        self.metrics.write_stalled.set(1 if stalled else 0)
+
+    def _idle_checkpoint(self) -> None:
+        # Filtered-out messages (heartbeats, other workers' streams) move the checkpoint too,
+        # but only when no batch is open or in flight: then everything covered is settled.
+        if self.ledger is None or self.checkpoints is None or self.batch.rows or self.writer.pending or self.writer.failed:
+            return
+        now = time.monotonic()
+        if now < self._next_idle_checkpoint:
+            return
+        self._next_idle_checkpoint = now + 1.0
+        self._persist(self.ledger.snapshot())
+
+    def _shutdown(self, ctx: zmq.Context, status: int) -> int:
+        self.sub.close()
+        if self.sequencer is not None:
+            self.sequencer.close()
+        ctx.term()
+        try:
+            self.writer.close()
+        except WriteFailed as e:
+            self.metrics.lost_rows.inc(self.writer.lost_rows)
+            log.error("%s", e)
+            status = 1
+        if status == 0 and self.ledger is not None and self.checkpoints is not None and not self.writer.failed:
+            self._persist(self.ledger.snapshot())
+        self.gaps.maybe_log(force=True)
+        gaps = dict(self.gaps.total)
+        if self.sequencer is not None:
+            for device, n in self.sequencer.gap_total.items():
+                gaps[device] = gaps.get(device, 0) + n
+        log.info("wrote %d rows; %d parse errors; gaps per device: %s; duplicates dropped per device: %s; "
+                 "duplicate events skipped: %d", self.writer.written_rows, self.batch.builder.parse_errors,
+                 gaps or "none", (self.ledger.duplicates if self.ledger is not None else None) or "none",
+                 self.batch.builder.duplicates)
+        if self.checkpoints is not None:
+            log.info("checkpoints: %s", {d: p.seq for d, p in self.checkpoints.positions.items()} or "none")
+        return status

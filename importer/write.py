@@ -1,0 +1,268 @@
+"""The write stage: one Spark job per batch, in a thread of its own, in order, retried until it commits.
+
+How a batch gets into the table (`TableWriter.write`):
+1. Its rows are sorted by (app_env, date) and staged as one Parquet file under the table's
+   `_staging/` directory, when the Spark server reads the same filesystem (checked at start
+   with a probe file); otherwise they travel inside the Spark Connect request
+   (`createDataFrame`), which is slower and holds the whole batch in the server's heap.
+2. The partitions it needs are registered in the catalog (importer/catalog.py).
+3. Spark reads the staged file and appends it, partitioned by app_env and date, under this
+   importer's own root: one job, whose file committer moves the files into place at job
+   commit, so a batch is in the table whole or not at all.
+Sorting first matters: Spark sorts rows by partition before writing, and pre-sorted input
+cut its CPU per row by about 30% (16 against 23 us, measured). The staged file's row groups
+are small enough that Spark splits it into one task per core.
+
+`BackgroundWriter` runs that in a thread while the main thread decodes the next batch.
+A failed attempt is retried with backoff on a new session: first whatever the old session
+still runs is interrupted, then the batch's last row is looked up, so a write that did
+commit although its client saw an error is not written twice. A write that runs longer
+than `--write-timeout` is reported as stalled and interrupted, which makes it a failed
+attempt. After a batch has been given up (failed writes at shutdown) later batches are
+dropped too, so that the table is always a prefix of what was submitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from importer.batch import Batch
+from importer.catalog import Partitions, date_text
+from importer.paths import local_path, output_root, staging_dir
+from importer.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string
+from importer.session import first_line
+
+log = logging.getLogger(__name__)
+
+_SORT = [("app_env", "ascending"), ("date", "ascending")]
+# Row groups per staged file: Spark splits a file only between row groups.
+_STAGED_ROW_GROUPS = 16
+
+
+class WriteFailed(RuntimeError):
+    """A batch could not be written before shutdown; its rows are lost to this run."""
+
+
+def partitions_of(table: pa.Table) -> list[tuple[str, str]]:
+    """The (app_env, date) pairs a table's rows fall into."""
+    pairs = table.group_by(["app_env", "date"]).aggregate([])
+    app_envs = pairs.column("app_env").to_pylist()
+    days = pc.cast(pairs.column("date"), pa.int32()).to_pylist()
+    return [(a, date_text(d)) for a, d in zip(app_envs, days)]
+
+
+class TableWriter:
+    """Writes batches of one importer into the catalog table, through Spark."""
+
+    def __init__(self, database: str, importer: int, location: str, *, staging: bool = True) -> None:
+        self.database = database
+        self.importer = importer
+        self.root = output_root(location, importer)
+        self.partitions = Partitions(database, importer)
+        staged = local_path(staging_dir(location, importer)) if staging else None
+        self.staging: Path | None = staged
+
+    def probe_staging(self, spark: Any) -> bool:
+        """Keep staging only if Spark reads back a file staged here (same filesystem on both sides)."""
+        if self.staging is None:
+            return False
+        token = uuid.uuid4().hex
+        path = self.staging / f"probe-{token}.parquet"
+        try:
+            self.staging.mkdir(parents=True, exist_ok=True)
+            for stale in self.staging.glob("*.parquet"):
+                stale.unlink(missing_ok=True)  # a crashed run's batches: replay brings their rows back
+            pq.write_table(pa.table({"token": [token]}), path)
+            rows = spark.read.parquet(f"file://{path}").collect()
+            ok = len(rows) == 1 and rows[0][0] == token
+        except Exception as e:  # an unreachable path fails in many ways on the server
+            log.info("staging batches in %s is not possible (%s); sending them inside the Spark request",
+                     self.staging, first_line(e))
+            ok = False
+        finally:
+            path.unlink(missing_ok=True)
+        if not ok:
+            self.staging = None
+        return ok
+
+    def write(self, spark: Any, table: pa.Table) -> None:
+        table = table.sort_by(_SORT)
+        self.partitions.register(spark, partitions_of(table))
+        staged: Path | None = None
+        try:
+            if self.staging is not None:
+                self.staging.mkdir(parents=True, exist_ok=True)
+                staged = self.staging / f"{uuid.uuid4().hex}.parquet"
+                pq.write_table(table, staged, compression="snappy",
+                               row_group_size=max(1024, -(-table.num_rows // _STAGED_ROW_GROUPS)))
+                df = spark.read.parquet(f"file://{staged}")
+            else:
+                df = spark.createDataFrame(table)
+            df.write.options(**WRITE_OPTIONS).mode("append").partitionBy(*PARTITION_COLUMNS).parquet(self.root)
+        finally:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+
+    def landed(self, spark: Any, table: pa.Table) -> bool:
+        """Whether the table's last row of a tracked device is already in the table (a commit the client missed)."""
+        devices = table.column("device")
+        tracked = pc.not_equal(devices, 0)
+        if not pc.any(tracked).as_py():
+            return False
+        rows = table.filter(tracked)
+        last = rows.slice(rows.num_rows - 1, 1).to_pylist()[0]
+        found = spark.sql(
+            f"SELECT 1 FROM {qualified(self.database)} WHERE importer = {self.importer} "
+            f"AND app_env = '{sql_string(last['app_env'])}' AND date = DATE'{last['date'].isoformat()}' "
+            f"AND device = {int(last['device'])} AND seq = {int(last['seq'])} LIMIT 1").collect()
+        return bool(found)
+
+
+class BackgroundWriter:
+    """One thread that writes batches in order; at most one batch waits while another is written."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        writer: TableWriter,
+        *,
+        on_written: Callable[[Batch, float], None] = lambda batch, seconds: None,
+        on_failure: Callable[[BaseException], None] = lambda e: None,
+        on_committed: Callable[[Batch], None] = lambda batch: None,
+        stop: threading.Event | None = None,
+        max_backoff: float = 10.0,
+        final_attempts: int = 3,
+    ) -> None:
+        self._connect = connect
+        self.writer = writer
+        self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=1)
+        self._on_written = on_written
+        self._on_failure = on_failure
+        self._on_committed = on_committed
+        self.failed = False
+        self._stop = stop or threading.Event()
+        self._closing = threading.Event()
+        self._max_backoff = max_backoff
+        self._final_attempts = final_attempts
+        self.spark: Any = None
+        self.lost_rows = 0
+        self.written_rows = 0
+        self._inflight = 0
+        self.started: float | None = None  # monotonic start of the Spark call under way
+        self._lock = threading.Lock()
+        self.done = threading.Event()  # set whenever a batch finishes (the main loop waits on it)
+        self._thread = threading.Thread(target=self._run, name="spark-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        """Batches submitted and not yet written (queued or in Spark)."""
+        return self._inflight
+
+    @property
+    def idle(self) -> bool:
+        return self._inflight == 0
+
+    @property
+    def has_room(self) -> bool:
+        return self._inflight < 2
+
+    def submit(self, batch: Batch) -> bool:
+        """Queue a batch, blocking while the queue is full. Returns False only if the writer died."""
+        with self._lock:
+            self._inflight += 1
+        while True:
+            if not self._thread.is_alive():
+                return False
+            try:
+                self._queue.put(batch, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+
+    def interrupt(self) -> None:
+        """Cancel the Spark operation under way (from another thread): it then fails and is retried."""
+        spark = self.spark
+        if spark is not None and hasattr(spark, "interruptAll"):
+            try:
+                spark.interruptAll()
+            except Exception as e:  # a dead session cannot be interrupted, and needs not be
+                log.debug("interrupting the stalled write: %s", e)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write everything queued, then stop the thread. Raises WriteFailed if rows were lost."""
+        self._closing.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=0.2)
+                break
+            except queue.Full:
+                continue
+        self._thread.join(timeout)
+        if self.lost_rows:
+            raise WriteFailed(f"{self.lost_rows} rows could not be written to {self.writer.root}")
+
+    def _run(self) -> None:
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                return
+            try:
+                if self.failed:
+                    log.error("dropping a batch of %d rows behind a batch that could not be written", batch.rows)
+                    self.lost_rows += batch.rows
+                elif self._write(batch):
+                    self._on_committed(batch)
+            finally:
+                with self._lock:
+                    self._inflight -= 1
+                self.done.set()
+
+    def _write(self, batch: Batch) -> bool:
+        attempt = 0
+        backoff = 0.5
+        while True:
+            attempt += 1
+            started = time.monotonic()
+            try:
+                if self.spark is None:
+                    self.spark = self._connect()
+                self.started = started
+                if attempt > 1 and self.writer.landed(self.spark, batch.table):
+                    log.warning("a batch of %d rows had committed although its write reported an error", batch.rows)
+                else:
+                    self.writer.write(self.spark, batch.table)
+            except Exception as e:  # Spark reports server, network and data problems with many types
+                self.started = None
+                self._on_failure(e)
+                closing = self._closing.is_set() or self._stop.is_set()
+                if closing and attempt >= self._final_attempts:
+                    log.error("giving up on a batch of %d rows after %d attempts: %s", batch.rows, attempt,
+                              first_line(e))
+                    self.lost_rows += batch.rows
+                    self.failed = True
+                    return False
+                log.warning("writing %d rows to %s failed (attempt %d), retrying in %.1fs: %s",
+                            batch.rows, self.writer.root, attempt, backoff, first_line(e))
+                # Whatever the old session still runs must not commit behind our retry.
+                self.interrupt()
+                # A restarted Connect server no longer knows our session: start a new one.
+                self.spark = None
+                time.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            self.started = None
+            self.written_rows += batch.rows
+            self._on_written(batch, time.monotonic() - started)
+            return True
+
