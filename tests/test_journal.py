@@ -31,7 +31,7 @@ def test_round_trip_across_segments(tmp_path):
     j = Journal(tmp_path, segment_bytes=4096)
     for first in range(1, 1001, 100):
         j.append(first, records(first, 100))
-    assert j.last_seq == 1000 and len(list(tmp_path.iterdir())) > 5
+    assert j.last_seq == 1000 and len(list(tmp_path.glob("*.journal"))) > 5
     got = []
     seq = 1
     while True:
@@ -64,7 +64,7 @@ def test_torn_tail_is_truncated(tmp_path):
     j.append(1, records(1, 10))
     j.append(11, records(11, 10))
     j.close()
-    seg = next(tmp_path.iterdir())
+    seg = next(tmp_path.glob("*.journal"))
     data = seg.read_bytes()
     seg.write_bytes(data[:-7])  # the last batch was half-written when the process died
     j2 = Journal(tmp_path)
@@ -80,7 +80,7 @@ def test_corruption_before_the_last_segment_is_an_error(tmp_path):
     for first in range(1, 201, 20):
         j.append(first, records(first, 20))
     j.close()
-    first_seg = sorted(tmp_path.iterdir())[0]
+    first_seg = sorted(tmp_path.glob("*.journal"))[0]
     data = bytearray(first_seg.read_bytes())
     data[30] ^= 0xFF
     first_seg.write_bytes(bytes(data))
@@ -109,7 +109,7 @@ def test_retention_by_size_and_age(tmp_path):
     assert seqs(j.read(j.first_seq, 1)) == [j.first_seq]
     j.retention_s = 0.0
     j.enforce_retention(now=10**12)
-    assert len(list(tmp_path.iterdir())) == 1  # the active segment stays
+    assert len(list(tmp_path.glob("*.journal"))) == 1  # the active segment stays
     j.close()
 
 
@@ -163,7 +163,7 @@ def test_append_encoded_writes_what_append_writes(tmp_path):
     assert jb.last_seq == 30 and jb.read(1, 100) == recs
     ja.close()
     jb.close()
-    assert next((tmp_path / "a").iterdir()).read_bytes() == next((tmp_path / "b").iterdir()).read_bytes()
+    assert next((tmp_path / "a").glob("*.journal")).read_bytes() == next((tmp_path / "b").glob("*.journal")).read_bytes()
 
 
 def test_counters_for_metrics(tmp_path):
@@ -173,5 +173,5 @@ def test_counters_for_metrics(tmp_path):
         j.enforce_retention()
     assert j.fsyncs == 10
     assert j.bytes_written > j.size > 0
-    assert j.segments_deleted > 0 and j.segment_count == len(list(tmp_path.iterdir()))
+    assert j.segments_deleted > 0 and j.segment_count == len(list(tmp_path.glob("*.journal")))
     j.close()
