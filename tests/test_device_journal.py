@@ -360,7 +360,7 @@ def test_replay_port_in_use_fails_the_start(tmp_path):
         taken.close()
 
 
-def test_without_data_dir_there_is_no_journal_and_no_replay_port(device_factory, tmp_path):
+def test_without_data_dir_there_is_no_journal_and_no_replay_answers(device_factory, tmp_path):
     replay_port = free_port()
     dev = device_factory(extra=["--replay-port", str(replay_port)])
     with Producer(dev.router) as p:
@@ -369,6 +369,8 @@ def test_without_data_dir_there_is_no_journal_and_no_replay_port(device_factory,
     try:
         with pytest.raises(TimeoutError):
             list(client.fetch(1, 10))
+        info = client.info()  # only `info` is answered: nothing is held
+        assert info.first == info.last + 1
     finally:
         client.close()
     assert stop(dev.proc) == 0
