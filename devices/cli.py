@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delete the oldest segments beyond this total size; 0: no limit (default 1 GiB)")
     j.add_argument("--journal-retention-hours", type=_non_negative, default=24.0, metavar="HOURS",
                    help="delete segments last written longer ago than this; 0: no limit (default 24)")
-    j.add_argument("--replay-port", type=int, default=9607, help="ROUTER port of the replay endpoint (default 9607)")
+    j.add_argument("--replay-port", type=int, default=9607,
+                   help="ROUTER port of the replay endpoint; without --data-dir it answers info only (default 9607)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_config_flag(p)
     return p
@@ -131,9 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if device.journal is not None:
         log.info(
-            "journal in %s/journal (fsync %s), continuing after seq %d; replay on port %d",
-            config.data_dir, config.journal_fsync, device.seq, config.replay_port,
+            "journal %s in %s/journal (fsync %s), continuing after seq %d; replay on port %d",
+            device.journal_id, config.data_dir, config.journal_fsync, device.seq, config.replay_port,
         )
+    else:
+        log.info("no journal (id %s for this run); replay port %d answers info only", device.journal_id, config.replay_port)
     try:
         device.run(stop)
     finally:

@@ -20,31 +20,42 @@ always with --compress).
 Everything accepted goes through `_commit`, the one place where messages are
 numbered, journaled (with --data-dir) and published, in that order. Replies to
 requests are sent after `_commit`, so a 202 is never ahead of the journal or the
-publish. The journal's replay endpoint runs in its own thread (devices/replay.py).
+publish. When the journal cannot be written, `_commit` holds the batch and the loop
+stops reading until a retry succeeds (devices/hold.py). The replay endpoint runs in
+its own thread (devices/replay.py).
+
+Subscribers learn the journal id from heartbeats: one is published at start, and
+PUB is an XPUB in manual mode, so that a new subscription takes effect only here,
+followed at once by a heartbeat: the first message a new subscriber gets is one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import socket as pysocket
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Callable
 
 import zmq
 from zmq.backend import Socket as _RawSocket
 
 from logjam import lifecycle
 from logjam.compression import compress
-from logjam.meta import Compression, now_ms
-from logjam.validation import is_valid_app_env, is_valid_topic
+from logjam.meta import now_ms
 from devices import stamp
 from devices import native
-from devices.journal import Journal
+from devices.batch import TupleBatch
+from devices.config import DeviceConfig
+from devices.counters import NAME_CACHE, Counters
+from devices.hold import Held, JournalHealth
+from devices.journal import Journal, JournalWriteError, new_journal_id
 from devices.native import NativeBatch
 from devices.replay import ReplayServer
-from devices.stamp import FRESH_META, HEADS, INVALID_LABEL, OTHER_LABEL, ZERO_MS
+from devices.stamp import FRESH_META, HEADS
+
+__all__ = ["Device", "DeviceConfig", "TupleBatch"]
 
 log = logging.getLogger("logjam-device")
 
@@ -58,10 +69,8 @@ STATS = b"stats"
 # Messages taken from one socket before the other gets its turn (and before timers
 # are looked at); big enough to amortise the loop, small enough to stay fair.
 BATCH = 1000
-# Remembered valid stream names and topics; past this, new names are checked every
-# time instead (a client inventing names must not grow the device without bound).
-NAME_CACHE = 10_000
-LABELS_MAX = 10_000
+# New subscriptions are taken (each batch of them followed by a heartbeat) at most this often.
+WELCOME_EVERY = 0.05
 
 _NB = zmq.NOBLOCK
 _SM = zmq.SNDMORE
@@ -70,68 +79,7 @@ _send = _RawSocket.send
 _Again = zmq.Again
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceConfig:
-    router_port: int = 9604
-    pull_port: int = 9605
-    pub_port: int = 9606
-    stats_port: int = 9621
-    bind: str = "*"
-    device_id: int = 0
-    compress: int = Compression.NONE
-    rcv_hwm: int = 100_000
-    snd_hwm: int = 1_000_000
-    heartbeat_interval: float = 5.0
-    linger_ms: int = lifecycle.DEFAULT_LINGER_MS
-    # "auto": the C fast path for ROUTER and PULL when it can be built (and --compress is off),
-    # "native": the same but fail if it cannot, "python": never.
-    engine: str = "auto"
-    # The journal: off without a data directory.
-    data_dir: str | None = None
-    journal_fsync: str = "interval"
-    journal_fsync_interval_ms: int = 100
-    journal_segment_bytes: int = 64 * 1024 * 1024
-    journal_retention_bytes: int = 1024 * 1024 * 1024  # 0: no size limit
-    journal_retention_hours: float = 24.0  # 0: no age limit
-    replay_port: int = 9607
-
-
-class TupleBatch(list):
-    """Accepted messages as (app-env, topic, body, client meta); frames are bytes or zmq.Frame."""
-
-    __slots__ = ("metas",)
-
-    def number(self, device: int, first_seq: int, now: int) -> int:
-        dev = stamp.device_bytes(device)
-        now_b = now.to_bytes(8, "big")
-        pack = stamp.pack_meta
-        heads = HEADS
-        seq = first_seq - 1
-        metas = []
-        add = metas.append
-        for _, _, _, meta in self:
-            seq += 1
-            created = meta[8:16]
-            add(pack(heads[meta[:4]], dev, now_b if created == ZERO_MS else created, seq))
-        self.metas = metas
-        return len(metas)
-
-    def journal(self, journal: Journal, first_seq: int) -> None:
-        journal.append(first_seq, [(a, t, b, m) for (a, t, b, _), m in zip(self, self.metas)])
-
-    def publish(self, sock: zmq.Socket) -> None:
-        send = _send
-        metas = self.metas
-        i = 0
-        for app, topic, body, _ in self:
-            send(sock, app, _SM)
-            send(sock, topic, _SM)
-            send(sock, body, _SM, False)
-            send(sock, metas[i])
-            i += 1
-
-
-class Device:
+class Device(Counters):
     """Owns the sockets and counters; `run()` serves until `stop` is set."""
 
     def __init__(self, config: DeviceConfig, context: zmq.Context | None = None) -> None:
@@ -145,23 +93,13 @@ class Device:
         self._device_label = str(config.device_id).encode()
         self._compress = int(config.compress)
 
-        # Counters, read by the metrics collector from another thread (plain ints and
-        # dicts: a scrape copies them; the loop never locks).
-        self.seq = 0
-        self.received = {"router": 0, "pull": 0}
-        self.published = 0
-        self.heartbeats = 0
-        self.pings = 0
-        self.per_app_env: dict[bytes, int] = {}
-        self.other_app_envs = 0
-        self.dropped: dict[tuple[str, str], int] = {}
-        self._topics: set[bytes] = set()
-        self._drop_labels: set[bytes] = set()
+        Counters.__init__(self)
 
         linger = config.linger_ms
         self.router = lifecycle.socket(self.ctx, zmq.ROUTER, linger_ms=linger, rcvhwm=config.rcv_hwm, sndhwm=config.rcv_hwm)
         self.pull = lifecycle.socket(self.ctx, zmq.PULL, linger_ms=linger, rcvhwm=config.rcv_hwm)
-        self.pub = lifecycle.socket(self.ctx, zmq.PUB, linger_ms=linger, sndhwm=config.snd_hwm)
+        # XPUB in manual mode: a subscription counts only once `_welcome` applied it.
+        self.pub = lifecycle.socket(self.ctx, zmq.XPUB, linger_ms=linger, sndhwm=config.snd_hwm, xpub_manual=1)
         self.stats = lifecycle.socket(self.ctx, zmq.PUB, linger_ms=linger)
         self._native: NativeBatch | None = None
         if config.engine not in ("auto", "native", "python"):
@@ -187,13 +125,20 @@ class Device:
             sock.bind(f"tcp://{config.bind}:{port}")
 
         self.journal: Journal | None = None
+        self.health = JournalHealth()
+        self._held: Held | None = None
         self.replay: ReplayServer | None = None
         self._replay_stop = threading.Event()
         if config.data_dir is not None:
             self._open_journal(config)
+            self.journal_id = self.journal.journal_id  # type: ignore[union-attr]
+        else:
+            # No journal: numbering restarts at 1 with every start, so does the identity.
+            self.journal_id = new_journal_id()
+        self._start_replay(config)
 
     def _open_journal(self, config: DeviceConfig) -> None:
-        """Open (and recover) the journal, continue its numbering, and start the replay endpoint."""
+        """Open (and recover) the journal and continue its numbering."""
         journal = Journal(
             f"{config.data_dir}/journal",
             fsync=config.journal_fsync,
@@ -204,7 +149,11 @@ class Device:
         )
         self.journal = journal
         self.seq = journal.last_seq
-        replay = ReplayServer(self.ctx, journal, f"tcp://{config.bind}:{config.replay_port}", self._replay_stop)
+
+    def _start_replay(self, config: DeviceConfig) -> None:
+        """The replay endpoint: ranges and `info` with a journal, `info` alone without one."""
+        replay = ReplayServer(self.ctx, self.journal, f"tcp://{config.bind}:{config.replay_port}", self._replay_stop,
+                              journal_id=self.journal_id, last_seq=lambda: self.seq)
         replay.start()
         # The replay socket is created and bound in its own thread; wait for the outcome so
         # that a port in use fails the start like any other port.
@@ -212,73 +161,61 @@ class Device:
             if not replay.is_alive():
                 break
         if replay.error is not None or not replay.is_alive():
-            raise RuntimeError(f"cannot bind the replay port {config.replay_port}: {replay.error}")
+            if self.journal is not None:
+                raise RuntimeError(f"cannot bind the replay port {config.replay_port}: {replay.error}")
+            # Without a journal it only answers `info` (heartbeats carry the same): not worth failing for.
+            log.warning("replay port %d: %s; `info` is not served", config.replay_port, replay.error)
+            return
         self.replay = replay
 
     # -- the one place where messages are numbered and published -----------------
 
-    def _commit(self, batch: "TupleBatch | NativeBatch") -> None:
-        """Number every message of `batch`, journal the numbered batch, then publish it.
+    def _commit(self, batch: "TupleBatch | NativeBatch", then: Callable[[], None] | None = None) -> None:
+        """Number every message of `batch`, journal the numbered batch, publish it, then call `then`.
 
         The batch is either Python tuples or the C fast path's zmq_msg_t array; both
         number, journal and publish the same way. The journal append comes before
-        anything is published or acknowledged; if it fails (a full disk), the error
-        stops the device and nothing of the batch was published or acknowledged.
+        anything is published or acknowledged (`then` sends the replies). If it fails
+        (a full disk), nothing of the batch was published or acknowledged: the device
+        holds it, reads nothing more, and `_retry_held` writes it later.
         """
         first = self.seq + 1
         n = batch.number(self._device_id, first, now_ms())
         journal = self.journal
         if journal is not None:
-            batch.journal(journal, first)
+            try:
+                batch.journal(journal, first)
+            except JournalWriteError as e:
+                self._held = Held(batch, first, n, then)
+                self.health.failed(e, n)
+                return
+            if not self.health.writable:
+                self.health.recovered()
+        self._published(batch, n, then)
+
+    def _published(self, batch: "TupleBatch | NativeBatch", n: int, then: Callable[[], None] | None) -> None:
         self.seq += n
         batch.publish(self.pub)
         self.published += n
+        if then is not None:
+            then()
+
+    def _retry_held(self) -> bool:
+        """Write the held batch again; on success publish and answer it. True when nothing is held any more."""
+        held = self._held
+        if held is None:
+            return True
+        try:
+            held.batch.journal(self.journal, held.first)
+        except JournalWriteError as e:
+            self.health.failed(e, held.count)
+            return False
+        self._held = None
+        self.health.recovered()
+        self._published(held.batch, held.count, held.then)
+        return True
 
     # -- input -------------------------------------------------------------------
-
-    def _drop(self, reason: str, app_env: bytes | None) -> None:
-        if app_env is None:
-            name = INVALID_LABEL
-        else:
-            name = self._label(app_env)
-        key = (reason, name)
-        self.dropped[key] = self.dropped.get(key, 0) + 1
-        log.debug("dropped a message (%s) from %s", reason, name)
-
-    def _label(self, app_env: bytes) -> str:
-        """The drop label: valid names as themselves, at most LABELS_MAX of them."""
-        if app_env in self.per_app_env or app_env in self._drop_labels:
-            return app_env.decode("ascii")
-        if not is_valid_app_env(app_env):
-            return INVALID_LABEL
-        if len(self._drop_labels) >= LABELS_MAX:
-            return OTHER_LABEL
-        self._drop_labels.add(app_env)
-        return app_env.decode("ascii")
-
-    def _new_app_env(self, app_env: bytes) -> bool:
-        """Slow path of the stream-name check: validate, and remember it for the fast path."""
-        if not is_valid_app_env(app_env):
-            return False
-        if len(self.per_app_env) < NAME_CACHE:
-            self.per_app_env[app_env] = 0
-        return True
-
-    def _new_topic(self, topic: bytes) -> bool:
-        if not is_valid_topic(topic):
-            return False
-        if len(self._topics) < NAME_CACHE:
-            self._topics.add(topic)
-        return True
-
-    def _count_app_env(self, app_env: bytes) -> None:
-        # Reached only for a name seen for the first time: it was just cached with 0,
-        # or the cache is full and it is counted under one shared label.
-        per = self.per_app_env
-        if app_env in per:
-            per[app_env] += 1
-        else:
-            self.other_app_envs += 1
 
     def _drain_pull(self) -> int:
         """Take up to BATCH messages from PULL, check them, and commit the good ones."""
@@ -366,11 +303,15 @@ class Device:
         self.received["router"] += taken - pings
         self.pings += pings
         self._account_native(batch)
+        then = self._native_reply if batch.b.nreplies else None
         if len(batch):
-            self._commit(batch)
-        if batch.b.nreplies:
-            batch.reply(self._router_handle, self._fqdn)
+            self._commit(batch, then)
+        elif then is not None:
+            then()
         return taken
+
+    def _native_reply(self) -> None:
+        self._native_router.reply(self._router_handle, self._fqdn)
 
     def _account_native(self, batch: NativeBatch) -> None:
         """Per-batch bookkeeping of the C path: drops, and accepted messages per stream."""
@@ -463,10 +404,11 @@ class Device:
                 answer((rid, app, ACCEPTED))
         self.received["router"] += n - pings
         self.pings += pings
+        then = (lambda: self._reply(replies)) if replies else None
         if batch:
-            self._commit(batch)
-        if replies:
-            self._reply(replies)
+            self._commit(batch, then)
+        elif then is not None:
+            then()
         return n
 
     def _reply(self, replies: list[tuple[bytes, bytes, bytes | None]]) -> None:
@@ -494,14 +436,43 @@ class Device:
     # -- timers ----------------------------------------------------------------
 
     def heartbeat(self) -> None:
-        self._commit(TupleBatch([(HEARTBEAT, self.heartbeat_address, b"{}", FRESH_META)]))
+        """Publish (and journal) a heartbeat: `{"journal": id, "first": oldest seq still held}`."""
+        # Without a journal nothing older than this heartbeat can be had: `first` is its own seq.
+        first = self.journal.first_seq if self.journal is not None else self.seq + 1
+        body = b'{"journal":"%s","first":%d}' % (self.journal_id.encode(), first)
+        self._commit(TupleBatch([(HEARTBEAT, self.heartbeat_address, body, FRESH_META)]), self._count_heartbeat)
+
+    def _count_heartbeat(self) -> None:
         self.heartbeats += 1
 
+    def _welcome(self) -> None:
+        """Apply the subscriptions that arrived since the last call, then publish a heartbeat.
+
+        In manual mode a subscriber gets nothing until its subscription is applied here,
+        so the heartbeat (with the journal id) is the first message it receives.
+        """
+        pub = self.pub
+        new = False
+        while True:
+            try:
+                event = _recv(pub, _NB)
+            except _Again:
+                break
+            if event[:1] == b"\x01":
+                pub.setsockopt(zmq.SUBSCRIBE, event[1:])
+                new = True
+            elif event[:1] == b"\x00":
+                pub.setsockopt(zmq.UNSUBSCRIBE, event[1:])
+        if new:
+            self.heartbeat()
+
     def publish_stats(self) -> None:
+        """["stats", device id, last seq, JSON: journal id and whether it can be written]."""
         s = self.stats
         _send(s, STATS, _SM)
         _send(s, self._device_label, _SM)
-        _send(s, str(self.seq).encode())
+        _send(s, str(self.seq).encode(), _SM)
+        _send(s, json.dumps({"journal": self.journal_id, **self.health.stats()}, separators=(",", ":")).encode())
 
     # -- loop --------------------------------------------------------------------
 
@@ -514,42 +485,70 @@ class Device:
         now = time.monotonic()
         next_heartbeat = now + interval
         next_stats = now + 1.0
-        journal = self.journal
+        next_welcome = now
         # The journal's timer: interval fsyncs (when idle; appends sync too) and retention.
         tick_every = min(1.0, max(0.01, self.config.journal_fsync_interval_ms / 1000))
-        next_tick = now + tick_every if journal is not None else float("inf")
+        next_tick = now + tick_every if self.journal is not None else float("inf")
         monotonic = time.monotonic
         drain_pull = self._drain_pull_native if self._native is not None else self._drain_pull
         drain_router = self._drain_router_native if self._native is not None else self._drain_router
         with lifecycle.eterm_is_clean():
+            self.heartbeat()  # the journal id, before anything else is published or journaled
             while not stop.is_set():
-                busy = drain_pull() + drain_router()
+                busy = 0
+                if self._held is None:
+                    busy = drain_pull()
+                    if self._held is None:
+                        busy += drain_router()
                 now = monotonic()
                 if now >= next_stats:
                     self.publish_stats()
                     next_stats = max(next_stats + 1.0, now + 0.5)
+                if now >= next_tick:
+                    self._tick()
+                    next_tick = now + tick_every
+                if self._held is not None:
+                    if self.health.due(now) and self._retry_held():
+                        continue
+                    # The inputs stay unread (they would wake a poll at once): clients see a
+                    # slow device, and their own high-water marks and back-pressure hold them.
+                    time.sleep(0.05)
+                    continue
+                if now >= next_welcome:
+                    self._welcome()
+                    next_welcome = now + WELCOME_EVERY
                 if now >= next_heartbeat:
                     self.heartbeat()
                     next_heartbeat = max(next_heartbeat + interval, now + interval / 2)
-                if now >= next_tick:
-                    journal.tick()  # type: ignore[union-attr]
-                    next_tick = now + tick_every
                 if not busy:
-                    wait = min(next_stats, next_heartbeat, next_tick) - now
+                    wait = min(next_stats, next_heartbeat, next_tick, next_welcome) - now
                     # Short waits keep SIGTERM handling prompt.
                     poller.poll(max(1, min(200, int(wait * 1000) + 1)))
             self._final_drain()
 
+    def _tick(self) -> None:
+        """The journal's timer; a failed fsync there is a failed write too (counted, logged once)."""
+        try:
+            synced = self.journal.tick()  # type: ignore[union-attr]
+        except JournalWriteError as e:
+            self.health.failed(e, self._held.count if self._held is not None else 0)
+            return
+        if synced and self._held is None and not self.health.writable:
+            self.health.recovered()
+
     def _final_drain(self, budget_s: float = 1.0) -> None:
         """On shutdown, publish what already sits in our input queues (bounded in time)."""
         deadline = time.monotonic() + budget_s
-        while time.monotonic() < deadline:
+        while self._retry_held() and time.monotonic() < deadline:
             if self._native is not None:
                 busy = self._drain_pull_native() + self._drain_router_native()
             else:
                 busy = self._drain_pull() + self._drain_router()
-            if not busy:
-                break
+            if not busy and self._held is None:
+                return
+        if self._held is not None:
+            log.warning("stopping with %d messages the journal could not take: never published nor acknowledged",
+                        self._held.count)
 
     def close(self) -> None:
         """Stop replay, close the journal (fsync), close sockets with LINGER, end the context."""
@@ -564,36 +563,3 @@ class Device:
         for sock in (self.router, self.pull, self.pub, self.stats):
             sock.close()
         self.ctx.term()
-
-    # -- for metrics and logs ------------------------------------------------------
-
-    def snapshot(self) -> dict[str, Any]:
-        """A consistent-enough copy of the counters (dict copies are atomic under the GIL)."""
-        return {
-            "seq": self.seq,
-            "received": dict(self.received),
-            "published": self.published,
-            "heartbeats": self.heartbeats,
-            "pings": self.pings,
-            "per_app_env": {k.decode("ascii", "replace"): v for k, v in dict(self.per_app_env).items()}
-            | ({OTHER_LABEL: self.other_app_envs} if self.other_app_envs else {}),
-            "dropped": dict(self.dropped),
-            "journal": self._journal_snapshot(),
-        }
-
-    def _journal_snapshot(self) -> dict[str, int] | None:
-        journal, replay = self.journal, self.replay
-        if journal is None:
-            return None
-        return {
-            "bytes": journal.size,
-            "segments": journal.segment_count,
-            "first_seq": journal.first_seq,
-            "last_seq": journal.last_seq,
-            "fsyncs": journal.fsyncs,
-            "bytes_written": journal.bytes_written,
-            "segments_deleted": journal.segments_deleted,
-            "replay_requests": replay.requests if replay else 0,
-            "replay_messages": replay.served if replay else 0,
-            "replay_bad_requests": replay.bad if replay else 0,
-        }

@@ -15,16 +15,28 @@ opening the journal truncates it (its messages were never published nor acknowle
 because both happen after the append). Sequence numbers continue from the last whole
 batch.
 
+Identity: `<dir>/journal-id` holds 16 random hex digits, made (and fsynced) when the
+journal is first opened and never changed for that directory. Sequence numbers are
+only meaningful together with it: a wiped or replaced directory starts again at 1
+under a new id, so a reader's checkpoint for the old id cannot swallow the new numbers.
+
 Fsync policies: `batch` (fsync every append: survives power loss), `interval` (fsync
 at most every N ms: a power loss may lose the last N ms), `os` (leave it to the page
 cache: survives a process kill, not a power loss). Retention deletes whole segments,
 oldest first, by total size and by age; the active segment is never deleted.
+
+A write that fails (a full disk: ENOSPC, a file-size limit: EFBIG, an I/O error) raises
+`JournalWriteError` after cutting the segment back to its last whole batch, so no torn
+bytes stay behind and the same batch can be appended again later.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import re
+import secrets
 import struct
 import threading
 import time
@@ -45,12 +57,29 @@ SUFFIX = ".journal"
 # Index one batch per this many bytes of a segment; reads scan forward from there.
 INDEX_EVERY = 64 * 1024
 FSYNC_POLICIES = ("batch", "interval", "os")
+ID_FILE = "journal-id"
+_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def new_journal_id() -> str:
+    """16 random lowercase hex digits: a journal's identity (also a journal-less device's, per start)."""
+    return secrets.token_hex(8)
 
 
 class JournalCorrupt(RemoteProtocolError):
     """A batch in the middle of the journal fails its checksum."""
 
     reason = "journal_corrupt"
+
+
+class JournalWriteError(OSError):
+    """An append failed (ENOSPC, EFBIG, EIO, ...); the journal holds nothing of the batch.
+
+    `str()` reads `[Errno 28] No space left on device (<segment path>)`.
+    """
+
+    def __str__(self) -> str:
+        return f"[Errno {self.errno}] {self.strerror} ({self.filename})"
 
 
 @dataclass
@@ -92,6 +121,28 @@ def _scan(path: Path) -> tuple[int, int, list[tuple[int, int]], int]:
     return first, last, index, pos
 
 
+def _write_all(fd: int, parts: list[Any]) -> None:
+    """writev until every byte is written; a write error raises OSError with its errno."""
+    views = [memoryview(p).cast("B") for p in parts]
+    while views:
+        n = os.writev(fd, views)
+        if n <= 0:
+            raise OSError(errno.EIO, "journal write made no progress")
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Journal:
     def __init__(
         self,
@@ -121,7 +172,35 @@ class Journal:
         self.fsyncs = 0
         self.bytes_written = 0
         self.segments_deleted = 0
+        # A failed write whose bytes could not be cut off yet: cut them before the next one.
+        self._torn = False
+        self.journal_id = self._load_id()
         self._open()
+
+    def _load_id(self) -> str:
+        """This directory's journal id: read it, or make it (written and fsynced before any append)."""
+        path = self.dir / ID_FILE
+        try:
+            text = path.read_text("ascii", "replace").strip()
+        except FileNotFoundError:
+            text = None
+        if text is not None:
+            if _ID.fullmatch(text):
+                return text
+            log.warning("journal: %s does not hold a journal id (%r); starting a new identity", path, text[:40])
+        elif any(p.name.endswith(SUFFIX) for p in self.dir.iterdir()):
+            log.info("journal: %s has segments but no id yet; giving it one", self.dir)
+        journal_id = new_journal_id()
+        tmp = self.dir / f"{ID_FILE}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, [f"{journal_id}\n".encode()])
+            os.fsync(fd)  # whatever the policy: the id must outlive every batch written under it
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(self.dir)
+        return journal_id
 
     # -- opening and recovery -------------------------------------------------------
 
@@ -145,25 +224,23 @@ class Journal:
             self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
 
     def _roll(self, first_seq: int) -> None:
-        if self._fd >= 0:
-            if self.fsync != "os":
-                os.fsync(self._fd)
-            os.close(self._fd)
+        # The new file first: if it cannot be made, the current segment stays the active one.
         path = self.dir / f"{first_seq:020d}{SUFFIX}"
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        seg = _Segment(path, first_seq, first_seq - 1, 0, time.time())
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        old, self._fd = self._fd, fd
         with self._lock:
-            self._segments.append(seg)
+            self._segments.append(_Segment(path, first_seq, first_seq - 1, 0, time.time()))
+        if old >= 0:
+            try:
+                if self.fsync != "os":
+                    os.fsync(old)
+            finally:
+                os.close(old)
         self._sync_dir()
 
     def _sync_dir(self) -> None:
-        if self.fsync == "os":
-            return
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self.fsync != "os":
+            _fsync_dir(self.dir)
 
     # -- state ----------------------------------------------------------------------
 
@@ -223,20 +300,32 @@ class Journal:
         seg = self._segments[-1]
         if first_seq != seg.last_seq + 1:
             raise ValueError(f"journal expects seq {seg.last_seq + 1}, got {first_seq}")
-        if seg.size >= self.segment_bytes:
-            self._roll(first_seq)
-            seg = self._segments[-1]
-        header = _BATCH.pack(len(payload), zlib.crc32(payload), first_seq, count)
-        size = len(header) + len(payload)
+        try:
+            if self._torn:
+                self._cut()
+            if seg.size >= self.segment_bytes:
+                self._roll(first_seq)
+                seg = self._segments[-1]
+            header = _BATCH.pack(len(payload), zlib.crc32(payload), first_seq, count)
+            # One writev per batch (no joined copy of a large payload); after a short write
+            # (the disk filled up) the rest is tried, which then names the error.
+            _write_all(self._fd, [header, payload])
+            sync_now = self.fsync == "batch" or (
+                self.fsync == "interval" and time.monotonic() - self._last_sync >= self.fsync_interval
+            )
+            if sync_now:
+                self._unsynced = True
+                self.sync()
+        except OSError as e:
+            # Nothing of this batch was published or acknowledged: cut it off, so that the
+            # file ends with a whole batch and the caller can append the same batch later.
+            self._torn = True
+            self._cut(quiet=True)
+            active = self._segments[-1].path
+            raise JournalWriteError(e.errno or 0, e.strerror or str(e), str(active)) from e
+        size = _BATCH.size + len(payload)
         offset = seg.size
-        # One writev per batch (no joined copy of a large payload). Readers only look up
-        # to `seg.size`, which moves after the write.
-        written = os.writev(self._fd, [header, payload])
-        if written != size:
-            # A short write to a regular file means a full disk. The partial batch is a
-            # torn tail: the caller must stop (nothing of it was published or acknowledged),
-            # and the next open truncates it.
-            raise OSError(f"journal write of {size} bytes wrote only {written}")
+        # Readers only look up to `seg.size`, which moves after the write.
         with self._lock:
             if offset - (seg.index[-1][1] if seg.index else -INDEX_EVERY) >= INDEX_EVERY:
                 seg.index.append((first_seq, offset))
@@ -244,24 +333,40 @@ class Journal:
             seg.last_seq = first_seq + count - 1
             seg.mtime = time.time()
         self.bytes_written += size
-        self._unsynced = True
-        if self.fsync == "batch":
-            self.sync()
-        elif self.fsync == "interval" and time.monotonic() - self._last_sync >= self.fsync_interval:
-            self.sync()
+        if not sync_now:
+            self._unsynced = True
+
+    def _cut(self, quiet: bool = False) -> None:
+        """Truncate the active segment back to its last whole batch (after a failed write)."""
+        seg = self._segments[-1]
+        try:
+            if os.fstat(self._fd).st_size != seg.size:
+                os.ftruncate(self._fd, seg.size)
+            self._torn = False
+        except OSError:
+            if not quiet:
+                raise
 
     def sync(self) -> None:
+        self._last_sync = time.monotonic()
         if self._unsynced:
             os.fsync(self._fd)
             self.fsyncs += 1
             self._unsynced = False
-        self._last_sync = time.monotonic()
 
-    def tick(self) -> None:
-        """Called periodically by the device: interval fsyncs and retention."""
-        if self.fsync == "interval" and time.monotonic() - self._last_sync >= self.fsync_interval:
-            self.sync()
+    def tick(self) -> bool:
+        """Called periodically by the device: retention, and interval fsyncs.
+
+        Returns whether it fsynced; a failed fsync raises JournalWriteError.
+        """
         self.enforce_retention()
+        if self.fsync == "interval" and time.monotonic() - self._last_sync >= self.fsync_interval:
+            try:
+                self.sync()
+            except OSError as e:
+                raise JournalWriteError(e.errno or 0, e.strerror or str(e), str(self._segments[-1].path)) from e
+            return True
+        return False
 
     def enforce_retention(self, now: float | None = None) -> int:
         """Delete old segments by size and age; returns how many were deleted."""
@@ -282,10 +387,14 @@ class Journal:
 
     def close(self) -> None:
         if self._fd >= 0:
-            if self.fsync != "os":
-                os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = -1
+            try:
+                if self.fsync != "os":
+                    os.fsync(self._fd)
+            except OSError as e:
+                log.error("journal: fsync at close failed: %s (%s)", e, self._segments[-1].path)
+            finally:
+                os.close(self._fd)
+                self._fd = -1
 
     # -- reading (safe from another thread) -------------------------------------------
 

@@ -52,8 +52,20 @@ class DeviceCollector(Collector):
             per_app.add_metric([app_env], n)
         yield per_app
         yield GaugeMetricFamily("logjam_device_sequence", "The last sequence number the device used", value=snap["seq"])
+        ident = GaugeMetricFamily("logjam_device_journal_id", "The journal the sequence numbers belong to (always 1)",
+                                  labels=["journal"])
+        ident.add_metric([snap["journal_id"]], 1)
+        yield ident
         journal = snap["journal"]
         if journal is not None:
+            yield GaugeMetricFamily("logjam_device_journal_writable",
+                                    "1 while journal writes succeed; 0 while the device holds a batch it cannot write",
+                                    value=int(journal["journal_writable"]))
+            yield CounterMetricFamily("logjam_device_journal_write_failures", "Journal writes (and fsyncs) that failed",
+                                      value=journal["journal_write_failures"])
+            yield GaugeMetricFamily("logjam_device_journal_held_messages",
+                                    "Messages waiting for the journal (neither published nor acknowledged)",
+                                    value=journal["held_messages"])
             yield GaugeMetricFamily("logjam_device_journal_bytes", "Bytes in the journal's segment files", value=journal["bytes"])
             yield GaugeMetricFamily("logjam_device_journal_segments", "Segment files in the journal", value=journal["segments"])
             yield GaugeMetricFamily("logjam_device_journal_first_seq", "The oldest sequence number retention kept", value=journal["first_seq"])

@@ -1,20 +1,23 @@
 """The device's replay endpoint: serves journaled ranges (see logjam/replay.py for the protocol).
 
 It runs in its own thread with its own ROUTER socket, created in that thread, so
-that disk reads never stall the publishing loop.
+that disk reads never stall the publishing loop. A device without a journal runs
+it too, answering `info` only (its journal id is per process start, and it holds
+nothing).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 import zmq
 
 from devices.journal import Gone, Journal
 from logjam import lifecycle
 from logjam.errors import ProtocolError
-from logjam.replay import BATCH, END, GONE, REPLAY, read_u64, u64
+from logjam.replay import BATCH, END, GONE, INFO, REPLAY, read_u64, u64
 
 log = logging.getLogger("logjam-device")
 
@@ -23,10 +26,20 @@ CHUNK_BYTES = 4 * 1024 * 1024
 
 
 class ReplayServer(threading.Thread):
-    def __init__(self, ctx: zmq.Context, journal: Journal, endpoint: str, stop: threading.Event) -> None:
+    """Answers `info` and `replay`; without a journal, `info` from `journal_id` and `last_seq()`."""
+
+    def __init__(
+        self, ctx: zmq.Context, journal: Journal | None, endpoint: str, stop: threading.Event, *,
+        journal_id: str | None = None, last_seq: Callable[[], int] | None = None,
+    ) -> None:
         super().__init__(name="replay", daemon=True)
+        if journal is None and (journal_id is None or last_seq is None):
+            raise ValueError("without a journal, the replay endpoint needs journal_id and last_seq")
         self.ctx = ctx
         self.journal = journal
+        self.journal_id = journal.journal_id if journal is not None else journal_id
+        self._id = self.journal_id.encode("ascii")  # type: ignore[union-attr]
+        self._last_seq = last_seq
         self.endpoint = endpoint
         self.stop = stop
         self.served = 0
@@ -52,35 +65,52 @@ class ReplayServer(threading.Thread):
             finally:
                 sock.close()
 
+    def _range(self) -> tuple[int, int]:
+        """(first, last) held; first = last + 1 when nothing is."""
+        if self.journal is not None:
+            return self.journal.first_seq, self.journal.last_seq
+        last = self._last_seq()  # type: ignore[misc]
+        return last + 1, last
+
     def _answer(self, sock: zmq.Socket, frames: list[bytes]) -> None:
         self.requests += 1
         rid = frames[0]
+        if len(frames) == 2 and frames[1] == INFO:
+            first, last = self._range()
+            sock.send_multipart([rid, INFO, self._id, u64(first), u64(last)])
+            return
         try:
             if len(frames) != 4 or frames[1] != REPLAY:
-                raise ProtocolError("a replay request is [replay, from u64, to u64]")
+                raise ProtocolError("a request is [info] or [replay, from u64, to u64]")
             from_seq, to_seq = read_u64(frames[2]), read_u64(frames[3])
         except ProtocolError as e:
             self.bad += 1
             log.debug("bad replay request: %s", e)
             return
+        if self.journal is None:
+            log.debug("replay request on a device without a journal: not answered")
+            return
+        self._replay(sock, rid, self.journal, from_seq, to_seq)
+
+    def _replay(self, sock: zmq.Socket, rid: bytes, journal: Journal, from_seq: int, to_seq: int) -> None:
         wanted = max(1, min(CHUNK_MESSAGES, to_seq - from_seq + 1))
         try:
-            result = self.journal.read(from_seq, wanted, CHUNK_BYTES)
+            result = journal.read(from_seq, wanted, CHUNK_BYTES)
         except FileNotFoundError:
             # Retention deleted the segment between the lookup and the open.
-            result = Gone(self.journal.first_seq)
+            result = Gone(journal.first_seq)
         except (OSError, ProtocolError) as e:
             # A damaged segment must not end the endpoint for every other range; the
             # client gets no answer for this one (and times out).
             log.error("replay of seq %d failed: %s", from_seq, e)
             return
         if isinstance(result, Gone):
-            sock.send_multipart([rid, GONE, u64(result.first_seq)])
+            sock.send_multipart([rid, GONE, self._id, u64(result.first_seq)])
             return
         if not result:
-            sock.send_multipart([rid, END, u64(self.journal.last_seq)])
+            sock.send_multipart([rid, END, self._id, u64(journal.last_seq)])
             return
-        out = [rid, BATCH, u64(from_seq + len(result))]
+        out = [rid, BATCH, self._id, u64(from_seq + len(result))]
         for record in result:
             out.extend(record)
         self.served += len(result)

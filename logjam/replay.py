@@ -1,22 +1,33 @@
 """The replay protocol: ask a device for journaled messages by sequence range.
 
-A DEALER sends `["replay", from u64, to u64]` to the device's replay ROUTER (9607).
-The answer is one of:
+A device's sequence numbers are only meaningful together with its **journal id**
+(16 lowercase hex digits): a journal gets one when it is created, so a device
+whose journal was wiped or replaced numbers from 1 again under a new id. Every
+answer names the journal it comes from.
 
-- `["batch", next u64, app-env, topic, body, meta, ...]`: messages from `from` on
-  (at most a chunk; ask again from `next` for more);
-- `["gone", first u64]`: `from` is older than retention; the journal starts at `first`;
-- `["end", last u64]`: nothing at or after `from` yet (`last` is the newest seq).
+A DEALER sends one of these to the device's replay ROUTER (9607):
 
-Each request gets exactly one reply, so the client controls the flow.
+- `["info"]`, answered `["info", journal_id, first u64, last u64]`: the journal
+  holds `first`..`last` (an empty journal, or a device without one: `first = last + 1`,
+  with `last` the newest sequence number it used);
+- `["replay", from u64, to u64]`, answered with one of
+  - `["batch", journal_id, next u64, app-env, topic, body, meta, ...]`: messages from
+    `from` on (at most a chunk; ask again from `next` for more);
+  - `["gone", journal_id, first u64]`: `from` is older than retention; the journal
+    starts at `first`;
+  - `["end", journal_id, last u64]`: nothing at or after `from` yet (`last` is the
+    newest seq).
+
+A device without a journal answers `info` only; a `replay` gets no answer from it.
+Each request gets at most one reply, so the client controls the flow.
 """
 
 from __future__ import annotations
 
+import re
 import struct
-import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import zmq
 
@@ -25,10 +36,12 @@ from logjam.errors import RemoteProtocolError
 from logjam.message import Message
 
 REPLAY = b"replay"
+INFO = b"info"
 BATCH = b"batch"
 GONE = b"gone"
 END = b"end"
 _U64 = struct.Struct(">Q")
+_JOURNAL_ID = re.compile(rb"[0-9a-f]{16}")
 
 
 def u64(n: int) -> bytes:
@@ -41,6 +54,12 @@ def read_u64(frame: bytes) -> int:
     return _U64.unpack(frame)[0]
 
 
+def read_journal_id(frame: bytes) -> str:
+    if not _JOURNAL_ID.fullmatch(frame):
+        raise RemoteProtocolError(f"expected a journal id (16 hex digits), got {bytes(frame[:32])!r}", reason="bad_replay")
+    return frame.decode("ascii")
+
+
 @dataclass(frozen=True, slots=True)
 class Lost:
     """Sequence numbers `first`..`last` are gone from the journal (retention): a real loss."""
@@ -51,6 +70,33 @@ class Lost:
     @property
     def count(self) -> int:
         return self.last - self.first + 1
+
+
+@dataclass(frozen=True, slots=True)
+class JournalInfo:
+    """What a device's journal holds: `first`..`last` of journal `journal_id` (empty when first > last)."""
+
+    journal_id: str
+    first: int
+    last: int
+
+
+class JournalChanged(RemoteProtocolError):
+    """The endpoint serves another journal than the one asked for: its numbers are not ours.
+
+    The device's journal was wiped or replaced (or another device answers on that
+    address). `first` is the oldest sequence number the new journal `actual` holds.
+    A RemoteProtocolError, so that code which does not look for it treats it as a
+    failed replay rather than reading the new journal's numbers as the old one's.
+    """
+
+    reason = "journal_changed"
+
+    def __init__(self, expected: str, actual: str, first: int) -> None:
+        super().__init__(f"the replay endpoint serves journal {actual} (from seq {first}), not {expected}")
+        self.expected = expected
+        self.actual = actual
+        self.first = first
 
 
 class ReplayTimeout(TimeoutError):
@@ -70,9 +116,9 @@ class ReplayClient:
             self._sock.connect(self.endpoint)
         return self._sock
 
-    def _ask(self, from_seq: int, to_seq: int) -> list[bytes]:
+    def _ask(self, request: list[bytes]) -> list[bytes]:
         sock = self._socket()
-        sock.send_multipart([REPLAY, u64(from_seq), u64(to_seq)])
+        sock.send_multipart(request)
         if not sock.poll(int(self.timeout * 1000)):
             # A late answer would pair with the next question: start over on a new socket.
             sock.close()
@@ -80,31 +126,53 @@ class ReplayClient:
             raise ReplayTimeout(f"no replay answer from {self.endpoint} within {self.timeout}s")
         return sock.recv_multipart()
 
-    def fetch(self, from_seq: int, to_seq: int) -> Iterator[Message | Lost]:
-        """Everything in `from_seq`..`to_seq` that the journal still has, plus a Lost for what it has not."""
+    def info(self) -> JournalInfo:
+        """The endpoint's journal id and the range its journal holds."""
+        frames = self._ask([INFO])
+        if len(frames) != 4 or frames[0] != INFO:
+            raise RemoteProtocolError(f"malformed info answer ({len(frames)} frames)", reason="bad_replay")
+        return JournalInfo(read_journal_id(frames[1]), read_u64(frames[2]), read_u64(frames[3]))
+
+    def fetch(self, from_seq: int, to_seq: int, journal: str | None = None) -> Iterator[Message | Lost]:
+        """Everything in `from_seq`..`to_seq` that the journal still has, plus a Lost for what it has not.
+
+        With `journal`, every answer must come from that journal: otherwise JournalChanged
+        is raised before anything of the other journal is yielded.
+        """
         seq = from_seq
         while seq <= to_seq:
-            frames = self._ask(seq, to_seq)
+            frames = self._ask([REPLAY, u64(seq), u64(to_seq)])
             kind = frames[0] if frames else b""
+            if kind not in (GONE, END, BATCH):
+                raise RemoteProtocolError(f"unknown replay answer {kind[:16]!r}", reason="bad_replay")
+            if len(frames) < 3 or (kind != BATCH and len(frames) != 3):
+                raise RemoteProtocolError(f"malformed replay answer {kind!r} ({len(frames)} frames)", reason="bad_replay")
+            actual = read_journal_id(frames[1])
+            number = read_u64(frames[2])
+            if journal is not None and actual != journal:
+                raise self._changed(journal, actual, number if kind == GONE else None)
             if kind == GONE:
-                first = read_u64(frames[1])
-                yield Lost(seq, min(first - 1, to_seq))
-                seq = first
+                yield Lost(seq, min(number - 1, to_seq))
+                seq = number
             elif kind == END:
                 return
-            elif kind == BATCH:
-                nxt = read_u64(frames[1])
-                body = frames[2:]
-                if len(body) % 4 or nxt <= seq:
+            else:
+                body = frames[3:]
+                if len(body) % 4 or number <= seq:
                     raise RemoteProtocolError("malformed replay batch", reason="bad_replay")
                 for i in range(0, len(body), 4):
                     msg = Message.from_frames(body[i : i + 4])
                     if msg.meta.seq > to_seq:
                         return
                     yield msg
-                seq = nxt
-            else:
-                raise RemoteProtocolError(f"unknown replay answer {kind[:16]!r}", reason="bad_replay")
+                seq = number
+
+    def _changed(self, expected: str, actual: str, first: int | None) -> JournalChanged:
+        if first is None:
+            # Only `gone` names the new journal's first seq; ask (it may have changed again).
+            now = self.info()
+            actual, first = now.journal_id, now.first
+        return JournalChanged(expected, actual, first)
 
     def close(self) -> None:
         if self._sock is not None:

@@ -57,10 +57,12 @@ def start_device(device_id: int = 1, extra: list[str] | None = None, ports: dict
         device_id=device_id,
         extra=list(extra or []),
     )
+    # Every device serves `info` on its replay port, journal or not: never the shared default 9607.
+    replay = [] if "--replay-port" in dev.extra else ["--replay-port", str(ports.get("replay") or free_port())]
     dev.proc = start([
         command("logjam-device"), "--bind", "127.0.0.1",
         "-t", str(dev.router_port), "-p", str(dev.pull_port),
-        "-P", str(dev.pub_port), "-s", str(dev.stats_port), "-d", str(device_id), *dev.extra,
+        "-P", str(dev.pub_port), "-s", str(dev.stats_port), "-d", str(device_id), *replay, *dev.extra,
     ])
     ctx = zmq.Context.instance()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import socket
@@ -232,8 +233,12 @@ def test_heartbeats_share_the_sequence(device_factory):
             beats.append(frames)
         assert time.monotonic() < deadline
     hb = beats[0]
-    assert hb[:3] == [b"heartbeat", f"tcp://{socket.getfqdn()}:{dev.pub_port}".encode(), b"{}"]
+    assert hb[:2] == [b"heartbeat", f"tcp://{socket.getfqdn()}:{dev.pub_port}".encode()]
     m = unpack(hb[3])
+    # The body names the journal; without one, nothing older than the heartbeat itself is held.
+    body = json.loads(hb[2])
+    assert set(body) == {"journal", "first"} and re.fullmatch("[0-9a-f]{16}", body["journal"])
+    assert body["first"] == m.seq
     assert (m.device, m.compression) == (4, 0)
     assert abs(m.created_ms - now_ms()) < 10_000
     # A data message after the heartbeat carries the next number.
@@ -263,8 +268,11 @@ def test_stats_once_a_second(device_factory):
         if sub.poll(int(left * 1000) + 1):
             seen.append(sub.recv_multipart())
     for frames in seen:
-        assert len(frames) == 3 and frames[:2] == [b"stats", b"9"]
+        assert len(frames) == 4 and frames[:2] == [b"stats", b"9"]
         assert int(frames[2]) >= 3
+        health = json.loads(frames[3])
+        assert re.fullmatch("[0-9a-f]{16}", health["journal"])
+        assert health["journal_writable"] is True and health["journal_write_failures"] == 0 and health["held_messages"] == 0
     assert 2 <= len(seen) <= 6, f"{len(seen)} stats messages in 3.5 s"
     sub.close()
 

@@ -281,7 +281,7 @@ def test_retention_answers_gone_and_the_client_reports_the_loss(journaled):
     assert len(acked) == 1000
 
     def on_disk() -> int:
-        return sum(f.stat().st_size for f in (j.data_dir / "journal").iterdir())
+        return sum(f.stat().st_size for f in (j.data_dir / "journal").glob("*.journal"))
 
     # Retention runs from the device's timer: it keeps the total within the limit (the
     # active segment, never deleted, could only exceed it alone).
@@ -360,7 +360,7 @@ def test_replay_port_in_use_fails_the_start(tmp_path):
         taken.close()
 
 
-def test_without_data_dir_there_is_no_journal_and_no_replay_port(device_factory, tmp_path):
+def test_without_data_dir_there_is_no_journal_and_no_replay_answers(device_factory, tmp_path):
     replay_port = free_port()
     dev = device_factory(extra=["--replay-port", str(replay_port)])
     with Producer(dev.router) as p:
@@ -369,6 +369,8 @@ def test_without_data_dir_there_is_no_journal_and_no_replay_port(device_factory,
     try:
         with pytest.raises(TimeoutError):
             list(client.fetch(1, 10))
+        info = client.info()  # only `info` is answered: nothing is held
+        assert info.first == info.last + 1
     finally:
         client.close()
     assert stop(dev.proc) == 0
@@ -380,13 +382,16 @@ def test_a_torn_last_batch_is_truncated_on_start(journaled):
     dev = j.start()
     acked = send_acked(dev.router, "torn", 30)
     j.kill()
-    segment = sorted((j.data_dir / "journal").iterdir())[-1]
-    whole = segment.stat().st_size
+    segment = sorted((j.data_dir / "journal").glob("*.journal"))[-1]
+    whole = segment.read_bytes()
     # What a crash inside the write leaves: a batch header promising more than is there.
+    torn = b"\x00\x00\x10\x00" + b"\x12\x34\x56\x78" + b"\x00" * 8 + b"\x00\x00\x00\x05" + b"half a batch"
     with open(segment, "ab") as f:
-        f.write(b"\x00\x00\x10\x00" + b"\x12\x34\x56\x78" + b"\x00" * 8 + b"\x00\x00\x00\x05" + b"half a batch")
+        f.write(torn)
     dev = j.start()
-    assert segment.stat().st_size == whole
+    # Cut at the last whole batch; the start heartbeat is written right after it.
+    assert segment.read_bytes()[: len(whole)] == whole
+    assert segment.read_bytes()[len(whole) : len(whole) + len(torn)] != torn
     after = send_acked(dev.router, "after", 5)
     replayed = messages(j.fetch())
     assert_consecutive(replayed)
@@ -400,7 +405,7 @@ def test_corruption_before_the_last_segment_stops_the_start(journaled):
     dev = j.start()
     send_acked(dev.router, "c", 100, window=5, pad=100)
     assert j.stop() == 0
-    segments = sorted((j.data_dir / "journal").iterdir())
+    segments = sorted((j.data_dir / "journal").glob("*.journal"))
     assert len(segments) > 2
     data = bytearray(segments[0].read_bytes())
     data[40] ^= 0xFF  # inside the first batch's body: its crc no longer matches

@@ -217,6 +217,6 @@ def test_encode_is_the_journal_record_format(pipe, tmp_path_factory, messages):
     assert ja.read(1, 100, 2**30) == numbered
     ja.close()
     jb.close()
-    a, b = (next((d / n).iterdir()).read_bytes() for n in ("c", "py"))
+    a, b = (next((d / n).glob("*.journal")).read_bytes() for n in ("c", "py"))
     assert a == b
     pipe.batch.discard()

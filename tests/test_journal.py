@@ -31,7 +31,7 @@ def test_round_trip_across_segments(tmp_path):
     j = Journal(tmp_path, segment_bytes=4096)
     for first in range(1, 1001, 100):
         j.append(first, records(first, 100))
-    assert j.last_seq == 1000 and len(list(tmp_path.iterdir())) > 5
+    assert j.last_seq == 1000 and len(list(tmp_path.glob("*.journal"))) > 5
     got = []
     seq = 1
     while True:
@@ -64,7 +64,7 @@ def test_torn_tail_is_truncated(tmp_path):
     j.append(1, records(1, 10))
     j.append(11, records(11, 10))
     j.close()
-    seg = next(tmp_path.iterdir())
+    seg = next(tmp_path.glob("*.journal"))
     data = seg.read_bytes()
     seg.write_bytes(data[:-7])  # the last batch was half-written when the process died
     j2 = Journal(tmp_path)
@@ -80,7 +80,7 @@ def test_corruption_before_the_last_segment_is_an_error(tmp_path):
     for first in range(1, 201, 20):
         j.append(first, records(first, 20))
     j.close()
-    first_seg = sorted(tmp_path.iterdir())[0]
+    first_seg = sorted(tmp_path.glob("*.journal"))[0]
     data = bytearray(first_seg.read_bytes())
     data[30] ^= 0xFF
     first_seg.write_bytes(bytes(data))
@@ -109,7 +109,7 @@ def test_retention_by_size_and_age(tmp_path):
     assert seqs(j.read(j.first_seq, 1)) == [j.first_seq]
     j.retention_s = 0.0
     j.enforce_retention(now=10**12)
-    assert len(list(tmp_path.iterdir())) == 1  # the active segment stays
+    assert len(list(tmp_path.glob("*.journal"))) == 1  # the active segment stays
     j.close()
 
 
@@ -163,7 +163,7 @@ def test_append_encoded_writes_what_append_writes(tmp_path):
     assert jb.last_seq == 30 and jb.read(1, 100) == recs
     ja.close()
     jb.close()
-    assert next((tmp_path / "a").iterdir()).read_bytes() == next((tmp_path / "b").iterdir()).read_bytes()
+    assert next((tmp_path / "a").glob("*.journal")).read_bytes() == next((tmp_path / "b").glob("*.journal")).read_bytes()
 
 
 def test_counters_for_metrics(tmp_path):
@@ -173,5 +173,55 @@ def test_counters_for_metrics(tmp_path):
         j.enforce_retention()
     assert j.fsyncs == 10
     assert j.bytes_written > j.size > 0
-    assert j.segments_deleted > 0 and j.segment_count == len(list(tmp_path.iterdir()))
+    assert j.segments_deleted > 0 and j.segment_count == len(list(tmp_path.glob("*.journal")))
     j.close()
+
+
+def test_the_journal_id_is_made_once_per_directory(tmp_path):
+    import dataclasses
+    import re
+
+    from logjam.errors import RemoteProtocolError
+    from logjam.replay import JournalChanged, JournalInfo
+
+    j = Journal(tmp_path / "a")
+    ident = j.journal_id
+    assert re.fullmatch("[0-9a-f]{16}", ident)
+    assert (tmp_path / "a" / "journal-id").read_text() == ident + "\n"
+    j.append(1, records(1, 5))
+    j.close()
+    assert Journal(tmp_path / "a").journal_id == ident
+    assert Journal(tmp_path / "b").journal_id != ident
+    # A journal from before ids existed gets one at open, and keeps it.
+    (tmp_path / "a" / "journal-id").unlink()
+    older = Journal(tmp_path / "a")
+    assert older.journal_id != ident and older.last_seq == 5
+    assert Journal(tmp_path / "a").journal_id == older.journal_id
+    info = JournalInfo(ident, 1, 5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.first = 2  # type: ignore[misc]
+    assert not hasattr(info, "__dict__")
+    assert issubclass(JournalChanged, RemoteProtocolError) and JournalChanged("a", "b", 3).reason == "journal_changed"
+
+
+def test_a_failed_write_leaves_whole_batches_and_the_same_batch_can_be_written_later(tmp_path):
+    from devices.journal import JournalWriteError, _scan
+    from tests.disk_support import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        j = Journal(disk / "j", fsync="batch")
+        j.append(1, records(1, 10))
+        filler = fill(disk, leave=32 * 1024)
+        batch = records(11, 400, size=200)  # ~100 KiB
+        with pytest.raises(JournalWriteError) as failed:
+            j.append(11, batch)
+        assert failed.value.errno == 28
+        assert str(failed.value).startswith("[Errno 28] No space left on device (") and str(failed.value).endswith(".journal)")
+        segment = next((disk / "j").glob("*.journal"))
+        assert _scan(segment)[3] == segment.stat().st_size  # cut back: no torn bytes
+        assert j.last_seq == 10 and seqs(j.read(1, 100)) == list(range(1, 11))
+        filler.unlink()
+        j.append(11, batch)
+        assert j.last_seq == 410 and seqs(j.read(1, 1000)) == list(range(1, 411))
+        j.close()
+        assert Journal(disk / "j").last_seq == 410

@@ -246,3 +246,32 @@ def test_a_thousand_partitions_do_not_hold_a_thousand_files_open(tmp_path: Path)
     assert log.partition("wide", 500).high_watermark == 200
     log.close()
     assert open_fds() == before
+
+
+@pytest.mark.timeout(60)
+def test_a_full_disk_undoes_an_append_that_spans_segments(tmp_path: Path) -> None:
+    from tests.disk_support import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", "2m") as disk:
+        cfg = LogConfig(segment_bytes=32 * 1024, index_interval_bytes=1024)
+        log = Log(disk / "data", cfg)
+        log.create_topic("t", 1)
+        part = log.partition("t", 0)
+        part.append(recs(10, size=1000))
+        filler = fill(disk, leave=96 * 1024)
+        segments, size = part.segment_count, part.size_bytes
+        # ~200 KiB over several 32 KiB segments: the first rolls fit, then the disk is full.
+        with pytest.raises(StorageError) as info:
+            part.append(recs(200, start=10, size=1000))
+        assert info.value.no_space
+        assert (part.high_watermark, part.segment_count, part.size_bytes) == (10, segments, size)
+        assert sorted(p.name for p in partition_dir(disk / "data").glob("*.log")) == [f"{0:020d}.log"]
+        assert (partition_dir(disk / "data") / f"{0:020d}.log").stat().st_size == size
+        filler.unlink()
+        assert part.append(recs(200, start=10, size=1000)) == 10
+        log.close()
+        log = Log(disk / "data", cfg)
+        part = log.partition("t", 0)
+        assert part.high_watermark == 210
+        assert [r.payload for r in part.read(0, 1 << 30)] == recs(210, size=1000)
+        log.close()

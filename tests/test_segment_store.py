@@ -186,3 +186,33 @@ def test_odd_and_long_names(tmp_path: Path) -> None:
     assert sorted(store.segments) == sorted(names)
     for name in names:
         assert store.get(name).read(0, 5000)[0] == events(name.encode("utf-8", "surrogatepass"))
+
+
+@pytest.mark.timeout(60)
+def test_a_full_disk_fails_the_append_whole_and_the_next_one_works(tmp_path: Path) -> None:
+    from bridges.segment.store import StoreError
+    from tests.disk_support import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", "2m") as disk:
+        store = reopen(disk / "data")
+        seg = store.create(SEG)
+        seg.append(W1, events(b"first"), 1, 1)
+        filler = fill(disk, leave=64 * 1024)
+        big = events(*(b"y" * 1000 for _ in range(200)))  # ~200 KiB: more than is left
+        with pytest.raises(StoreError, match="No space left on device"):
+            seg.append(W1, big, 200, 201)
+        # Nothing of it stayed: the files hold exactly the first append, and the writer is where it was.
+        assert seg.length == len(events(b"first")) and seg.last_event(W1) == 1
+        assert (seg.path / "data").stat().st_size == seg.length
+        assert (seg.path / "index").stat().st_size == RECORD_SIZE
+        with pytest.raises(StoreError):
+            seg.append(W1, big, 200, 201)  # and again, while the disk stays full
+        filler.unlink()
+        rec = seg.append(W1, big, 200, 201)
+        assert rec.start == len(events(b"first")) and seg.last_event(W1) == 201
+        store.close()
+        store = reopen(disk / "data")
+        again = store.get(SEG)
+        assert again is not None and again.length == rec.end and again.last_event(W1) == 201
+        assert again.read(0, rec.end)[0] == events(b"first") + big
+        store.close()

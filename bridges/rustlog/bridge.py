@@ -7,6 +7,14 @@ answered only after its records are in the durable log AND the device accepted
 every one of them. What is stored but not yet accepted (a crash in between, a
 device that was down) is forwarded again from the log at start-up, using the
 per-partition forwarded watermark.
+
+When the log cannot be written (a full disk), a Produce stores nothing and is answered
+with the protocol's own error, 507 InsufficientSpace in JSON (a 5xx the spec tells
+clients to retry with backoff; 503 for other I/O errors) and 500 in the binary dialect;
+every Produce tries the disk again, so the bridge resumes by itself. An fsync that fails
+after the records went to the device is tried again (the Produce waits) rather than
+answered with an error, since the device already has them. `StoreHealth` logs it once
+and shows it in both metrics (Prometheus and MetricsFetch).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, Positions
+from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.rustlog import engine as e
 from bridges.rustlog.log import (
     FSYNC_POLICIES,
@@ -100,9 +109,11 @@ class RustlogMetrics:
         self.produce = _Latency()
         self.fetch = _Latency()
 
-    def metrics(self, log_: Log) -> list[e.Metric]:
+    def metrics(self, log_: Log, health: StoreHealth) -> list[e.Metric]:
         m = e.Metric
         return [
+            m("store_writable", "gauge", "1 while log writes succeed, 0 while they fail (a full disk)", int(health.writable)),
+            m("store_write_failures_total", "counter", "Log writes and fsyncs that failed", health.failures),
             m("records_in_total", "counter", "Records produced", self.records_in),
             m("bytes_in_total", "counter", "Record payload bytes produced", self.bytes_in),
             m("records_out_total", "counter", "Records fetched", self.records_out),
@@ -122,8 +133,8 @@ class RustlogMetrics:
             m("topics", "gauge", "Topics", len(log_.partitions)),
         ]
 
-    def response(self, log_: Log) -> e.MetricsResponse:
-        metrics = self.metrics(log_)
+    def response(self, log_: Log, health: StoreHealth) -> e.MetricsResponse:
+        metrics = self.metrics(log_, health)
         values: dict[str, Any] = {x.name: x.value for x in metrics}
         values["produce_latency_avg_seconds"] = self.produce.total / self.produce.count if self.produce.count else 0.0
         values["fetch_latency_avg_seconds"] = self.fetch.total / self.fetch.count if self.fetch.count else 0.0
@@ -168,6 +179,7 @@ class Bridge(BridgeProtocol):
         _raise_open_file_limit()
         self.log = Log(args.data_dir, self.config)
         self.stats = RustlogMetrics()
+        self.health = StoreHealth(log, host.metrics, "rustlog log")
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._tasks: list[asyncio.Task[None]] = []
         log.info("data dir %s: %d topics, fsync %s", args.data_dir, len(self.log.partitions), args.fsync)
@@ -227,7 +239,7 @@ class Bridge(BridgeProtocol):
             try:
                 self.log.sync()
             except (OSError, StorageError) as err:
-                log.error("fsync failed: %s", err)
+                self.health.failed(err, "the next interval tries again")
 
     # -- mapping and forwarding
 
@@ -266,7 +278,7 @@ class Bridge(BridgeProtocol):
                         "received_at": r.timestamp // 1000}
                 self._messages(messages, topic, partition, r.offset, [r.payload], r.timestamp, meta)
             await self._publish(messages)
-            plog.set_forwarded(records[-1].offset + 1)
+            self._set_forwarded(plog, records[-1].offset + 1)
             sent += len(records)
         self.stats.records_reforwarded += sent
         return sent
@@ -308,7 +320,7 @@ class Bridge(BridgeProtocol):
         except PartitionNotFound as err:
             resp = e.Error(e.ErrorKind.PARTITION_NOT_FOUND, str(err))
         except StorageError as err:
-            log.error("%s: storage error: %s", conn.peer, err)
+            self.health.failed(err, "answering writes with an error until it can write")
             resp = e.Error(e.ErrorKind.INSUFFICIENT_SPACE if err.no_space else e.ErrorKind.STORAGE, str(err))
         if isinstance(resp, e.Error):
             self.stats.errors += 1
@@ -329,6 +341,7 @@ class Bridge(BridgeProtocol):
                 return e.OffsetCommitResponse(False)
             except StorageError as err:
                 if binary:
+                    self.health.failed(err, "answering writes with an error until it can write")
                     return e.Error(e.ErrorKind.COMMIT_FAILED, f"offset commit failed: {err}")
                 raise
             return e.OffsetCommitResponse(True)
@@ -362,7 +375,7 @@ class Bridge(BridgeProtocol):
                 return e.Error(kind, f"partition {ev.partition} of topic {ev.topic!r} not found")
             return e.DescribePartitionResponse(ev.topic, self._info(ev.partition, parts[ev.partition]))
         if isinstance(ev, e.MetricsFetch):
-            return self.stats.response(self.log)
+            return self.stats.response(self.log, self.health)
         if isinstance(ev, e.Ping):
             return e.Pong()
         if isinstance(ev, e.BadRequest):
@@ -384,31 +397,49 @@ class Bridge(BridgeProtocol):
                 await self._forward_backlog(ev.topic, ev.partition, plog, plog.high_watermark)
             timestamp = now_us()
             always = self.log.config.fsync == "always"
-            base = plog.append(ev.records, timestamp, sync=not always)
+            base = plog.append(ev.records, timestamp, sync=not always)  # nothing stored if it raises
+            self.health.succeeded()
             if n:
                 messages = self._messages(self.host.mapper.batches(), ev.topic, ev.partition, base, ev.records, timestamp,
                                           conn.metadata(ev.dialect.value))
                 # The fsync runs in a thread while the device takes the records: the answer
                 # below still waits for both, and the event loop serves other clients meanwhile.
                 if always:
-                    synced = asyncio.ensure_future(asyncio.to_thread(plog.sync))
+                    synced = asyncio.ensure_future(self._sync(plog))
                     try:
                         rejected = await self._publish(messages)
                     finally:
                         await synced
                 else:
                     rejected = await self._publish(messages)
-                plog.set_forwarded(base + n)
+                self._set_forwarded(plog, base + n)
                 if rejected:
                     return e.Error(e.ErrorKind.INTERNAL,
                                    f"stored at offsets {base}..{base + n - 1}, but the device rejected {rejected} of {n} records")
             elif always:
-                await asyncio.to_thread(plog.sync)
+                await self._sync(plog)
         self.host.metrics.events_acked.inc(n)
         self.stats.records_in += n
         self.stats.bytes_in += sum(map(len, ev.records))
         self.stats.produce.observe(time.perf_counter() - started)
         return e.ProduceResponse(base, n)
+
+    async def _sync(self, plog: PartitionLog) -> None:
+        """fsync (the "always" policy) until it works: the records are stored and on their way to the device."""
+        while True:
+            try:
+                await asyncio.to_thread(plog.sync)
+                return
+            except StorageError as err:
+                self.health.failed(err, "holding the Produce until the fsync works")
+                await asyncio.sleep(RETRY_EVERY)
+
+    def _set_forwarded(self, plog: PartitionLog, offset: int) -> None:
+        """Record that the device has everything below `offset`; failing only costs forwarding again after a crash."""
+        try:
+            plog.set_forwarded(offset)
+        except StorageError as err:
+            self.health.failed(err, "the forwarded watermark is behind (a restart forwards those records again)")
 
     def _fetch(self, ev: e.Fetch) -> e.Response:
         started = time.perf_counter()

@@ -229,31 +229,40 @@ class Segment:
         pos = self.size
         offset = first_offset
         crc32 = zlib.crc32
-        for payload in records:
-            body = struct.pack(">IQQ", len(payload), offset, timestamp)
-            crc = crc32(payload, crc32(body))
-            parts.append(struct.pack(">I", crc))
-            parts.append(body)
-            parts.append(payload)
-            size = HEADER_SIZE + len(payload)
-            self._maybe_index(offset, pos, size)
-            pos += size
-            offset += 1
-        data = b"".join(parts)
+        before = self.state()
         try:
+            for payload in records:
+                body = struct.pack(">IQQ", len(payload), offset, timestamp)
+                crc = crc32(payload, crc32(body))
+                parts.append(struct.pack(">I", crc))
+                parts.append(body)
+                parts.append(payload)
+                size = HEADER_SIZE + len(payload)
+                self._maybe_index(offset, pos, size)
+                pos += size
+                offset += 1
+            data = b"".join(parts)
             os.lseek(self.fd, self.size, os.SEEK_SET)
             write_all(self.fd, data)
         except OSError as e:
             # Leave no half-written batch behind: the next append starts at a record boundary.
-            try:
-                os.ftruncate(self.fd, self.size)
-            except OSError:
-                pass
-            self.index = [(o, p) for o, p in self.index if p < self.size]
+            self.restore(before)
             raise _storage_error(f"writing {self.path}", e) from None
         self.size = pos
         self.next_offset = offset
         self.max_timestamp = max(self.max_timestamp, timestamp)
+
+    def state(self) -> tuple[int, int, int, int, int]:
+        """What `restore` needs to undo appends made after this call."""
+        return self.size, self.next_offset, self.max_timestamp, len(self.index), self._since_index
+
+    def restore(self, state: tuple[int, int, int, int, int]) -> None:
+        self.size, self.next_offset, self.max_timestamp, n_index, self._since_index = state
+        del self.index[n_index:]
+        try:
+            os.ftruncate(self.fd, self.size)
+        except OSError:
+            pass  # writes go to `size` (pwrite position), and open cuts what follows the last good record
 
     def sync(self) -> None:
         # Writes only ever go through open descriptors, and release() follows a sync.
@@ -381,6 +390,8 @@ class PartitionLog:
 
         With `sync=False` the caller takes over the "always" policy's fsync: it calls
         `sync()` itself (in a thread, while the records travel on) before it acknowledges.
+        All or nothing: if any write fails (a full disk), the partition is put back as it
+        was, segments this call rolled included, and StorageError is raised.
         """
         ts = now_us() if timestamp is None else timestamp
         base = self.high_watermark
@@ -388,6 +399,7 @@ class PartitionLog:
         batch: list[bytes] = []
         batch_bytes = 0
         limit = self.config.segment_bytes
+        before = (len(self.segments), self.segments[-1].state())
         try:
             for payload in records:
                 size = HEADER_SIZE + len(payload)
@@ -405,9 +417,18 @@ class PartitionLog:
             self._dirty = True
             if sync and self.config.fsync == "always":
                 self.sync()
-        except OSError as e:
+        except (OSError, StorageError) as e:
+            self._undo(*before)
+            if isinstance(e, StorageError):
+                raise
             raise _storage_error(f"appending in {self.dir}", e) from None
         return base
+
+    def _undo(self, count: int, state: tuple[int, int, int, int, int]) -> None:
+        """Back to `count` segments, the last one as `state` says (after a failed append)."""
+        while len(self.segments) > count:
+            self.segments.pop().delete()
+        self.segments[-1].restore(state)
 
     def _roll(self) -> None:
         """Seal the active segment (synced unless fsync is never) and start the next one."""

@@ -16,6 +16,11 @@ Exactly-once resume, and what survives a kill (docs/protocols/segment.md has mor
    so the lastEventNumber in AppendSetup (which tells a reconnecting writer to skip
    everything up to it) never covers an event the device has not accepted.
 
+A store write that fails (a full disk) is held, not answered: the session stops
+reading, sends KeepAlives, and tries the same append (or fsync) again about once a
+second until it works (Pravega's protocol has no "try later" reply, and a real segment
+store is slow, not failing, when its storage is). `StoreHealth` logs it once.
+
 A kill between the device's 202 and the watermark write makes step 3 forward that
 append a second time: at the device, delivery across a crash is at-least-once in
 that window, and each message's @metadata (segment, segment_offset) is a unique key
@@ -32,6 +37,7 @@ import uuid
 from typing import Any, Sequence
 
 from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, Positions
+from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
 from logjam.meta import now_ms
@@ -68,6 +74,7 @@ class Bridge(BridgeProtocol):
     def __init__(self, args: argparse.Namespace, host: Host) -> None:
         super().__init__(args, host)
         self.store = SegmentStore(args.data_dir, args.fsync)
+        self.health = StoreHealth(log, host.metrics, "segment store")
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -84,7 +91,25 @@ class Bridge(BridgeProtocol):
     async def _flusher(self) -> None:
         while True:
             await asyncio.sleep(self.args.fsync_interval)
-            await self.store.flush()
+            try:
+                await self.store.flush()
+            except OSError as e:
+                self.health.failed(e, "the next interval tries again")
+
+    async def sync(self, seg: Segment, end: int) -> None:
+        """Make `seg` durable up to `end` per the policy; a failed fsync is tried again until it works."""
+        held = False
+        while True:
+            try:
+                await seg.sync(end)
+            except OSError as e:
+                self.health.failed(e, "holding acknowledgements until it can write")
+                held = True
+                await asyncio.sleep(RETRY_EVERY)
+                continue
+            if held:  # only a write that failed before says the disk is back
+                self.health.succeeded()
+            return
 
     async def _recover(self, seg: Segment, records: Sequence[AppendRecord]) -> None:
         base = {"protocol": self.name, "protocol_version": str(wire.WIRE_VERSION), "received_at": now_ms(), "recovered": True}
@@ -123,7 +148,10 @@ class Bridge(BridgeProtocol):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.args.fsync != "never":
-            await self.store.flush()
+            try:
+                await self.store.flush()
+            except OSError as e:
+                log.error("fsync at shutdown failed: %s", e)
         self.store.close()
 
 
@@ -261,7 +289,12 @@ class Session:
             if seg is None:
                 self.write([wire.NoSuchSegment(req.request_id, req.segment, "", -1)])
             else:
-                seg.seal()
+                try:
+                    seg.seal()
+                except OSError as e:
+                    self.bridge.health.failed(e, "answering SealSegment with an error")
+                    self.write([wire.ErrorMessage(req.request_id, req.segment, f"cannot seal: {e}", UNSPECIFIED)])
+                    return
                 self.write([wire.SegmentSealed(req.request_id, req.segment)])
         elif isinstance(req, wire.Unsupported):
             self.write([wire.OperationUnsupported(req.request_id, req.name, "")])
@@ -274,7 +307,7 @@ class Session:
         except SegmentExists:
             return wire.SegmentAlreadyExists(req.request_id, req.segment, "")
         except StoreError as e:
-            log.error("%s: %s", self.conn.peer, e)
+            self.bridge.health.failed(e, "answering CreateSegment with an error")
             return wire.ErrorMessage(req.request_id, req.segment, str(e), UNSPECIFIED)
         return wire.SegmentCreated(req.request_id, req.segment)
 
@@ -313,30 +346,49 @@ class Session:
         return wire.SegmentRead(req.segment, req.offset, at_tail, end, data, req.request_id)
 
     async def _append(self, a: wire.Append) -> None:
+        # Nothing more is read from this client while an append waits for the disk.
+        held = False
+        while (seg := await self._check_append(a)) is not None:
+            stored = seg.last_event(a.writer_id)
+            try:
+                rec = seg.append(a.writer_id, a.data, a.num_events, a.last_event_number)
+            except StoreError as e:
+                self.bridge.health.failed(e, "holding appends until it can write")
+                held = True
+                self.waiting += 1  # KeepAlives go out meanwhile
+                try:
+                    await asyncio.sleep(RETRY_EVERY)
+                finally:
+                    self.waiting -= 1
+                continue  # the segment may have changed meanwhile: check again
+            if held:  # only an append that failed before says the disk is back
+                self.bridge.health.succeeded()
+            await self._forward(a, seg, rec, stored)
+            return
+
+    async def _check_append(self, a: wire.Append) -> Segment | None:
+        """The segment `a` goes to; or None after queueing the refusal Pravega sends."""
         seg = self.store.get(a.segment)
         if seg is None:
             await self.queue.put(self.done([wire.NoSuchSegment(a.request_id, a.segment, "", -1)]))
-            return
+            return None
         if seg.sealed:
             await self.queue.put(self.done([wire.SegmentIsSealed(a.request_id, a.segment, "", a.last_event_number)]))
-            return
+            return None
         stored = seg.last_event(a.writer_id)
         if a.last_event_number <= stored:
             # Already in the segment (a resend past AppendSetup) or going backwards: Pravega refuses it.
             log.warning("%s: writer %s sent event number %d, already at %d", self.conn.peer, a.writer_id, a.last_event_number, stored)
             await self.queue.put(self.done([wire.InvalidEventNumber(a.writer_id, a.request_id, "", a.last_event_number)], True))
             self.ending = True
-            return
+            return None
         if a.expected_offset is not None and a.expected_offset != seg.length:
             await self.queue.put(self.done([wire.ConditionalCheckFailed(a.writer_id, a.last_event_number, a.request_id)]))
-            return
-        try:
-            rec = seg.append(a.writer_id, a.data, a.num_events, a.last_event_number)
-        except StoreError as e:
-            log.error("%s: %s", self.conn.peer, e)
-            await self.queue.put(self.done([wire.ErrorMessage(a.request_id, a.segment, str(e), UNSPECIFIED)], True))
-            self.ending = True
-            return
+            return None
+        return seg
+
+    async def _forward(self, a: wire.Append, seg: Segment, rec: AppendRecord, stored: int) -> None:
+        """Publish a stored append; its ack is queued in order and sent once the device accepted it."""
         self.host.metrics.events_received.inc(a.num_events)
         base = self.conn.metadata(self.version)
         first = a.first_event_number
@@ -355,7 +407,7 @@ class Session:
         self, seg: Segment, rec: AppendRecord, msgs: Batches, a: wire.Append, previous: int
     ) -> tuple[list[wire.Reply], bool]:
         try:
-            await seg.sync(rec.end)
+            await self.bridge.sync(seg, rec.end)
             await self.host.link.publish(msgs.batches)
         except DeviceRejected as e:
             # Stored but refused by the device: say so, and let the writer reconnect.

@@ -19,7 +19,8 @@ An append writes the data, then its index record. At open, index records are che
 in order (record CRC, contiguous offsets, data CRC); the first bad one and everything
 after it is cut off, and the data file is truncated to the last good record, so a
 crash mid-append leaves no torn or unindexed bytes. Such an append was never
-acknowledged, and the writer resends it.
+acknowledged, and the writer resends it. An append that fails while running (a full
+disk) is cut off at once and raises StoreError; the bridge tries it again later.
 
 Fsync policy (`--fsync`): `always` fsyncs data, then index, before an append is
 reported durable (concurrent appends share one fsync); `interval` fsyncs in the
@@ -107,6 +108,7 @@ class Segment:
         self._pending: deque[list] = deque([r, False] for r in records if r.end > self.forwarded)
         self._sync_lock = asyncio.Lock()
         self._advanced: asyncio.Event | None = None
+        self._torn = False  # a failed append left bytes that could not be cut off yet
 
     # --- recovery ---------------------------------------------------------------------------
 
@@ -164,13 +166,16 @@ class Segment:
         start = self.length
         rec = AppendRecord(start, start + len(data), writer_id, last_event_number, num_events)
         try:
+            if self._torn:
+                self._cut()
             write_all(self._data, data)
             write_all(self._index, _pack_record(rec, zlib.crc32(data)))
         except OSError as e:
-            # Undo a partial write so the files stay consistent with what we report.
+            # Undo a partial write so the files stay consistent with what we report; if even
+            # that fails, the next append cuts first (the files are opened O_APPEND).
+            self._torn = True
             try:
-                os.ftruncate(self._data, start)
-                os.ftruncate(self._index, self._index_size)
+                self._cut()
             except OSError:
                 pass
             raise StoreError(f"segment {self.name}: append failed: {e}") from e
@@ -182,6 +187,11 @@ class Segment:
         if self.fsync != "always":
             self.durable = self.length
         return rec
+
+    def _cut(self) -> None:
+        os.ftruncate(self._data, self.length)
+        os.ftruncate(self._index, self._index_size)
+        self._torn = False
 
     async def sync(self, end: int) -> None:
         """Return once bytes up to `end` are durable under the fsync policy (group commit)."""

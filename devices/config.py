@@ -1,0 +1,34 @@
+"""`DeviceConfig`: everything a logjam-device is started with (devices/cli.py fills it from flags and TOML)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from logjam import lifecycle
+from logjam.meta import Compression
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConfig:
+    router_port: int = 9604
+    pull_port: int = 9605
+    pub_port: int = 9606
+    stats_port: int = 9621
+    bind: str = "*"
+    device_id: int = 0
+    compress: int = Compression.NONE
+    rcv_hwm: int = 100_000
+    snd_hwm: int = 1_000_000
+    heartbeat_interval: float = 5.0
+    linger_ms: int = lifecycle.DEFAULT_LINGER_MS
+    # "auto": the C fast path for ROUTER and PULL when it can be built (and --compress is off),
+    # "native": the same but fail if it cannot, "python": never.
+    engine: str = "auto"
+    # The journal: off without a data directory.
+    data_dir: str | None = None
+    journal_fsync: str = "interval"
+    journal_fsync_interval_ms: int = 100
+    journal_segment_bytes: int = 64 * 1024 * 1024
+    journal_retention_bytes: int = 1024 * 1024 * 1024  # 0: no size limit
+    journal_retention_hours: float = 24.0  # 0: no age limit
+    replay_port: int = 9607
