@@ -38,6 +38,12 @@ class ImporterMetrics:
                                     ["worker"], registry=r).labels(**labels)
         self.write_stalled = Gauge("logjam_importer_write_stalled", "1 while a Spark write is pending too long",
                                    ["worker"], registry=r).labels(**labels)
+        self.journal_changes = Counter("logjam_importer_journal_changes",
+                                       "Times a device started serving a new journal (wiped or replaced): read from its first seq",
+                                       ["worker", "device"], registry=r)
+        self.duplicate_device_ids = Counter("logjam_importer_duplicate_device_ids",
+                                            "Journal ids flipping back and forth: two live devices share one id",
+                                            ["worker", "device"], registry=r)
         self.gap_messages = Counter("logjam_importer_gap_messages", "Messages missing from a device's sequence (gaps; with replay: only those replay could not fetch)",
                                     ["worker", "device"], registry=r)
         self.device_restarts = Counter("logjam_importer_device_restarts", "Times a device's sequence went backwards",

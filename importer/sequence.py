@@ -5,6 +5,15 @@ batch pipeline ("covered") and classifies each arriving message: the next one, a
 duplicate (already covered), or one that leaves a hole. `Sequencer` acts on that: it drops
 duplicates and fetches a hole from the device's replay endpoint, handing everything on in
 order. Device 0 is not tracked (the number of an unconfigured device; several may exist).
+
+Sequence numbers only mean something within one journal: a device whose journal was
+wiped or replaced starts again at 1. Devices announce their journal's id in every
+heartbeat (`{"journal": id, "first": oldest seq held}`) and in every replay answer, so a
+change of id is seen as such: it is logged, counted, and the new journal is read from its
+first seq, never taken for duplicates. A seq that goes backwards without a heartbeat in
+between (one dropped by the high-water mark) makes the sequencer ask the replay endpoint
+which journal it serves before it drops anything. Two live devices with one id show up
+as a journal id that flips back and forth; that is reported loudly and not followed.
 """
 
 from __future__ import annotations
@@ -13,13 +22,14 @@ import logging
 import time
 from typing import Callable, Mapping
 
+import orjson
 import zmq
 
 from importer.checkpoint import Position
 from importer.metrics import ImporterMetrics
 from logjam.errors import ProtocolError
 from logjam.message import Message
-from logjam.replay import Lost, ReplayClient, ReplayTimeout
+from logjam.replay import JournalChanged, Lost, ReplayClient, ReplayTimeout
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +39,12 @@ HOLE = 2
 
 # After a replay endpoint did not answer, gaps of that device are counted, not fetched, for this long.
 REPLAY_RETRY_AFTER = 30.0
+# A seq going backwards is checked against the replay endpoint's journal id at most this often per device.
+JOURNAL_CHECK_INTERVAL = 5.0
+# A journal id that comes back within this long after it was replaced means two devices share one id.
+FLAP_WINDOW = 120.0
+
+Handle = Callable[[Message, "str | None"], None]
 
 
 class Ledger:
@@ -57,6 +73,14 @@ class Ledger:
     def seq(self, device: int) -> int:
         position = self.covered.get(device)
         return -1 if position is None else position.seq
+
+    def journal(self, device: int) -> str | None:
+        position = self.covered.get(device)
+        return None if position is None else position.journal
+
+    def reset(self, device: int, position: Position) -> None:
+        """Start `device` over at `position` (a new journal)."""
+        self.covered[device] = position
 
     def cover(self, device: int, seq: int) -> None:
         position = self.covered.get(device)
@@ -91,21 +115,91 @@ class Sequencer:
         self.gap_total: dict[int, int] = {}
         self._clients: dict[int, ReplayClient] = {}
         self._down_until: dict[int, float] = {}
+        self._confirmed: dict[int, float] = {}  # when a device's journal id was last confirmed
+        self._journals: dict[int, dict[str, float]] = {}  # journals a device left, and when
+        self._flap_logged: dict[int, float] = {}
 
-    def admit(self, msg: Message, handle: Callable[[Message], None]) -> bool:
+    def admit(self, msg: Message, handle: Handle) -> bool:
         """Hand `msg` (and first whatever of its device it skipped) to `handle`; False for a duplicate."""
         meta = msg.meta
         device, seq = meta.device, meta.seq
-        verdict = self.ledger.classify(device, seq)
-        if verdict == DUPLICATE:
-            self.metrics.duplicates.labels(self.metrics.worker, str(device)).inc()
-            return False
-        if verdict == HOLE:
-            self.fill(device, self.ledger.seq(device) + 1, seq - 1, handle)
-            if self.stopping():
+        if device and msg.is_heartbeat:
+            self._announced(device, seq, msg.body)
+        for _ in range(2):  # a second round only after a journal change found while filling
+            verdict = self.ledger.classify(device, seq)
+            if verdict == DUPLICATE and self._journal_replaced(device):
+                verdict = self.ledger.classify(device, seq)
+            if verdict == DUPLICATE:
+                self.metrics.duplicates.labels(self.metrics.worker, str(device)).inc()
                 return False
+            if verdict == HOLE and not self.fill(device, self.ledger.seq(device) + 1, seq - 1, handle):
+                continue
+            break
+        if self.stopping():
+            return False
         self.ledger.cover(device, seq)
-        handle(msg)
+        handle(msg, self.ledger.journal(device))
+        return True
+
+    # -- journal identity -------------------------------------------------------------------------
+    def _announced(self, device: int, seq: int, body: bytes) -> None:
+        """A heartbeat: follow its journal id."""
+        try:
+            doc = orjson.loads(body)
+            journal, first = doc["journal"], int(doc["first"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return  # a device from before journal ids
+        if not isinstance(journal, str):
+            return
+        self._confirmed[device] = time.monotonic()
+        position = self.ledger.covered.get(device)
+        if position is None:
+            self.ledger.reset(device, Position(journal, seq - 1))
+        elif position.journal is None:
+            # A checkpoint from before journal ids: the same journal, unless its numbers went back.
+            self.ledger.reset(device, Position(journal, position.seq) if seq > position.seq
+                              else Position(journal, first - 1))
+            log.info("device %d announces journal %s", device, journal)
+        elif position.journal != journal:
+            self._switch(device, journal, first, "its heartbeat")
+
+    def _journal_replaced(self, device: int) -> bool:
+        """On a seq that went backwards: whether the device now serves another journal (then switched to it)."""
+        journal = self.ledger.journal(device)
+        now = time.monotonic()
+        if journal is None or now - self._confirmed.get(device, 0.0) < JOURNAL_CHECK_INTERVAL:
+            return False
+        self._confirmed[device] = now
+        client = self._client(device)
+        if client is None:
+            return False
+        try:
+            info = client.info()
+        except (ReplayTimeout, ProtocolError) as e:
+            log.debug("device %d: cannot ask for its journal id: %s", device, e)
+            return False
+        if info.journal_id == journal:
+            return False
+        return self._switch(device, info.journal_id, info.first, "its replay endpoint")
+
+    def _switch(self, device: int, journal: str, first: int, source: str) -> bool:
+        """Read `device` from `journal`'s first seq on; False when that would flip back to a recent journal."""
+        now = time.monotonic()
+        old = self.ledger.journal(device)
+        seen = self._journals.setdefault(device, {})
+        if old is not None:
+            seen[old] = now
+        if now - seen.get(journal, -FLAP_WINDOW) < FLAP_WINDOW:
+            self.metrics.duplicate_device_ids.labels(self.metrics.worker, str(device)).inc()
+            if now >= self._flap_logged.get(device, 0.0):
+                self._flap_logged[device] = now + 30.0
+                log.error("device id %d is used by two live devices (journals %s and %s): their sequence numbers "
+                          "mix and cannot be tracked; give every device its own -d", device, old, journal)
+            return False
+        self.metrics.journal_changes.labels(self.metrics.worker, str(device)).inc()
+        log.warning("device %d serves a new journal %s (was %s, seen through %s); reading it from seq %d",
+                    device, journal, old, source, first)
+        self.ledger.reset(device, Position(journal, first - 1))
         return True
 
     def _client(self, device: int) -> ReplayClient | None:
@@ -117,16 +211,21 @@ class Sequencer:
                                                               context=self.ctx, timeout=self.replay_timeout)
         return client
 
-    def fill(self, device: int, first: int, last: int, handle: Callable[[Message], None]) -> None:
-        """Fetch `first`..`last` of `device` from its replay endpoint and hand it on in order."""
+    def fill(self, device: int, first: int, last: int, handle: Handle) -> bool:
+        """Fetch `first`..`last` of `device` from its replay endpoint and hand it on in order.
+
+        False when the endpoint serves another journal: the ledger then starts over in it,
+        and the caller classifies its message again.
+        """
         label = str(device)
         metrics = self.metrics
         client = self._client(device)
+        journal = self.ledger.journal(device)
         replayed = 0
         try:
             if client is None:
                 raise ReplayTimeout("replay is unavailable")
-            for item in client.fetch(first, last):
+            for item in client.fetch(first, last, journal=journal):
                 if isinstance(item, Lost):
                     metrics.lost_messages.labels(metrics.worker, label).inc(item.count)
                     log.error("device %d: seqs %d..%d are gone from its journal (retention): %d messages lost",
@@ -138,9 +237,13 @@ class Sequencer:
                     continue
                 self.ledger.cover(device, seq)
                 replayed += 1
-                handle(item)
+                handle(item, journal)
                 if self.stopping():
-                    return  # SIGTERM mid-replay: what was covered gets flushed; the rest comes next start
+                    return True  # SIGTERM mid-replay: what was covered gets flushed; the rest comes next start
+        except JournalChanged as e:
+            if self._switch(device, e.actual, e.first, "its replay endpoint"):
+                return False
+            # A flapping id (two devices): what could not be fetched is counted as a gap below.
         except (ReplayTimeout, ProtocolError, ValueError) as e:
             # Without an answer there is nothing to wait for: count the rest as a gap and go on.
             self._clients.pop(device, None)
@@ -162,6 +265,7 @@ class Sequencer:
         else:
             metrics.recovered_gaps.labels(metrics.worker, label).inc()
             log.info("device %d: replayed %d messages (%d..%d)", device, replayed, first, last)
+        return True
 
     def close(self) -> None:
         for client in self._clients.values():

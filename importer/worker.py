@@ -125,8 +125,9 @@ class Worker:
                  self.args.dedupe_keys, loaded, self.table.root, time.monotonic() - loading)
 
     # -- the stages' callbacks ------------------------------------------------------------------
-    def handle(self, msg: Message) -> None:
-        """One message in sequence order: into the batch, or filtered out."""
+    def handle(self, msg: Message, journal: str | None = None) -> None:
+        """One message in sequence order (from `journal`, when its device announced one): into the batch, or
+        filtered out."""
         tally = self.tally
         tally.received += 1
         if msg.is_heartbeat:
@@ -135,7 +136,7 @@ class Worker:
         if not self.filter.keeps(app_env):
             tally.skipped += 1
             return
-        error = self.batch.add(msg, self.ingested_us)
+        error = self.batch.add(msg, self.ingested_us, journal)
         if error is DUPLICATE_EVENT:
             # Like a filtered-out message: its seq is covered, no row is written.
             tally.duplicate_events[app_env] = tally.duplicate_events.get(app_env, 0) + 1

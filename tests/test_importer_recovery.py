@@ -103,6 +103,16 @@ def wait_landed(spark_server, warehouse: Path, app_env: str, expected: int, time
     return result
 
 
+def send_numbered(dev: DeviceProcess, app_env: str, numbers: range, chunk: int = 100) -> None:
+    """Events {"n": i} through a real Producer, each chunk acknowledged whole."""
+    with Producer(dev.router, timeout=10) as p:
+        for start in range(numbers.start, numbers.stop, chunk):
+            part = range(start, min(start + chunk, numbers.stop))
+            for i in part:
+                p.submit(app_env, "logs.app", {"n": i, "pad": PAD})
+            assert p.flush().accepted == len(part)
+
+
 def importer(j: Journaled, spark_server, warehouse: Path, state: Path, *extra: str) -> Importer:
     imp = Importer(j.dev, spark_server.url, "--flush-interval", "0.5", "--replay-port", str(j.replay_port),
                    "--replay-timeout", "5", *extra, warehouse=warehouse, state_dir=state)
