@@ -120,17 +120,21 @@ def resume_positions(saved: Mapping[int, Position],
                      in_table: Mapping[int, Mapping[str | None, tuple[int, object]]]) -> dict[int, Position]:
     """Where to resume per device: the checkpoint, raised to the table's max(seq) for the same journal.
 
-    A device the checkpoint does not know resumes after its rows in the table; when those
+    A device the checkpoint does not know (or knows only from before journal ids, while its
+    rows in the table name their journal) resumes after its rows in the table; when those
     came from several journals, after the journal whose rows were ingested last.
     """
     resume: dict[int, Position] = {}
     for device in saved.keys() | in_table.keys():
         journals = in_table.get(device, {})
         mark = saved.get(device)
-        if mark is not None:
+        latest = max(journals.items(), key=lambda item: (item[1][1] is not None, item[1][1])) if journals else None
+        if mark is not None and (mark.journal is not None or latest is None or latest[0] is None):
             found = journals.get(mark.journal)
             resume[device] = Position(mark.journal, max(mark.seq, found[0]) if found else mark.seq)
-        elif journals:
-            journal, (seq, _) = max(journals.items(), key=lambda item: (item[1][1] is not None, item[1][1]))
+        elif latest is not None:
+            # No checkpoint, or one from before journal ids while the table knows the journal: the
+            # table's own max(seq) is a safe resume point (everything after it is unwritten).
+            journal, (seq, _) = latest
             resume[device] = Position(journal, seq)
     return resume

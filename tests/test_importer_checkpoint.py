@@ -49,6 +49,9 @@ def test_resume_is_the_checkpoint_raised_to_the_tables_max_seq_of_the_same_journ
                 3: {J: (7, 1), K: (3, 9)}}         # no checkpoint: the journal ingested last
     assert resume_positions(saved, in_table) == {1: Position(J, 180), 2: Position(J, 50), 3: Position(K, 3)}
     assert resume_positions({}, {}) == {}
+    # A checkpoint written before journal ids: the table's journal and max(seq) where the table knows one.
+    assert resume_positions({1: Position(None, 5)}, {1: {J: (90, 1)}}) == {1: Position(J, 90)}
+    assert resume_positions({1: Position(None, 95)}, {1: {None: (90, 1)}}) == {1: Position(None, 95)}
 
 
 def test_ledger_classifies_next_duplicate_and_hole() -> None:
