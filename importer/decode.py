@@ -31,8 +31,6 @@ MAX_CREATED_MS = 253_402_300_799_999
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _U64_WRAP = 2**64
 
-_TEXT_COLUMNS = ("message", "host", "level", "action", "request_id", "protocol", "event_id")
-
 # Longer `@metadata._id` values are ignored: a key is an id, not a payload, and each one is kept in memory.
 MAX_EVENT_ID_BYTES = 512
 
@@ -142,7 +140,13 @@ class BatchBuilder:
         self._body: list[bytes | None] = []
         self._error: list[str | None] = []
         self._raw: list[bytes | None] = []
-        self._text: dict[str, list[str | None]] = {name: [] for name in _TEXT_COLUMNS}
+        self._message: list[str | None] = []
+        self._host: list[str | None] = []
+        self._level: list[str | None] = []
+        self._action: list[str | None] = []
+        self._request_id: list[str | None] = []
+        self._protocol: list[str | None] = []
+        self._event_id: list[str | None] = []
         self._severity: list[int | None] = []
         self._code: list[int | None] = []
         self._total_time: list[float | None] = []
@@ -153,17 +157,25 @@ class BatchBuilder:
         return len(self._app_env)
 
     def add(self, msg: Message, ingested_us: int, journal: str | None = None) -> str | None:
+        """Append one row for `msg`; see `add_raw`."""
+        meta = msg.meta
+        return self.add_raw(msg.app_env, msg.topic, msg.body, meta.compression, meta.device, meta.created_ms,
+                            meta.seq, ingested_us, journal)
+
+    def add_raw(self, app_env: str, topic: str, frame: bytes, compression: int, device: int, created_ms: int,
+                seq: int, ingested_us: int, journal: str | None = None) -> str | None:
         """Append one row; returns the parse error (None when the body parsed), or DUPLICATE_EVENT when the
         body's event id was already seen in this stream (then no row is added). `journal` is the id of the
-        device journal the message came from, when the device announced one."""
-        meta = msg.meta
-        app_env = msg.app_env
+        device journal the message came from, when the device announced one.
 
+        This runs once per message on the importer's hot path, hence the inlined common cases
+        (a string where a string is expected, an int where an int is) before the general helpers.
+        """
         error: str | None = None
         doc: Any = None
         body: bytes | None
         try:
-            body = decompress(meta.compression, msg.body, self.max_body) if meta.compression else msg.body
+            body = decompress(compression, frame, self.max_body) if compression else frame
         except CompressionError as e:
             error = f"{e.reason}: {e}"
             body = None
@@ -178,9 +190,9 @@ class BatchBuilder:
         # Before anything is appended: a duplicate leaves no trace in the batch.
         md: Any = None
         eid: str | None = None
-        if type(doc) is dict:
+        if doc.__class__ is dict:
             md = doc.get("@metadata")
-            if type(md) is dict:
+            if md.__class__ is dict:
                 eid = event_id(md.get("_id"))
                 if eid is not None and self.dedupe is not None and self.dedupe.seen(stream_key(app_env, eid)):
                     self.duplicates += 1
@@ -194,49 +206,60 @@ class BatchBuilder:
         self._app_env.append(app_env)
         self._app.append(names[0])
         self._env.append(names[1])
-        self._topic.append(msg.topic)
-        self._device.append(meta.device)
-        seq = meta.seq
+        self._topic.append(topic)
+        self._device.append(device)
         # Stored as a signed 64-bit integer like every Java and Ruby consumer; u64 values past 2**63 wrap.
         self._seq.append(seq - _U64_WRAP if seq > _I64_MAX else seq)
         self._journal.append(journal)
-        created_ms = meta.created_ms
         if created_ms > MAX_CREATED_MS or created_ms == 0:
             created_ms = ingested_us // 1000
         self._created.append(created_ms * 1000)
         self._date.append(created_ms // MS_PER_DAY)
         self._ingested.append(ingested_us)
         self._body.append(body)
-        self.body_bytes += len(body) if body is not None else len(msg.body)
+        self.body_bytes += len(body) if body is not None else len(frame)
         self._error.append(error)
-        self._raw.append(msg.body if error is not None else None)
+        self._raw.append(frame if error is not None else None)
         if error is not None:
             self.parse_errors += 1
-
-        text = self._text
-        if type(doc) is dict:
-            get = doc.get
-            text["message"].append(_text(get("message")))
-            text["host"].append(_host(get("host")))
-            text["level"].append(_level(doc))
-            text["action"].append(_text(get("action")))
-            text["request_id"].append(_text(get("request_id")))
-            text["protocol"].append(_text(md.get("protocol")) if type(md) is dict else None)
-            text["event_id"].append(eid)
-            self._severity.append(_int(get("severity")))
-            self._code.append(_int(get("code")))
-            self._total_time.append(_float(get("total_time")))
+        if doc.__class__ is dict:
+            self._typed(doc, md, eid)
         else:
-            for column in text.values():
-                column.append(None)
-            self._severity.append(None)
-            self._code.append(None)
-            self._total_time.append(None)
+            self._untyped()
         return error
+
+    def _typed(self, doc: dict[str, Any], md: Any, eid: str | None) -> None:
+        get = doc.get
+        v = get("message")
+        self._message.append(v if v is None or v.__class__ is str else _text(v))
+        v = get("host")
+        self._host.append(v if v is None or v.__class__ is str else _host(v))
+        v = get("level")
+        self._level.append(v if v.__class__ is str else _level(doc))
+        v = get("action")
+        self._action.append(v if v is None or v.__class__ is str else _text(v))
+        v = get("request_id")
+        self._request_id.append(v if v is None or v.__class__ is str else _text(v))
+        if md.__class__ is dict:
+            v = md.get("protocol")
+            self._protocol.append(v if v is None or v.__class__ is str else _text(v))
+        else:
+            self._protocol.append(None)
+        self._event_id.append(eid)
+        v = get("severity")
+        self._severity.append(v if v is None or (v.__class__ is int and _I64_MIN <= v <= _I64_MAX) else _int(v))
+        v = get("code")
+        self._code.append(v if v is None or (v.__class__ is int and _I64_MIN <= v <= _I64_MAX) else _int(v))
+        v = get("total_time")
+        self._total_time.append(v if v is None or v.__class__ is float else _float(v))
+
+    def _untyped(self) -> None:
+        for column in (self._message, self._host, self._level, self._action, self._request_id, self._protocol,
+                       self._event_id, self._severity, self._code, self._total_time):
+            column.append(None)
 
     def build(self) -> pa.Table:
         """The rows added since the last build, as a table with ARROW_SCHEMA; the builder is then empty."""
-        t = self._text
         columns = {
             "app_env": pa.array(self._app_env, pa.string()),
             "app": pa.array(self._app, pa.string()),
@@ -251,16 +274,16 @@ class BatchBuilder:
             "body": pa.array(self._body, pa.binary()).cast(pa.string()),
             "parse_error": pa.array(self._error, pa.string()),
             "raw": pa.array(self._raw, pa.binary()),
-            "message": pa.array(t["message"], pa.string()),
-            "host": pa.array(t["host"], pa.string()),
+            "message": pa.array(self._message, pa.string()),
+            "host": pa.array(self._host, pa.string()),
             "severity": pa.array(self._severity, pa.int64()),
-            "level": pa.array(t["level"], pa.string()),
-            "action": pa.array(t["action"], pa.string()),
+            "level": pa.array(self._level, pa.string()),
+            "action": pa.array(self._action, pa.string()),
             "code": pa.array(self._code, pa.int64()),
             "total_time": pa.array(self._total_time, pa.float64()),
-            "request_id": pa.array(t["request_id"], pa.string()),
-            "protocol": pa.array(t["protocol"], pa.string()),
-            "event_id": pa.array(t["event_id"], pa.string()),
+            "request_id": pa.array(self._request_id, pa.string()),
+            "protocol": pa.array(self._protocol, pa.string()),
+            "event_id": pa.array(self._event_id, pa.string()),
             "date": pa.array(self._date, pa.int32()).cast(pa.date32()),
         }
         self._reset()
