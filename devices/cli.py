@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delete segments last written longer ago than this; 0: no limit (default 24)")
     j.add_argument("--replay-port", type=int, default=9607,
                    help="ROUTER port of the replay endpoint; without --data-dir it answers info only (default 9607)")
+    p.add_argument("--max-importer-lag", type=_non_negative, default=10.0, metavar="SECONDS",
+                   help="accept no input while an in-sync importer's committed rows are this far behind "
+                        "(default 10; 0 turns flow control off)")
+    p.add_argument("--importer-evict-after", type=_positive, default=60.0, metavar="SECONDS",
+                   help="stop waiting for an importer that stays behind that long (default 60)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_config_flag(p)
     return p
@@ -114,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal_segment_bytes=args.journal_segment_bytes,
         journal_retention_bytes=args.journal_retention_bytes,
         journal_retention_hours=args.journal_retention_hours, replay_port=args.replay_port,
+        max_importer_lag=args.max_importer_lag, importer_evict_after=args.importer_evict_after,
     )
     stop = lifecycle.stop_event()
     try:

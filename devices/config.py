@@ -32,3 +32,7 @@ class DeviceConfig:
     journal_retention_bytes: int = 1024 * 1024 * 1024  # 0: no size limit
     journal_retention_hours: float = 24.0  # 0: no age limit
     replay_port: int = 9607
+    # Flow control: while an in-sync importer's committed position is further behind than this
+    # (seconds), the device reads no input (devices/lag.py). 0 turns it off.
+    max_importer_lag: float = 10.0
+    importer_evict_after: float = 60.0

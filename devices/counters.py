@@ -7,6 +7,7 @@ another thread (dict copies are atomic under the GIL), so counting never locks.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from devices.stamp import INVALID_LABEL, OTHER_LABEL
@@ -102,7 +103,15 @@ class Counters:
             | ({OTHER_LABEL: self.other_app_envs} if self.other_app_envs else {}),
             "dropped": dict(self.dropped),
             "journal": self._journal_snapshot(),
+            "importers": self._importers_snapshot(),
         }
+
+    def _importers_snapshot(self) -> dict[str, Any]:
+        lag = getattr(self, "lag", None)
+        if lag is None:
+            return {"lag": {}, "holding": False, "held_seconds": 0.0}
+        now = time.monotonic()
+        return {"lag": lag.lags(now), "holding": lag.holding, "held_seconds": lag.held_total(now)}
 
     def _journal_snapshot(self) -> dict[str, Any] | None:
         journal, replay = self.journal, self.replay

@@ -52,6 +52,7 @@ from devices.counters import NAME_CACHE, Counters
 from devices.hold import Held, JournalHealth
 from devices.journal import Journal, JournalWriteError, new_journal_id
 from devices.native import NativeBatch
+from devices.lag import ImporterLag
 from devices.replay import ReplayServer
 from devices.stamp import FRESH_META, HEADS
 
@@ -135,6 +136,7 @@ class Device(Counters):
         else:
             # No journal: numbering restarts at 1 with every start, so does the identity.
             self.journal_id = new_journal_id()
+        self.lag = ImporterLag(self.journal_id, config.max_importer_lag, config.importer_evict_after)
         self._start_replay(config)
 
     def _open_journal(self, config: DeviceConfig) -> None:
@@ -153,7 +155,7 @@ class Device(Counters):
     def _start_replay(self, config: DeviceConfig) -> None:
         """The replay endpoint: ranges and `info` with a journal, `info` alone without one."""
         replay = ReplayServer(self.ctx, self.journal, f"tcp://{config.bind}:{config.replay_port}", self._replay_stop,
-                              journal_id=self.journal_id, last_seq=lambda: self.seq)
+                              journal_id=self.journal_id, last_seq=lambda: self.seq, on_progress=self.lag.progress)
         replay.start()
         # The replay socket is created and bound in its own thread; wait for the outcome so
         # that a port in use fails the start like any other port.
@@ -196,6 +198,7 @@ class Device(Counters):
     def _published(self, batch: "TupleBatch | NativeBatch", n: int, then: Callable[[], None] | None) -> None:
         self.seq += n
         batch.publish(self.pub)
+        self.lag.published(self.seq, time.monotonic())
         self.published += n
         if then is not None:
             then()
@@ -496,10 +499,14 @@ class Device(Counters):
             self.heartbeat()  # the journal id, before anything else is published or journaled
             while not stop.is_set():
                 busy = 0
-                if self._held is None:
+                now = monotonic()
+                if self._held is None and self.lag.admit(now):
                     busy = drain_pull()
                     if self._held is None:
                         busy += drain_router()
+                elif self._held is None:
+                    # Importers are behind: inputs stay unread, so clients see a slow device.
+                    time.sleep(0.02)
                 now = monotonic()
                 if now >= next_stats:
                     self.publish_stats()

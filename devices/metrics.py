@@ -56,6 +56,17 @@ class DeviceCollector(Collector):
                                   labels=["journal"])
         ident.add_metric([snap["journal_id"]], 1)
         yield ident
+        importers = snap["importers"]
+        lag = GaugeMetricFamily("logjam_device_importer_lag_seconds",
+                                "How long the oldest message an importer has not committed was published ago",
+                                labels=["importer"])
+        for name, seconds in importers["lag"].items():
+            lag.add_metric([name], seconds)
+        yield lag
+        yield GaugeMetricFamily("logjam_device_input_held", "1 while importers are too far behind and input waits",
+                                value=int(importers["holding"]))
+        yield CounterMetricFamily("logjam_device_input_held_seconds",
+                                  "Seconds input waited for importers (--max-importer-lag)", value=importers["held_seconds"])
         journal = snap["journal"]
         if journal is not None:
             yield GaugeMetricFamily("logjam_device_journal_writable",

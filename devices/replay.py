@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 import zmq
@@ -17,7 +18,7 @@ import zmq
 from devices.journal import Gone, Journal
 from logjam import lifecycle
 from logjam.errors import ProtocolError
-from logjam.replay import BATCH, END, GONE, INFO, REPLAY, read_u64, u64
+from logjam.replay import BATCH, END, GONE, INFO, PROGRESS, REPLAY, read_journal_id, read_u64, u64
 
 log = logging.getLogger("logjam-device")
 
@@ -26,11 +27,13 @@ CHUNK_BYTES = 4 * 1024 * 1024
 
 
 class ReplayServer(threading.Thread):
-    """Answers `info` and `replay`; without a journal, `info` from `journal_id` and `last_seq()`."""
+    """Answers `info` and `replay`, and takes importers' `progress` reports (devices/lag.py); without a
+    journal, `info` from `journal_id` and `last_seq()`."""
 
     def __init__(
         self, ctx: zmq.Context, journal: Journal | None, endpoint: str, stop: threading.Event, *,
         journal_id: str | None = None, last_seq: Callable[[], int] | None = None,
+        on_progress: Callable[[str, str, int, float], None] | None = None,
     ) -> None:
         super().__init__(name="replay", daemon=True)
         if journal is None and (journal_id is None or last_seq is None):
@@ -40,6 +43,7 @@ class ReplayServer(threading.Thread):
         self.journal_id = journal.journal_id if journal is not None else journal_id
         self._id = self.journal_id.encode("ascii")  # type: ignore[union-attr]
         self._last_seq = last_seq
+        self._on_progress = on_progress
         self.endpoint = endpoint
         self.stop = stop
         self.served = 0
@@ -65,6 +69,18 @@ class ReplayServer(threading.Thread):
             finally:
                 sock.close()
 
+    def _progress(self, frames: list[bytes]) -> None:
+        """`[progress, journal, seq u64, importer]`: an importer's committed position; never answered."""
+        try:
+            journal, seq = read_journal_id(frames[2]), read_u64(frames[3])
+            name = bytes(frames[4][:128]).decode("utf-8", "replace")
+        except ProtocolError as e:
+            self.bad += 1
+            log.debug("bad progress report: %s", e)
+            return
+        if self._on_progress is not None:
+            self._on_progress(name, journal, seq, time.monotonic())
+
     def _range(self) -> tuple[int, int]:
         """(first, last) held; first = last + 1 when nothing is."""
         if self.journal is not None:
@@ -78,6 +94,9 @@ class ReplayServer(threading.Thread):
         if len(frames) == 2 and frames[1] == INFO:
             first, last = self._range()
             sock.send_multipart([rid, INFO, self._id, u64(first), u64(last)])
+            return
+        if len(frames) == 5 and frames[1] == PROGRESS:
+            self._progress(frames)
             return
         try:
             if len(frames) != 4 or frames[1] != REPLAY:

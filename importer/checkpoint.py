@@ -77,6 +77,11 @@ class Checkpoints:
             return dict(self.positions)
 
 
+    def snapshot(self) -> dict[int, Position]:
+        with self._lock:
+            return dict(self.positions)
+
+
 def _position(value: object) -> Position:
     if isinstance(value, int):  # the format before journal ids
         return Position(None, value)

@@ -267,6 +267,18 @@ class Sequencer:
             log.info("device %d: replayed %d messages (%d..%d)", device, replayed, first, last)
         return True
 
+    def report(self, committed: Mapping[int, Position], name: str) -> None:
+        """Tell each device how far this importer has committed (its flow control waits for slow importers)."""
+        for device, position in committed.items():
+            if device == 0 or position.journal is None:
+                continue
+            client = self._client(device)
+            if client is not None:
+                try:
+                    client.progress(position.journal, position.seq, name)
+                except zmq.Again:
+                    pass  # not connected yet: the next report will do
+
     def close(self) -> None:
         for client in self._clients.values():
             client.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -42,6 +43,8 @@ from logjam.subscriber import Gap, Subscriber
 log = logging.getLogger("logjam-importer")
 
 DEFAULT_SUB = "tcp://127.0.0.1:9606"
+# How often each device hears how far this worker has committed (its flow control, devices/lag.py).
+REPORT_EVERY = 0.5
 
 
 class Worker:
@@ -60,6 +63,8 @@ class Worker:
         self.tally = Tally()
         self._next_idle_checkpoint = 0.0
         self._stalled = False
+        self._next_report = 0.0
+        self.name = f"{socket.gethostname()}/worker-{self.worker_id}"
 
     # -- start-up -----------------------------------------------------------------------------
     def connect(self) -> Any:
@@ -252,6 +257,10 @@ class Worker:
     def _housekeeping(self) -> None:
         self._watch_writer()
         self._idle_checkpoint()
+        now = time.monotonic()
+        if self.sequencer is not None and self.checkpoints is not None and now >= self._next_report:
+            self._next_report = now + REPORT_EVERY
+            self.sequencer.report(self.checkpoints.snapshot(), self.name)
         self.metrics.reconnects.set(self.sub.reconnects)
         self.metrics.pending_batches.set(self.writer.pending)
         self.gaps.maybe_log()

@@ -18,6 +18,10 @@ A DEALER sends one of these to the device's replay ROUTER (9607):
   - `["end", journal_id, last u64]`: nothing at or after `from` yet (`last` is the
     newest seq).
 
+- `["progress", journal_id, seq u64, importer name]`, never answered: an importer's
+  report that everything of that journal up to `seq` is committed (the device's flow
+  control waits for importers that fall behind, devices/lag.py).
+
 A device without a journal answers `info` only; a `replay` gets no answer from it.
 Each request gets at most one reply, so the client controls the flow.
 """
@@ -40,6 +44,7 @@ INFO = b"info"
 BATCH = b"batch"
 GONE = b"gone"
 END = b"end"
+PROGRESS = b"progress"
 _U64 = struct.Struct(">Q")
 _JOURNAL_ID = re.compile(rb"[0-9a-f]{16}")
 
@@ -125,6 +130,11 @@ class ReplayClient:
             self._sock = None
             raise ReplayTimeout(f"no replay answer from {self.endpoint} within {self.timeout}s")
         return sock.recv_multipart()
+
+    def progress(self, journal: str, seq: int, name: str) -> None:
+        """Report that everything of `journal` up to `seq` is committed; no answer comes back."""
+        self._socket().send_multipart([PROGRESS, journal.encode("ascii"), u64(seq), name.encode()[:128]],
+                                      flags=zmq.NOBLOCK)
 
     def info(self) -> JournalInfo:
         """The endpoint's journal id and the range its journal holds."""
