@@ -66,10 +66,18 @@ class GroupCommit:
 
     def add(self, msg: Message, ingested_us: int, journal: str | None = None) -> Any:
         """Decode one message into the open batch; returns what `BatchBuilder.add` returns."""
-        result = self.builder.add(msg, ingested_us, journal)
-        if self._opened is None and len(self.builder):
+        meta = msg.meta
+        return self.add_raw(msg.app_env, msg.topic, msg.body, meta.compression, meta.device, meta.created_ms,
+                            meta.seq, ingested_us, journal)
+
+    def add_raw(self, app_env: str, topic: str, frame: bytes, compression: int, device: int, created_ms: int,
+                seq: int, ingested_us: int, journal: str | None = None) -> Any:
+        """Decode one message, given as its parts, into the open batch; see `BatchBuilder.add_raw`."""
+        builder = self.builder
+        result = builder.add_raw(app_env, topic, frame, compression, device, created_ms, seq, ingested_us, journal)
+        if self._opened is None and len(builder):
             self._opened = time.monotonic()
-        if len(self.builder) >= CHUNK_ROWS:
+        if len(builder) >= CHUNK_ROWS:
             self._finish_chunk()
         return result
 

@@ -125,6 +125,14 @@ class Sequencer:
         device, seq = meta.device, meta.seq
         if device and msg.is_heartbeat:
             self._announced(device, seq, msg.body)
+        if not self.check(device, seq, handle):
+            return False
+        handle(msg, self.ledger.journal(device))
+        return True
+
+    def check(self, device: int, seq: int, handle: Handle) -> bool:
+        """Whether message (device, seq) comes next, after handing on whatever of its device it skipped
+        (fetched from replay); False for a duplicate (or when stopping). The caller then hands it on."""
         for _ in range(2):  # a second round only after a journal change found while filling
             verdict = self.ledger.classify(device, seq)
             if verdict == DUPLICATE and self._journal_replaced(device):
@@ -138,7 +146,6 @@ class Sequencer:
         if self.stopping():
             return False
         self.ledger.cover(device, seq)
-        handle(msg, self.ledger.journal(device))
         return True
 
     # -- journal identity -------------------------------------------------------------------------

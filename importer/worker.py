@@ -26,10 +26,11 @@ import zmq
 from importer import catalog
 from importer.batch import Batch, GroupCommit
 from importer.checkpoint import Checkpoints, Position, default_state_dir, new_session_id, resume_positions
-from importer.decode import DUPLICATE_EVENT, BatchBuilder, stream_key
+from importer.decode import BatchBuilder, stream_key
 from importer.dedupe import RecentKeys
 from importer.metrics import ImporterMetrics
 from importer.paths import table_path
+from importer.receive import Receiver
 from importer.report import GapReport, Tally
 from importer.sequence import Ledger, Sequencer
 from importer.session import (is_connect, open_session, quiesce_previous_session, resolve_warehouse,
@@ -37,8 +38,7 @@ from importer.session import (is_connect, open_session, quiesce_previous_session
 from importer.split import StreamFilter
 from importer.write import BackgroundWriter, TableWriter, WriteFailed
 from logjam import lifecycle
-from logjam.message import Message
-from logjam.subscriber import Gap, Subscriber
+from logjam.subscriber import Subscriber
 
 log = logging.getLogger("logjam-importer")
 
@@ -130,28 +130,6 @@ class Worker:
                  self.args.dedupe_keys, loaded, self.table.root, time.monotonic() - loading)
 
     # -- the stages' callbacks ------------------------------------------------------------------
-    def handle(self, msg: Message, journal: str | None = None) -> None:
-        """One message in sequence order (from `journal`, when its device announced one): into the batch, or
-        filtered out."""
-        tally = self.tally
-        tally.received += 1
-        if msg.is_heartbeat:
-            return
-        app_env = msg.app_env
-        if not self.filter.keeps(app_env):
-            tally.skipped += 1
-            return
-        error = self.batch.add(msg, self.ingested_us, journal)
-        if error is DUPLICATE_EVENT:
-            # Like a filtered-out message: its seq is covered, no row is written.
-            tally.duplicate_events[app_env] = tally.duplicate_events.get(app_env, 0) + 1
-            self.gaps.duplicate_events += 1
-            return
-        tally.rows[app_env] = tally.rows.get(app_env, 0) + 1
-        if error is not None:
-            tally.errors[app_env] = tally.errors.get(app_env, 0) + 1
-            log.debug("%s seq %d: %s", app_env, msg.meta.seq, error)
-
     def written(self, batch: Batch, seconds: float) -> None:
         m = self.metrics
         m.written.inc(batch.rows)
@@ -193,6 +171,8 @@ class Worker:
         self.sequencer = None if self.ledger is None else Sequencer(
             self.ledger, self.metrics, context=ctx, device_endpoint=self.sub.device_endpoint,
             replay_port=args.replay_port, replay_timeout=args.replay_timeout, stopping=self.stop.is_set)
+        self.receiver = Receiver(self.batch, self.filter, self.tally, self.gaps, self.sequencer,
+                                 self.sub.device_endpoint)
         share = f"worker {args.worker} of {args.workers}" if args.workers else "all streams"
         log.info("subscribed to %s (%s%s)", ", ".join(args.sub or [DEFAULT_SUB]), share,
                  f", prefixes {', '.join(args.app_env)}" if args.app_env else "")
@@ -221,28 +201,13 @@ class Worker:
                 continue
             deadline = batch.deadline()
             wait = 0.2 if deadline is None else max(0.001, min(0.2, deadline - time.monotonic()))
-            items = self.sub.recv_batch(1000, timeout=wait)
-            if items:
-                self._receive(items)
+            batches = self.sub.recv_raw(timeout=wait)
+            if batches:
+                self.receiver.receive(batches, stop.is_set)
+                self.tally.publish(self.metrics)
             if batch.due(writer.idle) and (writer.idle or writer.has_room):
                 self.flush()
             self._housekeeping()
-
-    def _receive(self, items: list[Message | Gap]) -> None:
-        self.ingested_us = time.time_ns() // 1000
-        sequencer = self.sequencer
-        for item in items:
-            if isinstance(item, Gap):
-                if sequencer is None:
-                    self.gaps.gap(item)
-                continue
-            if sequencer is None:
-                self.handle(item)
-            else:
-                sequencer.admit(item, self.handle)
-                if self.stop.is_set():
-                    break
-        self.tally.publish(self.metrics)
 
     def flush(self) -> None:
         """Cut the open batch and hand it to the writer."""

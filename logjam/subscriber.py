@@ -23,6 +23,7 @@ import zmq
 from logjam import lifecycle
 from logjam.errors import RemoteProtocolError
 from logjam.message import HEARTBEAT, Message
+from logjam.raw import Drain, RawBatch
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,13 @@ class Gap:
 
 
 class _Link:
-    __slots__ = ("endpoint", "sock", "credit")
+    __slots__ = ("endpoint", "sock", "credit", "drain")
 
     def __init__(self, endpoint: str, sock: zmq.Socket) -> None:
         self.endpoint = endpoint
         self.sock = sock
         self.credit = FULL_CREDIT
+        self.drain: Drain | None = None
 
 
 class GapTracker:
@@ -90,10 +92,12 @@ class Subscriber:
         context: zmq.Context | None = None,
         heartbeat_interval: float = 5.0,
         rcvhwm: int = 100_000,
+        native: bool = True,
     ) -> None:
         self._ctx = context or zmq.Context.instance()
         self._prefixes = [p.encode() for p in app_envs] + [HEARTBEAT.encode()] if app_envs else [b""]
         self._rcvhwm = rcvhwm
+        self.native = native  # recv_raw's C drain, when it can be built
         self.heartbeat_interval = heartbeat_interval
         self.gaps: GapTracker | None = None if app_envs else GapTracker()
         self.reconnects = 0
@@ -168,6 +172,31 @@ class Subscriber:
         batch, self._pending = self._pending[:max_items], self._pending[max_items:]
         return batch
 
+    def recv_raw(self, timeout: float | None = None) -> list[RawBatch]:
+        """The waiting messages of each endpoint as columns (logjam/raw.py), without Message objects or gap
+        tracking (the caller reads every message's device and seq anyway); [] after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._tick()
+            wait = self.heartbeat_interval
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return []
+            ready = dict(self._poller.poll(max(0, int(wait * 1000)) or 1))
+            out = []
+            for sock in ready:
+                link = self._by_sock[sock]
+                link.credit = FULL_CREDIT
+                if link.drain is None:
+                    link.drain = Drain(sock, link.endpoint, native=self.native)
+                batch = link.drain.drain()
+                if batch is not None:
+                    out.append(batch)
+            self.bad_messages = sum(link.drain.bad for link in self._links if link.drain is not None)
+            if out:
+                return out
+
     def recv(self, timeout: float | None = None) -> Message | Gap | None:
         batch = self.recv_batch(1, timeout)
         return batch[0] if batch else None
@@ -178,6 +207,8 @@ class Subscriber:
 
     def close(self) -> None:
         for link in self._links:
+            if link.drain is not None:
+                link.drain.close()
             link.sock.close()
 
     def __enter__(self) -> "Subscriber":
