@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-importer-lag", type=_non_negative, default=10.0, metavar="SECONDS",
                    help="accept no input while an in-sync importer's committed rows are this far behind "
                         "(default 10; 0 turns flow control off)")
+    p.add_argument("--max-importer-lag-messages", type=int, default=500_000, metavar="N",
+                   help="hold input too while an in-sync importer is more than N messages behind "
+                        "(default 500000: below --snd-hwm, so a lagging importer is held, not dropped)")
     p.add_argument("--importer-evict-after", type=_positive, default=60.0, metavar="SECONDS",
                    help="stop waiting for an importer that stays behind that long (default 60)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -120,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal_retention_bytes=args.journal_retention_bytes,
         journal_retention_hours=args.journal_retention_hours, replay_port=args.replay_port,
         max_importer_lag=args.max_importer_lag, importer_evict_after=args.importer_evict_after,
+        max_importer_lag_messages=args.max_importer_lag_messages,
     )
     stop = lifecycle.stop_event()
     try:

@@ -36,3 +36,4 @@ class DeviceConfig:
     # (seconds), the device reads no input (devices/lag.py). 0 turns it off.
     max_importer_lag: float = 10.0
     importer_evict_after: float = 60.0
+    max_importer_lag_messages: int = 500_000

@@ -136,7 +136,8 @@ class Device(Counters):
         else:
             # No journal: numbering restarts at 1 with every start, so does the identity.
             self.journal_id = new_journal_id()
-        self.lag = ImporterLag(self.journal_id, config.max_importer_lag, config.importer_evict_after)
+        self.lag = ImporterLag(self.journal_id, config.max_importer_lag, config.importer_evict_after,
+                               max_messages=config.max_importer_lag_messages)
         self._start_replay(config)
 
     def _open_journal(self, config: DeviceConfig) -> None:

@@ -6,7 +6,8 @@ without this a burst becomes minutes of staleness, and an importer behind its SU
 high-water mark has to fetch everything through replay. Importers report, over the
 replay endpoint, the position everything up to which is committed to Spark (or filtered
 out). The device remembers when it published which seq, and while an *in-sync* importer
-is more than `--max-importer-lag` seconds behind, it reads nothing from its inputs:
+is more than `--max-importer-lag` seconds (or `--max-importer-lag-messages` messages)
+behind, it reads nothing from its inputs:
 bridges and clients then see a slow device, and their own back-pressure holds shippers.
 An acknowledgement still means "journaled and published"; only its timing changes.
 
@@ -42,9 +43,12 @@ class _Importer:
 class ImporterLag:
     """Per importer: its committed seq; and how long the oldest seq it has not committed has waited."""
 
-    def __init__(self, journal_id: str, max_lag: float, evict_after: float = 60.0) -> None:
+    def __init__(self, journal_id: str, max_lag: float, evict_after: float = 60.0, max_messages: int = 0) -> None:
         self.journal_id = journal_id
         self.max_lag = max_lag
+        # Seconds alone are not enough: at 100k+ messages/s ten seconds outgrow the PUB
+        # high-water mark, and then messages are dropped and must come back through replay.
+        self.max_messages = max_messages
         self.evict_after = evict_after
         self._importers: dict[str, _Importer] = {}
         self._lock = threading.Lock()  # progress arrives on the replay thread
@@ -102,15 +106,19 @@ class ImporterLag:
         self._account(hold, now)
         return not hold
 
+    def _over(self, imp: _Importer, lag: float, share: float) -> bool:
+        behind = (self._seqs[-1] - imp.seq) if self._seqs else 0
+        return lag > self.max_lag * share or (self.max_messages > 0 and behind > self.max_messages * share)
+
     def _judge(self, name: str, imp: _Importer, now: float) -> bool:
         lag = self.lag_of(imp.seq, now)
         if not imp.in_sync:
-            if lag <= self.max_lag / 2:
+            if not self._over(imp, lag, 0.5):
                 imp.in_sync, imp.over_since = True, None
                 log.info("importer %s is in sync (%.1fs behind); ingest waits for it beyond %.0fs",
                          name, lag, self.max_lag)
             return False
-        if lag <= self.max_lag:
+        if not self._over(imp, lag, 1.0):
             imp.over_since = None
             return False
         if imp.over_since is None:

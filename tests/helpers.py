@@ -31,16 +31,22 @@ def _ephemeral_start() -> int:
 # in use"). Picking below that range leaves only our own servers to collide with.
 _PORTS = range(10000, max(10001, _ephemeral_start()))
 _rng = random.SystemRandom()
+# A port is free until its server binds it, which may be seconds later (a whole mesh is
+# configured before it starts): never hand out one port twice in a process.
+_given: set[int] = set()
 
 
 def free_port() -> int:
     for _ in range(100):
         port = _rng.choice(_PORTS)
+        if port in _given:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _given.add(port)
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -37,6 +37,22 @@ def test_an_importer_holds_input_only_while_in_sync_and_behind() -> None:
     assert lag.lags(9.0) == {"a": 0.0}
 
 
+def test_an_importer_too_many_messages_behind_holds_input_within_the_seconds_limit() -> None:
+    # 10 s at 100k+ messages/s outgrows the PUB high-water mark: the message bound holds first.
+    lag = ImporterLag("j", max_lag=10.0, evict_after=60.0, max_messages=1000)
+    lag.published(10, 0.0)
+    lag.progress("imp", "j", 10, 0.0)
+    assert lag.admit(0.1)  # joins the in-sync set
+    lag.published(900, 0.2)
+    lag.progress("imp", "j", 10, 0.2)
+    assert lag.admit(0.3)  # 890 behind, under 1000
+    lag.published(1500, 0.4)
+    lag.progress("imp", "j", 400, 0.4)
+    assert not lag.admit(0.5)  # 1100 behind after half a second
+    lag.progress("imp", "j", 1400, 0.6)
+    assert lag.admit(0.7)
+
+
 def test_a_stuck_importer_is_evicted_and_a_silent_one_forgotten() -> None:
     lag = ImporterLag(J, max_lag=2.0, evict_after=10.0)
     lag.published(10, now=0.0)
