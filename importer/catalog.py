@@ -48,6 +48,9 @@ def ensure_table(spark: Any, database: str, location: str) -> str:
         if local is None or any(p.name.startswith("importer=") for p in local.iterdir()):
             spark.sql(f"ALTER TABLE {qualified(database)} RECOVER PARTITIONS")
             found = len(spark.sql(f"SHOW PARTITIONS {qualified(database)}").collect())
+            from importer.compaction import adopt_compacted  # it builds on this module
+
+            adopt_compacted(spark, database, location)
         log.info("created table %s.%s at %s%s", database, TABLE_NAME, location,
                  f"; adopted {found} existing partitions in {time.monotonic() - started:.1f}s" if found else "")
     actual = table_location(spark, database)

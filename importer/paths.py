@@ -71,3 +71,20 @@ def escape_partition_value(value: str) -> str:
 def partition_dir(root: str, app_env: str, date: str) -> str:
     """`<root>/app_env=<escaped>/date=<date>`: where Spark's partitioned write puts those rows."""
     return f"{root.rstrip('/')}/app_env={escape_partition_value(app_env)}/date={date}"
+
+
+def unescape_partition_value(text: str) -> str:
+    """The value a partition directory name stands for (the inverse of escape_partition_value)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "%" and _is_hex(text[i + 1 : i + 3]):
+            out.append(chr(int(text[i + 1 : i + 3], 16)))
+            i += 3
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _is_hex(pair: str) -> bool:
+    return len(pair) == 2 and all(c in "0123456789abcdefABCDEF" for c in pair)

@@ -74,10 +74,13 @@ def qualified(database: str = DEFAULT_DATABASE) -> str:
     return f"`{database}`.`{TABLE_NAME}`"
 
 
-def spark_read_ddl() -> str:
-    """`col TYPE, ...` in the table's column order: data columns, then importer, app_env, date."""
+def spark_read_ddl(data_only: bool = False) -> str:
+    """`col TYPE, ...` in the table's column order: data columns, then importer, app_env, date.
+
+    `data_only`: just the columns a Parquet file of the table holds.
+    """
     data = [f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA if f.name not in PARTITION_COLUMNS]
-    return ", ".join(data + ["`importer` INT", "`app_env` STRING", "`date` DATE"])
+    return ", ".join(data if data_only else data + ["`importer` INT", "`app_env` STRING", "`date` DATE"])
 
 
 def table_ddl(database: str, location: str) -> str:

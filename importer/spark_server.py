@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from importer.maintenance import TableMetrics, add_maintenance_flags, run_maintenance
 from importer.paths import data_dir, default_warehouse, normalise_warehouse, table_path
 from importer.schema import DEFAULT_DATABASE
 from importer.session import driver_address
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--database", default=DEFAULT_DATABASE, help="database of the messages table")
     p.add_argument("--driver-memory", default="2g", help="JVM heap of the driver (default 2g)")
     p.add_argument("--conf", action="append", default=None, metavar="KEY=VALUE", help="extra Spark setting; repeatable")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve the table's Prometheus metrics (partitions, files, compaction, retention) on this port")
+    add_maintenance_flags(p)
     p.add_argument("-v", "--verbose", action="store_true", help="keep Spark's INFO logging")
     add_config_flag(p)
     return p
@@ -146,7 +150,8 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def _prepare(args: argparse.Namespace, warehouse: str, proc: subprocess.Popen, stopping: threading.Event) -> None:
+def _prepare(args: argparse.Namespace, warehouse: str, proc: subprocess.Popen, stopping: threading.Event,
+             metrics: TableMetrics) -> None:
     """Announce the endpoints once they accept, create the table, then run maintenance until stopping."""
     host = "127.0.0.1" if args.bind in ("0.0.0.0", "::") else args.bind
     while proc.poll() is None and not stopping.is_set() and not _listening(args.bind, args.port):
@@ -161,9 +166,7 @@ def _prepare(args: argparse.Namespace, warehouse: str, proc: subprocess.Popen, s
         if proc.poll() is None:
             log.info("JDBC (HiveServer2) ready at jdbc:hive2://%s:%d", host, args.jdbc_port)
     if spark is not None:
-        from importer.maintenance import run_maintenance
-
-        run_maintenance(spark, args, stopping)
+        run_maintenance(spark, args, stopping, metrics)
 
 
 def _table_session(args: argparse.Namespace, host: str, warehouse: str, stopping: threading.Event) -> Any:
@@ -210,7 +213,11 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    threading.Thread(target=_prepare, args=(args, warehouse, proc, stopping), name="prepare", daemon=True).start()
+    metrics = TableMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, "0.0.0.0" if args.bind in ("0.0.0.0", "::") else args.bind)
+    threading.Thread(target=_prepare, args=(args, warehouse, proc, stopping, metrics), name="prepare",
+                     daemon=True).start()
 
     while True:
         try:

@@ -20,6 +20,8 @@ from typing import Any, Sequence
 import orjson
 
 from importer.catalog import ensure_table
+from importer.compaction import DEFAULT_GRACE_S, TARGET_BYTES
+from importer.maintenance import maintenance_pass
 from importer.paths import table_path
 from importer.schema import DEFAULT_DATABASE
 from importer.session import DEFAULT_SPARK, is_connect, open_session, resolve_warehouse
@@ -31,7 +33,15 @@ log = logging.getLogger("logjam-sql")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="logjam-sql", description=__doc__.splitlines()[0], allow_abbrev=False)
-    p.add_argument("query", help='SQL, e.g. "SELECT app_env, count(*) FROM messages GROUP BY 1"')
+    p.add_argument("query", nargs="?", help='SQL, e.g. "SELECT app_env, count(*) FROM messages GROUP BY 1"')
+    p.add_argument("--compact", action="store_true",
+                   help="compact closed partitions now (as logjam-spark does on a schedule), instead of a query")
+    p.add_argument("--older-than", type=duration, default=3600.0, metavar="AGE",
+                   help="with --compact: partitions whose day ended at least AGE ago, e.g. 0, 90m, 12h, 2d (default 1h)")
+    p.add_argument("--compact-grace", type=duration, default=DEFAULT_GRACE_S, metavar="AGE",
+                   help="with --compact: keep replaced files this long for queries already planned (default 300s)")
+    p.add_argument("--retention-days", type=int, default=0, metavar="N",
+                   help="drop partitions older than N days now (with --compact or alone)")
     p.add_argument("--spark", default=DEFAULT_SPARK, metavar="URL", help="Spark Connect URL (or a master URL such as local[*])")
     p.add_argument("--warehouse", metavar="DIR",
                    help="where the table is created if it does not exist yet (default: the server's warehouse)")
@@ -42,6 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true")
     add_config_flag(p)
     return p
+
+
+def duration(text: str) -> float:
+    """Seconds in `30`, `30s`, `90m`, `12h` or `2d`."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    scale = units.get(text[-1:], 0)
+    try:
+        value = float(text[:-1] if scale else text) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 0, 90m, 12h or 2d)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("a duration cannot be negative")
+    return value
 
 
 def _json_default(v: Any) -> Any:
@@ -89,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         spark.client.disable_reattachable_execute()
     try:
         ensure_table(spark, args.database, table_path(resolve_warehouse(spark, args.warehouse)))
+        if args.query is None:
+            return maintain(spark, args)
         spark.sql(f"USE `{args.database}`")
         df = spark.sql(args.query)
         columns = df.columns
@@ -117,8 +143,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def maintain(spark: Any, args: argparse.Namespace) -> int:
+    """`--compact` / `--retention-days` without a query: one maintenance pass, then a summary line."""
+    args.compact_target_bytes = TARGET_BYTES
+    done = maintenance_pass(spark, args.database, args, compact=args.compact, older_than=args.older_than)
+    print(f"compacted {done.compacted} partitions ({done.failed} failed); retention dropped {done.dropped} "
+          f"partitions ({done.rows_dropped} rows); {done.freed / 2**20:.1f} MiB freed")
+    return 1 if done.failed else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
+    parser = build_parser()
+    args = parse_args(parser, argv)
+    if args.query is None and not (args.compact or args.retention_days):
+        parser.error("give a query, or --compact / --retention-days")
     setup_logging("logjam-sql", args.verbose)
     if not args.verbose:
         logging.getLogger().setLevel(logging.WARNING)

@@ -36,6 +36,7 @@ from importer.sequence import Ledger, Sequencer
 from importer.session import (is_connect, open_session, quiesce_previous_session, resolve_warehouse,
                               wait_for_connect_server)
 from importer.split import StreamFilter
+from importer.compaction import settle_root
 from importer.write import BackgroundWriter, TableWriter, WriteFailed
 from logjam import lifecycle
 from logjam.subscriber import Subscriber
@@ -90,6 +91,11 @@ class Worker:
                  time.monotonic() - started, args.database, self.table.root,
                  "batches staged as Parquet" if staged else "batches sent inside the Spark request")
         self.spark = spark
+        # Rows a compaction's swap or our own last run left outside the catalog's location
+        # must be visible before max(seq) is read from the table.
+        moved = settle_root(spark, args.database, self.worker_id, location)
+        if moved:
+            log.info("moved %d files written after a compaction into its location", moved)
         if not args.no_replay:
             status = self._recover(spark)
             if status is not None:

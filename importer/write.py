@@ -38,7 +38,9 @@ import pyarrow.parquet as pq
 
 from importer.batch import Batch
 from importer.catalog import Partitions, date_text
-from importer.paths import local_path, output_root, staging_dir
+from importer.compaction import PartitionRef, settle_locked
+from importer.partition_files import MARKER, root_lock
+from importer.paths import local_path, output_root, partition_dir, staging_dir
 from importer.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string
 from importer.session import first_line
 
@@ -67,7 +69,9 @@ class TableWriter:
     def __init__(self, database: str, importer: int, location: str, *, staging: bool = True) -> None:
         self.database = database
         self.importer = importer
+        self.location = location
         self.root = output_root(location, importer)
+        self.root_dir = local_path(self.root)
         self.partitions = Partitions(database, importer)
         staged = local_path(staging_dir(location, importer)) if staging else None
         self.staging: Path | None = staged
@@ -97,7 +101,23 @@ class TableWriter:
 
     def write(self, spark: Any, table: pa.Table) -> None:
         table = table.sort_by(_SORT)
-        self.partitions.register(spark, partitions_of(table))
+        specs = partitions_of(table)
+        self.partitions.register(spark, specs)
+        # The lock keeps compaction from swapping a partition between this job's commit and
+        # the move of its files into a compacted partition's location (partition_files.py).
+        with root_lock(self.root_dir):
+            self._write(spark, table)
+            if self.root_dir is not None:
+                self._follow_compaction(spark, specs)
+
+    def _follow_compaction(self, spark: Any, specs: list[tuple[str, str]]) -> None:
+        assert self.root_dir is not None
+        for app_env, date in specs:
+            pdir = Path(partition_dir(str(self.root_dir), app_env, date))
+            if (pdir / MARKER).exists():
+                settle_locked(spark, self.database, PartitionRef(self.importer, app_env, date, pdir, self.root_dir))
+
+    def _write(self, spark: Any, table: pa.Table) -> None:
         staged: Path | None = None
         try:
             if self.staging is not None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import urllib.request
 import uuid
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import command, port_open, wait_for
 from tests.mesh_support import (
     EXPECTED_ROUTE, landed, repeated_event_ids, running_mesh, send_everywhere, wait_landed, wait_until_importing,
 )
@@ -100,3 +102,44 @@ def test_killed_importer_is_restarted_and_later_traffic_lands(mesh):
     assert sorted(markers) == sorted(expected), "duplicates or strays landed"
     # The restarted worker reloaded the keys it had written and wrote none of them again.
     assert repeated_event_ids(mesh) == []
+
+
+def beeline(mesh, query: str) -> list[list[str]]:
+    """Rows of `query` through the HiveServer2 endpoint, with pyspark's own `beeline` (JDBC)."""
+    env = dict(mesh.env, PATH=f"{Path(command('beeline')).parent}:{os.environ.get('PATH', '')}")
+    res = subprocess.run([command("beeline"), "-u", f"jdbc:hive2://127.0.0.1:{mesh.port('LOGJAM_JDBC_PORT')}",
+                          "-n", "test", "--silent=true", "--outputformat=csv2", "--showHeader=false", "-e", query],
+                         capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    # beeline echoes its prompt ("0: jdbc:hive2://...> ") before the first row when stdin is no terminal.
+    lines = [re.sub(r"^\d+: jdbc:hive2://\S+> ?", "", line) for line in res.stdout.splitlines()]
+    return [line.split(",") for line in lines if line.strip()]
+
+
+def table_metrics(mesh) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{mesh.port('LOGJAM_TABLE_METRICS_PORT')}/metrics", timeout=5).read()
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.decode().splitlines()
+            if line.startswith("logjam_") and " " in line}
+
+
+def test_the_table_answers_jdbc_and_keeps_its_partitions_across_a_spark_restart(mesh):
+    run = f"jdbc-{uuid.uuid4().hex[:8]}"
+    send_everywhere(mesh, run, 5)
+    wait_landed(mesh, run, 5 * 6)
+    count = int(beeline(mesh, "SELECT count(*) FROM logjam.messages")[0][0])
+    assert count == mesh.sql("SELECT count(*) AS n FROM messages")[0]["n"]
+    partitions = sorted(r[0] for r in beeline(mesh, "SHOW PARTITIONS logjam.messages"))
+    assert partitions and all(p.startswith("importer=") for p in partitions)
+    # make up's logjam-spark counts the table's partitions on --metrics-port (its first census at start).
+    wait_for(lambda: table_metrics(mesh).get("logjam_table_partitions", 0) > 0, timeout=60,
+             what="logjam-spark's table census")
+
+    mesh.ctl("restart", "logjam-spark")
+    wait_for(lambda: port_open(mesh.port("LOGJAM_JDBC_PORT")), timeout=180, interval=1, what="JDBC after restart")
+    assert sorted(r[0] for r in wait_for(lambda: beeline(mesh, "SHOW PARTITIONS logjam.messages"), timeout=60)) \
+        == partitions
+    # The importers reconnect by themselves, and later rows land.
+    after = f"after-{uuid.uuid4().hex[:8]}"
+    send_everywhere(mesh, after, 3)
+    wait_landed(mesh, after, 3 * 6)
+    assert int(beeline(mesh, "SELECT count(*) FROM logjam.messages")[0][0]) == count + 3 * 6

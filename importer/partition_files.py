@@ -1,0 +1,204 @@
+"""The files of one partition directory on a local disk: its lock, its compaction marker, and strays.
+
+A partition `(importer I, app_env A, date D)` always has the directory
+`<table>/importer=I/app_env=A/date=D/` ("the partition dir"): that is where the importer's
+partitioned Spark write puts new files. Until it is compacted the catalog's location for
+the partition is that dir. Compaction (importer/compaction.py) writes the partition's rows
+again into a hidden subdirectory `_compacted-<gen>/` and points the catalog there; from then on:
+- files the importer writes into the partition dir are *strays*, invisible until moved into
+  the current `_compacted-<gen>/` (the importer does that right after its write commits, under the
+  lock, so a committed row is queryable at once);
+- the files compaction replaced stay where they are for a grace period, so a query that
+  listed them just before the swap can still read them, and are then deleted.
+`_compaction.json` in the partition dir records which is which. Names starting with `_`
+are skipped by every Spark reader, so none of this bookkeeping is ever read as data.
+
+The lock is an flock on `<table>/importer=I/_lock`, held by the importer around each write
+and by compaction and retention around each swap or delete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+MARKER = "_compaction.json"
+LOCK = "_lock"
+COMPACTED_PREFIX = "_compacted-"
+
+
+@dataclass
+class Marker:
+    """What `_compaction.json` says. `state` is "swapping" from just before the catalog is changed until after."""
+
+    gen: int
+    state: str = "done"
+    retire: list[str] = field(default_factory=list)  # files of the partition dir replaced by `_compacted-<gen>/`
+    retire_dirs: list[str] = field(default_factory=list)  # older `_compacted-<k>/` dirs replaced by `_compacted-<gen>/`
+    retire_at: float = 0.0  # when what is retired may be deleted (epoch seconds)
+    previous: dict | None = None  # while swapping: the marker to restore if the swap did not happen
+
+    @property
+    def location(self) -> str:
+        return f"{COMPACTED_PREFIX}{self.gen}"
+
+
+def is_data_file(path: Path) -> bool:
+    name = path.name
+    return not name.startswith(("_", ".")) and path.is_file()
+
+
+def data_files(directory: Path) -> list[Path]:
+    """The files a Spark reader would read directly in `directory` (not in hidden subdirectories)."""
+    try:
+        return sorted(p for p in directory.iterdir() if is_data_file(p))
+    except FileNotFoundError:
+        return []
+
+
+def read_marker(partition_dir: Path) -> Marker | None:
+    try:
+        raw = json.loads((partition_dir / MARKER).read_text())
+    except FileNotFoundError:
+        return None
+    return Marker(gen=int(raw["gen"]), state=raw.get("state", "done"), retire=list(raw.get("retire", [])),
+                  retire_dirs=list(raw.get("retire_dirs", [])), retire_at=float(raw.get("retire_at", 0.0)),
+                  previous=raw.get("previous"))
+
+
+def write_marker(partition_dir: Path, marker: Marker | None) -> None:
+    """Replace the marker atomically (write, fsync, rename, fsync the dir); None removes it."""
+    path = partition_dir / MARKER
+    if marker is None:
+        path.unlink(missing_ok=True)
+    else:
+        tmp = partition_dir / f"{MARKER}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(marker.__dict__, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    fd = os.open(partition_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def root_lock(root: Path | None) -> Iterator[None]:
+    """Hold the flock of one importer's root (no-op for a root that is not on a local disk)."""
+    if root is None:
+        yield
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def strays(partition_dir: Path, marker: Marker) -> list[Path]:
+    """Files in the partition dir that the compacted location does not hold yet."""
+    retired = set(marker.retire)
+    return [p for p in data_files(partition_dir) if p.name not in retired]
+
+
+def relocate_strays(partition_dir: Path) -> int:
+    """Move strays into the compacted location (caller holds the root lock). Returns how many moved.
+
+    Only a finished compaction ("done") is followed: while a marker says "swapping", the
+    compaction that wrote it died, and only the catalog knows where the partition is
+    (importer/compaction.py `recover` settles it).
+    """
+    marker = read_marker(partition_dir)
+    if marker is None or marker.state != "done":
+        return 0
+    target = partition_dir / marker.location
+    moved = 0
+    for path in strays(partition_dir, marker):
+        # One rename per file: each file's rows appear in the table whole, once.
+        os.rename(path, target / path.name)
+        moved += 1
+    return moved
+
+
+def delete_retired(partition_dir: Path, now: float | None = None) -> int:
+    """Delete what a finished compaction replaced once its grace period is over. Returns bytes freed."""
+    marker = read_marker(partition_dir)
+    now = time.time() if now is None else now
+    if marker is None or marker.state != "done" or not (marker.retire or marker.retire_dirs) or now < marker.retire_at:
+        return 0
+    freed = 0
+    for name in marker.retire:
+        path = partition_dir / name
+        with contextlib.suppress(FileNotFoundError):
+            freed += path.stat().st_size
+            path.unlink()
+    for name in marker.retire_dirs:
+        freed += remove_tree(partition_dir / name)
+    marker.retire, marker.retire_dirs = [], []
+    write_marker(partition_dir, marker)
+    return freed
+
+
+def remove_tree(path: Path) -> int:
+    """Delete a directory tree, returning the bytes its files held (0 if it is gone already)."""
+    freed = 0
+    if not path.exists():
+        return 0
+    for sub, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            p = Path(sub) / name
+            with contextlib.suppress(FileNotFoundError):
+                freed += p.stat().st_size
+                p.unlink()
+        for name in dirs:
+            with contextlib.suppress(FileNotFoundError):
+                (Path(sub) / name).rmdir()
+    with contextlib.suppress(FileNotFoundError):
+        path.rmdir()
+    return freed
+
+
+def partition_dirs(root: Path) -> Iterator[tuple[str, str, Path]]:
+    """(escaped app_env, date, dir) for every partition dir below one importer's root."""
+    try:
+        app_dirs = sorted(root.iterdir())
+    except FileNotFoundError:
+        return
+    for app_dir in app_dirs:
+        if not app_dir.name.startswith("app_env=") or not app_dir.is_dir():
+            continue
+        for date_dir in sorted(app_dir.iterdir()):
+            if date_dir.name.startswith("date=") and date_dir.is_dir():
+                yield app_dir.name[len("app_env="):], date_dir.name[len("date="):], date_dir
+
+
+def importer_roots(table_dir: Path) -> Iterator[tuple[int, Path]]:
+    try:
+        entries = sorted(table_dir.iterdir())
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.name.startswith("importer=") and entry.is_dir():
+            try:
+                yield int(entry.name[len("importer="):]), entry
+            except ValueError:
+                continue
+
+
+def live_files(partition_dir: Path) -> list[Path]:
+    """The files a reader of the partition sees now: in `_compacted-<gen>/` once compacted, else in the dir itself."""
+    marker = read_marker(partition_dir)
+    if marker is not None and marker.state == "done":
+        return data_files(partition_dir / marker.location)
+    return data_files(partition_dir)

@@ -1,0 +1,211 @@
+"""Compaction and retention of the messages table, through `logjam-sql` against the session's real Spark.
+
+Every check reads the table through the catalog, as a user would: no row missing or
+doubled while compaction swaps a partition, rows written after a compaction queryable at
+once, a compaction killed at each step finished by the next run, and retention dropping
+exactly the old days from the catalog and the disk.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from importer import compaction
+from importer.catalog import ensure_table
+from importer.decode import BatchBuilder
+from importer.partition_files import data_files, read_marker
+from importer.paths import partition_dir
+from importer.write import TableWriter
+from logjam.message import Message
+from tests.helpers import command, wait_for
+from tests.spark_fixture import database_for
+
+DAY = datetime.date(2026, 1, 5)
+APP = "shop-prod"
+
+
+def created_ms(day: datetime.date) -> int:
+    return int(datetime.datetime.combine(day, datetime.time(12), datetime.timezone.utc).timestamp() * 1000)
+
+
+class Table:
+    """One test's table on the shared server, written through the importer's own writer."""
+
+    def __init__(self, spark_server, warehouse: Path, importer: int = 0) -> None:
+        self.server = spark_server
+        self.warehouse = warehouse
+        self.database = database_for(warehouse)
+        self.spark = spark_server.session()
+        self.location = ensure_table(self.spark, self.database, str(warehouse / "messages"))
+        self.writer = TableWriter(self.database, importer, self.location)
+        self.seq = 0
+
+    def land(self, rows: int, day: datetime.date = DAY, app_env: str = APP) -> None:
+        b = BatchBuilder()
+        for _ in range(rows):
+            self.seq += 1
+            b.add(Message.build(app_env, "logs", {"message": f"m{self.seq}"}, seq=self.seq, device=3,
+                                created_ms=created_ms(day)), 1_763_700_000_000_000)
+        self.writer.write(self.spark, b.build())
+
+    def count(self, day: datetime.date = DAY, app_env: str = APP, spark=None) -> tuple[int, int]:
+        row = (spark or self.spark).sql(
+            f"SELECT count(*), count(DISTINCT seq) FROM {self.database}.messages "
+            f"WHERE app_env = '{app_env}' AND date = DATE'{day}'").collect()[0]
+        return int(row[0]), int(row[1])
+
+    def pdir(self, day: datetime.date = DAY, app_env: str = APP, importer: int = 0) -> Path:
+        return Path(partition_dir(f"{self.warehouse}/messages/importer={importer}", app_env, day.isoformat()))
+
+    def sql(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([command("logjam-sql"), "--spark", self.server.url, "--warehouse", str(self.warehouse),
+                               "--database", self.database, *args], capture_output=True, text=True, timeout=180)
+
+    def compact(self, *extra: str) -> subprocess.CompletedProcess:
+        done = self.sql("--compact", "--older-than", "0", *extra)
+        assert done.returncode == 0, done.stderr + done.stdout
+        return done
+
+
+@pytest.mark.timeout(600)
+def test_compaction_swaps_atomically_under_a_reader_and_follows_late_writes(spark_server, tmp_path) -> None:
+    t = Table(spark_server, tmp_path / "wh")
+    for _ in range(12):
+        t.land(40)
+    assert len(data_files(t.pdir())) == 12
+    expected = (480, 480)
+
+    from pyspark.sql import SparkSession
+
+    reader = SparkSession.builder.remote(spark_server.url).create()
+    seen: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            seen.append(t.count(spark=reader))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(seen) >= 2, timeout=60, what="the reader's first counts")
+        out = t.compact("--compact-grace", "0")
+        assert "compacted 1 partitions" in out.stdout
+        n = len(seen)
+        wait_for(lambda: len(seen) >= n + 2, timeout=60, what="counts after the swap")
+    finally:
+        stop.set()
+        thread.join(60)
+        reader.stop()
+    assert set(seen) == {expected}, f"a reader saw rows missing or doubled: {sorted(set(seen))}"
+
+    marker = read_marker(t.pdir())
+    assert marker is not None and marker.state == "done"
+    assert len(data_files(t.pdir() / marker.location)) == 1
+    assert data_files(t.pdir()) == [], "grace 0: the replaced files are gone"
+    # A late row for the compacted day is queryable as soon as its write returns.
+    t.land(7)
+    assert t.count() == (487, 487)
+    assert data_files(t.pdir()) == []
+    # Compacting again folds the late file in; nothing is lost or doubled.
+    t.compact()
+    assert t.count() == (487, 487)
+    marker = read_marker(t.pdir())
+    assert marker.gen == 2 and len(data_files(t.pdir() / marker.location)) == 1
+    assert marker.retire_dirs == ["_compacted-1"] and (t.pdir() / "_compacted-1").exists(), "kept for the grace period"
+    # An importer's dedupe and recovery read the table: its max(seq) is what was landed.
+    from importer.catalog import max_seqs
+
+    assert max_seqs(t.spark, t.database, 0)[3][None][0] == t.seq
+    # A partition that is one file already, and today's open partition, are left alone.
+    today = datetime.datetime.now(datetime.timezone.utc).date()
+    t.land(5, day=today)
+    t.land(5, day=today)
+    assert "compacted 0 partitions" in t.compact().stdout
+    assert len(data_files(t.pdir(today))) == 2
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(spark_server, tmp_path) -> None:
+    t = Table(spark_server, tmp_path / "wh")
+    for _ in range(6):
+        t.land(30)
+    part = next(p for p in compaction.local_partitions(t.location) if p.date == DAY.isoformat())
+
+    # 1. SIGKILL while Spark writes the compacted copy.
+    proc = subprocess.Popen([command("logjam-sql"), "--spark", spark_server.url, "--warehouse", str(t.warehouse),
+                             "--database", t.database, "--compact", "--older-than", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(t.pdir().glob("_compacted-*")) or proc.poll() is not None, timeout=120, interval=0.005,
+                 what="compaction to start writing")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL, "the compaction ended before it could be killed"
+    assert t.count() == (180, 180)
+
+    # 2. Killed just after the catalog's location moved, before the marker said so.
+    real_set_location = compaction.set_location
+
+    def swap_then_die(*args, **kwargs):
+        real_set_location(*args, **kwargs)
+        raise SystemExit("killed after the swap")
+
+    compaction.set_location = swap_then_die
+    try:
+        with pytest.raises(SystemExit):
+            compaction.compact_partition(t.spark, t.database, part, grace=0)
+    finally:
+        compaction.set_location = real_set_location
+    assert read_marker(t.pdir()).state == "swapping"
+    assert t.count() == (180, 180)
+    # An importer's next write settles it and its rows are visible at once.
+    t.land(3)
+    assert read_marker(t.pdir()).state == "done"
+    assert t.count() == (183, 183)
+
+    # 3. Killed before the catalog's location moved: rolled back, then done by the next run.
+    def die_before(*args, **kwargs):
+        raise SystemExit("killed before the swap")
+
+    t.land(3)
+    compaction.set_location = die_before
+    try:
+        with pytest.raises(SystemExit):
+            compaction.compact_partition(t.spark, t.database, part, grace=0)
+    finally:
+        compaction.set_location = real_set_location
+    assert t.count() == (186, 186)
+    t.compact("--compact-grace", "0")
+    assert t.count() == (186, 186)
+    marker = read_marker(t.pdir())
+    assert marker.state == "done" and len(data_files(t.pdir() / marker.location)) == 1
+    assert sorted(p.name for p in t.pdir().glob("_compacted-*")) == [marker.location]
+
+
+@pytest.mark.timeout(300)
+def test_retention_drops_old_days_from_the_catalog_and_the_disk(spark_server, tmp_path) -> None:
+    t = Table(spark_server, tmp_path / "wh")
+    today = datetime.datetime.now(datetime.timezone.utc).date()
+    old, kept = today - datetime.timedelta(days=9), today - datetime.timedelta(days=6)
+    t.land(10, day=old)
+    t.land(4, day=old, app_env="other-prod")
+    t.land(5, day=kept)
+    t.land(6, day=today)
+    done = t.sql("--retention-days", "7")
+    assert done.returncode == 0, done.stderr
+    assert "retention dropped 2 partitions (14 rows)" in done.stdout
+    assert not t.pdir(old).exists() and not t.pdir(old, "other-prod").exists()
+    parts = [r[0] for r in t.spark.sql(f"SHOW PARTITIONS {t.database}.messages").collect()]
+    assert not any(f"date={old}" in p for p in parts)
+    assert any(f"date={kept}" in p for p in parts) and any(f"date={today}" in p for p in parts)
+    total = t.spark.sql(f"SELECT count(*) FROM {t.database}.messages").collect()[0][0]
+    assert total == 11
