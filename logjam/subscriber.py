@@ -149,17 +149,23 @@ class Subscriber:
                 self._pending.append(gap)
         self._pending.append(msg)
 
+    def _poll(self, deadline: float | None) -> dict | None:
+        """Sockets with input, after at most one heartbeat interval; None once `deadline` has passed."""
+        self._tick()
+        wait = self.heartbeat_interval
+        if deadline is not None:
+            wait = min(wait, deadline - time.monotonic())
+            if wait <= 0:
+                return None
+        return dict(self._poller.poll(max(0, int(wait * 1000)) or 1))
+
     def recv_batch(self, max_items: int = 1000, timeout: float | None = None) -> list[Message | Gap]:
         """Up to `max_items` Messages and Gaps in arrival order; [] after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._pending:
-            self._tick()
-            wait = self.heartbeat_interval
-            if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
-                if wait <= 0:
-                    return []
-            ready = dict(self._poller.poll(max(0, int(wait * 1000)) or 1))
+            ready = self._poll(deadline)
+            if ready is None:
+                return []
             for sock in ready:
                 link = self._by_sock[sock]
                 link.credit = FULL_CREDIT
@@ -177,13 +183,9 @@ class Subscriber:
         tracking (the caller reads every message's device and seq anyway); [] after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            self._tick()
-            wait = self.heartbeat_interval
-            if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
-                if wait <= 0:
-                    return []
-            ready = dict(self._poller.poll(max(0, int(wait * 1000)) or 1))
+            ready = self._poll(deadline)
+            if ready is None:
+                return []
             out = []
             for sock in ready:
                 link = self._by_sock[sock]
