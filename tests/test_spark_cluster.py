@@ -1,0 +1,95 @@
+"""The cluster path: a standalone Spark master and worker from the installed pyspark, `logjam-spark
+--master spark://...` in front of them, and two importers whose rows land exactly once, written by
+tasks on the worker's executor (not in the driver)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import command, free_port, port_open, stop, wait_for
+from tests.spark_fixture import SparkServer
+from tests.test_importer import Importer
+from tests.test_importer_recovery import Journaled, landed, send_numbered, wait_landed
+
+
+def spark_class(spark_home: Path, log: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
+    with open(log, "w") as out:
+        return subprocess.Popen([str(spark_home / "bin" / "spark-class"), *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def master_state(ui_port: int) -> dict:
+    try:
+        return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2).read())
+    except OSError:
+        return {}
+
+
+@pytest.mark.timeout(600)
+def test_two_importers_through_a_standalone_cluster_land_exactly_once(tmp_path) -> None:
+    from pyspark.find_spark_home import _find_spark_home
+
+    home = Path(_find_spark_home())
+    port, ui, worker_ui = free_port(), free_port(), free_port()
+    procs: list[subprocess.Popen] = []
+    work = tmp_path / "work"
+    procs.append(spark_class(home, tmp_path / "master.log", "org.apache.spark.deploy.master.Master",
+                             "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)))
+    procs.append(spark_class(home, tmp_path / "worker.log", "org.apache.spark.deploy.worker.Worker",
+                             f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
+                             "--webui-port", str(worker_ui), "--work-dir", str(work)))
+    imps: list[Importer] = []
+    j = None
+    try:
+        wait_for(lambda: master_state(ui).get("aliveworkers", 0) == 1, timeout=120, interval=0.5,
+                 what="the standalone worker to register")
+        connect = free_port()
+        warehouse = tmp_path / "wh"
+        log = tmp_path / "logjam-spark.log"
+        with open(log, "w") as out:
+            server_proc = subprocess.Popen(
+                [command("logjam-spark"), "--master", f"spark://127.0.0.1:{port}", "--port", str(connect),
+                 "--jdbc-port", "0", "--warehouse", str(warehouse), "--metastore", str(tmp_path / "metastore"),
+                 "--driver-memory", "1g", "--conf", "spark.executor.memory=1g"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        procs.append(server_proc)
+        server = SparkServer(server_proc, connect, warehouse, log)
+        wait_for(lambda: port_open(connect) and "table logjam.messages ready" in server.output(), timeout=180,
+                 interval=0.5, what="logjam-spark on the cluster")
+        assert "instead" not in server.output(), "the driver must bind --bind, not guess an address"
+
+        j = Journaled(tmp_path / "dev")
+        for i in range(2):
+            imp = Importer(j.dev, server.url, "--flush-interval", "0.5", "--replay-port", str(j.replay_port),
+                           "--worker", str(i), "--workers", "2", warehouse=warehouse, state_dir=tmp_path / "state")
+            imps.append(imp)
+        for imp in imps:
+            imp.wait_ready(j.dev)
+        streams = ["cluster-a", "cluster-b", "cluster-c", "cluster-d"]
+        for k, app_env in enumerate(streams):
+            send_numbered(j.dev, app_env, range(k * 1000, k * 1000 + 300))
+        for k, app_env in enumerate(streams):
+            ns = wait_landed(server, warehouse, app_env, 300, timeout=180)
+            _, rows, distinct = landed(server, warehouse, app_env)
+            assert sorted(ns) == list(range(k * 1000, k * 1000 + 300)) and rows == distinct == 300
+        assert {imp.metric("logjam_importer_rows_written_total") > 0 for imp in imps} == {True}, \
+            "both workers wrote their share"
+        # The rows were written by tasks on the worker's executor.
+        logs = list(work.glob("app-*/*/stderr"))
+        assert logs, f"no executor ran on the worker: {list(work.rglob('*'))[:20]}"
+        assert any("Finished task" in p.read_text(errors="replace") for p in logs)
+        assert master_state(ui)["activeapps"][0]["name"] == "logjam Spark server"
+    finally:
+        for imp in imps:
+            imp.stop()
+        if j is not None:
+            j.close()
+        for p in reversed(procs):
+            stop(p, timeout=60)
