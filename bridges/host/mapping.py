@@ -340,8 +340,9 @@ class EventMapper:
                     body = loads(raw)
                 except decode_error:
                     body = None
-            text = bytes(raw).rstrip()  # as `add` does: whitespace after the brace goes
-            if body.__class__ is not dict or not body or "@metadata" in body or text[-1:] != b"}":
+            # As `add` does, whitespace after the closing brace goes; a slice of a memoryview copies nothing.
+            text = raw[:-1] if raw[-1:] == b"}" else bytes(raw).rstrip()[:-1]
+            if body.__class__ is not dict or not body or "@metadata" in body:
                 if lens:
                     out.add_packed(app, b"".join(parts), lens, stamps)
                     parts, lens, stamps = [], array("I"), array("q")
@@ -353,9 +354,9 @@ class EventMapper:
                 meta = template % ((v1[i], v2[i], key) if f2 else (v1[i], key))
             else:
                 meta = template % ((v2[i], key) if f2 else key)
-            parts.append(text[:-1])
+            parts.append(text)
             parts.append(meta)
-            lens.append(len(text) - 1 + len(meta))
+            lens.append(len(text) + len(meta))
             stamps.append(parse_timestamp(body.get("@timestamp")) or created_ms)
         if lens:
             out.add_packed(app, b"".join(parts), lens, stamps)
