@@ -45,7 +45,7 @@ class Journaled:
     def start(self, flags: list[str] | None = None) -> DeviceProcess:
         self.replay_port, self.metrics_port = free_port(), free_port()
         self.dev = start_device(native=self.engine, extra=[
-            "--replay-port, str(self.replay_port),
+            "--replay-port", str(self.replay_port),
             "--metrics-port", str(self.metrics_port), *(flags if flags is not None else ["--data-dir", str(self.data_dir)]),
             *self.extra,
         ])
