@@ -23,7 +23,7 @@ from typing import Any
 
 import zmq
 
-from logjam import native
+from logjam import native as _native
 from logjam.message import MessageBatch
 from logjam.meta import Meta
 
@@ -124,8 +124,8 @@ class PyWire:
         return got
 
 
-def wire(native_: bool = True) -> NativeWire | PyWire:
+def wire(native: bool = True) -> NativeWire | PyWire:
     """The C wire when LOGJAM_NATIVE allows it and it was built, else the Python one.
-    `native_=False` asks for the Python one whatever the switch says."""
-    built = native.load(MODULE) if native_ else None
+    `native=False` asks for the Python one whatever the switch says."""
+    built = _native.load(MODULE) if native else None
     return NativeWire(*built) if built is not None else PyWire()

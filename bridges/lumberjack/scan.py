@@ -15,7 +15,7 @@ import struct
 from array import array
 from typing import Any
 
-from logjam import native
+from logjam import native as _native
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,10 @@ class _NativeScanner:
                     return pos
 
 
-def scanner(native_: bool = True) -> Any:
+def scanner(native: bool = True) -> Any:
     """`scan(buf, pos, end, base, version, max_frame, seqs, offs, lens) -> next pos`: appends
     each whole J frame's seq, payload offset (from `base`) and payload length, for the run of
     J frames at buf[pos:end]. C when LOGJAM_NATIVE allows it and it was built;
-    `native_=False` asks for the Python loop whatever the switch says."""
-    built = native.load(MODULE) if native_ else None
+    `native=False` asks for the Python loop whatever the switch says."""
+    built = _native.load(MODULE) if native else None
     return _NativeScanner(*built) if built is not None else _scan_py
