@@ -9,11 +9,15 @@ NODE_DIR := tests/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test up down status java venv node-clients bench clean
+.PHONY: test test-native up down status java venv node-clients bench clean
+
+# The C modules (native/) are built by the install below, never when a process starts.
+# LOGJAM_NATIVE_WERROR=1 in the environment (CI sets it) makes every warning an error.
+NATIVE_SOURCES := setup.py logjam/constants.py $(wildcard native/*.c native/*.h native/*.py)
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(NATIVE_SOURCES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
@@ -35,8 +39,16 @@ $(NODE_STAMP): $(wildcard $(NODE_DIR)/package.json) $(wildcard $(NODE_DIR)/packa
 	fi
 
 # pytest's exit code 5 (no tests collected) is non-zero, so make fails on it too.
+# The native-sensitive tests (marker `native`) run once more with every C path off, so both
+# paths are tested whatever LOGJAM_NATIVE the full run had (CI: require).
 test: java $(STAMP) node-clients
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	LOGJAM_NATIVE=off $(BIN)/python -m pytest -m native $(PYTEST_ARGS)
+
+# Just the native-sensitive tests, under require and then off.
+test-native: $(STAMP) node-clients
+	LOGJAM_NATIVE=require $(BIN)/python -m pytest -m native $(PYTEST_ARGS)
+	LOGJAM_NATIVE=off $(BIN)/python -m pytest -m native $(PYTEST_ARGS)
 
 up: java $(STAMP)
 	$(BIN)/python -m logjam.mesh up
@@ -51,4 +63,5 @@ bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(NODE_DIR)/node_modules .pytest_cache .hypothesis
+	rm -rf $(VENV) $(NODE_DIR)/node_modules .pytest_cache .hypothesis native/generated build
+	find logjam devices bridges -name '_native*.so' -delete

@@ -162,9 +162,11 @@ def subscriber(endpoint: str, ready: mp.Event, counted: mp.Value, done: mp.Event
 # -- one run -------------------------------------------------------------------------
 
 class Target:
-    def __init__(self, name: str, argv: list[str], pull_port: int, pub_port: int, data_dir: str | None = None) -> None:
+    def __init__(self, name: str, argv: list[str], pull_port: int, pub_port: int, data_dir: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env={**os.environ, **(env or {})})
         self.pull = f"tcp://127.0.0.1:{pull_port}"
         self.pub = f"tcp://127.0.0.1:{pub_port}"
         self.data_dir = data_dir
@@ -183,8 +185,7 @@ class Target:
 def ours(rcv_hwm: int, snd_hwm: int, engine: str = "native", fsync: str | None = None) -> Target:
     ports = [free_port() for _ in range(5)]
     argv = [str(BIN / "logjam-device"), "--bind", "127.0.0.1", "-t", str(ports[0]), "-p", str(ports[1]),
-            "-P", str(ports[2]), "-s", str(ports[3]), "-d", "7", "-R", str(rcv_hwm), "-S", str(snd_hwm),
-            "--engine", engine]
+            "-P", str(ports[2]), "-s", str(ports[3]), "-d", "7", "-R", str(rcv_hwm), "-S", str(snd_hwm)]
     name = "logjam-device" if engine == "native" else f"device/{engine}"
     data_dir = None
     if fsync:
@@ -193,7 +194,9 @@ def ours(rcv_hwm: int, snd_hwm: int, engine: str = "native", fsync: str | None =
         data_dir = tempfile.mkdtemp(prefix="bench-journal-", dir=REPO)
         argv += ["--data-dir", data_dir, "--journal-fsync", fsync, "--replay-port", str(ports[4])]
         name = f"journal/{fsync}"
-    return Target(name, argv, ports[1], ports[2], data_dir)
+    # engine "native" requires the C loop (a missing build fails loudly), "python" turns it off.
+    return Target(name, argv, ports[1], ports[2], data_dir,
+                  env={"LOGJAM_NATIVE": "require" if engine == "native" else "off"})
 
 
 def journal_batch(rcv_hwm: int, snd_hwm: int) -> Target:
@@ -328,7 +331,7 @@ def report(best: dict[str, dict], rounds: list[dict[str, dict]]) -> None:
           f"zmq.proxy {best['zmq.proxy']['per_cpu_s']:,.0f} msgs/CPU-s, ratio {ratio:.2f}x (target >= 0.6x)")
     if "device/python" in best:
         py = best["device/python"]["per_cpu_s"] / best["zmq.proxy"]["per_cpu_s"]
-        print(f"      pure-Python fallback (--engine python): {best['device/python']['per_cpu_s']:,.0f} msgs/CPU-s, "
+        print(f"      pure-Python fallback (LOGJAM_NATIVE=off): {best['device/python']['per_cpu_s']:,.0f} msgs/CPU-s, "
               f"ratio {py:.2f}x")
     off = best["logjam-device"]["per_cpu_s"]
     for policy in ("os", "interval", "batch"):
@@ -404,7 +407,7 @@ def overload(engine: str) -> None:
     """
     rcv_hwm, snd_hwm, producers = 5_000, 25_000, 4
     total = 10 * producers * (rcv_hwm + CLIENT_HWM)
-    print(f"\noverload, --engine {engine}: {producers} producers offer {total} messages, 10x what the queues hold "
+    print(f"\noverload, {engine} loop: {producers} producers offer {total} messages, 10x what the queues hold "
           f"(-R {rcv_hwm} per connection, client HWM {CLIENT_HWM}, -S {snd_hwm})")
     target = ours(rcv_hwm, snd_hwm, engine)
     try:

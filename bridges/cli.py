@@ -10,6 +10,7 @@ import sys
 from typing import Sequence
 
 from bridges.host.protocol import BridgeProtocol
+from logjam import native
 from logjam.config import add_config_flag, parse_args, setup_logging
 
 PROTOCOLS = {
@@ -65,8 +66,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     cls = load_protocol(argv[0])
     args = parse_args(build_parser(cls), argv[1:])
     args.device = args.device or ["tcp://127.0.0.1:9604"]
-    setup_logging(f"logjam-bridge-{cls.name}", args.verbose)
+    log = setup_logging(f"logjam-bridge-{cls.name}", args.verbose)
     from bridges.host.server import BridgeServer
+
+    # Which C paths run (LOGJAM_NATIVE); under `require` a missing build stops the bridge here.
+    modules = ["bridges.host._native_link"] + (["bridges.lumberjack._native_scan"] if cls.name == "lumberjack" else [])
+    try:
+        log.info("%s", native.describe(modules))
+    except (native.NativeUnavailable, ValueError) as e:
+        log.error("cannot start: %s", e)
+        return 1
 
     # A bridge makes a few short-lived dicts per event and keeps almost nothing: with the
     # default gen-0 threshold (700) the cycle collector ran every few events and scanned

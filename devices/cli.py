@@ -6,9 +6,10 @@ import argparse
 import sys
 from typing import Sequence
 
-from logjam import lifecycle
+from logjam import lifecycle, native
 from logjam.config import add_config_flag, parse_args, setup_logging
 from logjam.meta import Compression
+from devices import native as devices_native
 from devices.device import Device, DeviceConfig
 from devices.journal import FSYNC_POLICIES
 
@@ -74,11 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-S", "--snd-hwm", type=int, default=1_000_000, help="send high-water mark of PUB (default 1000000)")
     p.add_argument("--heartbeat-interval", type=_positive, default=5.0, metavar="SECONDS", help="seconds between heartbeats (default 5)")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port (default off)")
-    p.add_argument(
-        "--engine", choices=("auto", "native", "python"), default="auto",
-        help="hot loop for ROUTER and PULL: the C fast path (native, built once with cffi), the pure-Python "
-        "loop, or native when it can be built and --compress is off (auto, the default)",
-    )
     j = p.add_argument_group("journal and replay (on with --data-dir)")
     j.add_argument("--data-dir", metavar="DIR", help="keep a durable journal of every accepted message in DIR/journal "
                    "and serve it on --replay-port (default: no journal)")
@@ -116,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         router_port=args.router_port, pull_port=args.pull_port, pub_port=args.pub_port,
         stats_port=args.stats_port, bind=args.bind, device_id=args.device_id,
         compress=int(args.compress), rcv_hwm=args.rcv_hwm, snd_hwm=args.snd_hwm,
-        heartbeat_interval=args.heartbeat_interval, engine=args.engine,
+        heartbeat_interval=args.heartbeat_interval,
         data_dir=args.data_dir, journal_fsync=args.journal_fsync,
         journal_fsync_interval_ms=args.journal_fsync_interval_ms,
         journal_segment_bytes=args.journal_segment_bytes,
@@ -140,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.device_id, device.engine, config.router_port, config.pull_port, config.pub_port, config.stats_port,
         config.bind, f", metrics {args.metrics_port}" if args.metrics_port else "",
     )
+    log.info("%s%s", native.describe([devices_native.MODULE]),
+             " (the C loop does not compress: Python loop with --compress)" if config.compress else "")
     if device.journal is not None:
         log.info(
             "journal %s in %s/journal (fsync %s), continuing after seq %d; replay on port %d",

@@ -21,9 +21,6 @@ class DeviceConfig:
     snd_hwm: int = 1_000_000
     heartbeat_interval: float = 5.0
     linger_ms: int = lifecycle.DEFAULT_LINGER_MS
-    # "auto": the C fast path for ROUTER and PULL when it can be built (and --compress is off),
-    # "native": the same but fail if it cannot, "python": never.
-    engine: str = "auto"
     # The journal: off without a data directory.
     data_dir: str | None = None
     journal_fsync: str = "interval"

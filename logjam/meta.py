@@ -12,12 +12,10 @@ import struct
 import time
 from dataclasses import dataclass
 
+# The frame's constants live in logjam/constants.py, shared with the C modules; imported from here too.
+from logjam.constants import META_SIZE, META_TAG, META_TAG_SWAPPED, META_VERSION  # noqa: F401
 from logjam.errors import MetaError
 
-META_SIZE = 24
-META_TAG = 0xCABD
-META_TAG_SWAPPED = 0xBDCA
-META_VERSION = 1
 SEQ_MAX = 2**64 - 1
 
 _META = struct.Struct(">HBBIQQ")

@@ -5,10 +5,11 @@
 (compression, device, created_ms, seq: 4 per message), with no object per message or
 frame. An importer looks at every message's (device, seq) to keep its sequence in order,
 but decodes only the streams it owns; building a `Message` per message cost more than all
-the rest (logjam/sub_drain.c says how much).
+the rest (native/sub_drain.c says how much).
 
-`Drain` fills batches with the C function in logjam/sub_drain.c when it can be built,
-else with pyzmq; both skip (and count) messages that are not 4 frames with a valid meta.
+`Drain` fills batches with the C function in native/sub_drain.c (built at install) when
+LOGJAM_NATIVE allows it, else with pyzmq; both skip (and count) messages that are not 4
+frames with a valid meta.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import array
 import logging
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import zmq
 
+from logjam import native as _native
 from logjam.meta import META_SIZE, META_TAG, META_TAG_SWAPPED, META_VERSION, Compression
 
 log = logging.getLogger(__name__)
@@ -29,13 +30,7 @@ log = logging.getLogger(__name__)
 BUFFER_BYTES = 8 * 1024 * 1024
 _META = struct.Struct(">HBBIQQ")
 
-_CDEF = """
-typedef struct { uint64_t _[8]; } lj_zmsg_t;
-typedef struct { lj_zmsg_t pending[4]; int npending; uint64_t bad; } lj_sub_t;
-int lj_sub_drain(lj_sub_t *s, void *sock, int max, unsigned char *buf, size_t cap, uint32_t *pos,
-                 uint64_t *meta, size_t *used);
-void lj_sub_close(lj_sub_t *s);
-"""
+MODULE = "logjam._native_sub"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,19 +49,6 @@ class RawBatch:
         return self.data[at : at + self.pos[6 * i + 2 * k + 1]]
 
 
-_native: tuple[Any, Any] | None | bool = False
-
-
-def _load() -> tuple[Any, Any] | None:
-    global _native
-    if _native is False:
-        from logjam.native_build import load_module
-
-        source = Path(__file__).with_name("sub_drain.c").read_text()
-        _native = load_module("logjam_sub_drain", _CDEF, source, log)
-    return _native  # type: ignore[return-value]
-
-
 class Drain:
     """Reads the waiting messages of one SUB socket into RawBatches."""
 
@@ -76,7 +58,7 @@ class Drain:
         self.max = max_messages
         self.bad = 0
         self._py_bad = 0
-        self._c = _load() if native else None
+        self._c = _native.load(MODULE) if native else None
         if self._c is not None:
             ffi = self._c[0]
             self._state = ffi.new("lj_sub_t *")

@@ -10,17 +10,9 @@ from __future__ import annotations
 
 import re
 
+# The limits live in logjam/constants.py, shared with the C modules; imported from here too.
+from logjam.constants import MAX_NAME_LENGTH, TOPIC_PREFIXES  # noqa: F401
 from logjam.errors import InvalidAppEnv, InvalidTopic
-
-TOPIC_PREFIXES: tuple[bytes, ...] = (
-    b"logs",
-    b"javascript",
-    b"events",
-    b"frontend.page",
-    b"frontend.ajax",
-    b"mobile",
-)
-MAX_NAME_LENGTH = 255
 
 _STRICT_APP_ENV = re.compile(r"[A-Za-z][A-Za-z_-]*-[A-Za-z][A-Za-z_]*\Z")
 

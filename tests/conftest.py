@@ -45,8 +45,11 @@ class DeviceProcess:
         return self.proc.stdout.read() if self.proc.stdout else ""
 
 
-def start_device(device_id: int = 1, extra: list[str] | None = None, ports: dict[str, int] | None = None) -> DeviceProcess:
-    """Start a real `logjam-device` on free ports and wait until it answers a ping."""
+def start_device(device_id: int = 1, extra: list[str] | None = None, ports: dict[str, int] | None = None,
+                 native: str | None = None) -> DeviceProcess:
+    """Start a real `logjam-device` on free ports and wait until it answers a ping.
+
+    `native` sets its LOGJAM_NATIVE (require: the C loop, off: the Python loop); else it inherits ours."""
     ports = ports or {}
     dev = DeviceProcess(
         proc=None,  # type: ignore[arg-type]
@@ -63,7 +66,7 @@ def start_device(device_id: int = 1, extra: list[str] | None = None, ports: dict
         command("logjam-device"), "--bind", "127.0.0.1",
         "-t", str(dev.router_port), "-p", str(dev.pull_port),
         "-P", str(dev.pub_port), "-s", str(dev.stats_port), "-d", str(device_id), *replay, *dev.extra,
-    ])
+    ], env={"LOGJAM_NATIVE": native} if native else {})
     ctx = zmq.Context.instance()
 
     def answers() -> bool:

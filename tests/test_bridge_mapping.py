@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridges.host.mapping import EventMapper, Positions, body_from_bytes, parse_timestamp
-from bridges.host.native_link import NativeWire, wire
 from logjam.meta import Compression
 
 
@@ -155,10 +154,8 @@ _timestamps = st.one_of(
     fields=st.sampled_from([("", ""), ("seq", ""), ("event_number", "segment_offset")]),
     own_keys=st.booleans(),
 )
-def test_native_run_is_exactly_add_per_event(events, common, fields, own_keys):
-    """`add_run` (C splice, C timestamps) must give byte-for-byte what `add` gives each event."""
-    if not isinstance(wire(), NativeWire):
-        pytest.skip("no compiler: add_run falls back to add itself")
+def test_spliced_run_is_exactly_add_per_event(events, common, fields, own_keys):
+    """`add_run` (the batch splice) must give byte-for-byte what `add` gives each event."""
     f1, f2 = fields
     bodies, raws, v1, v2 = [], [], [], []
     for body, ts, nested, v in events:
@@ -213,7 +210,7 @@ def test_add_payloads_mixes_runs_and_single_events_in_order():
     ]
 
 
-def test_add_run_without_the_native_splice_gives_the_same_events():
+def test_add_run_without_the_splice_gives_the_same_events():
     """With compression (or --app-env-field) add_run maps event by event in Python: same JSON, same keys."""
     raws = [b'{"a":1,"@timestamp":"2024-01-02T03:04:05.678Z"}', b'{"b":"x"}  ', b'{"c":[1,{"@timestamp":5}]}']
     bodies = [orjson.loads(r) for r in raws]

@@ -24,6 +24,9 @@ from tests.bridge_support import BridgeProcess, client_tls, collect, no_more, re
 from tests.courier_client import TestCourierClient
 from tests.helpers import start, stop, wait_for
 
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `make test` runs it under off too.
+pytestmark = pytest.mark.native
+
 
 def start_courier(device_router: str, *extra: str, **kwargs: Any) -> BridgeProcess:
     """`logjam-bridge courier` acknowledging every second, so partial ACKNs come soon."""

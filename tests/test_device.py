@@ -17,7 +17,8 @@ from logjam.producer import Producer
 from tests.helpers import command, free_port, start, stop, wait_for
 from tests.test_device_helpers import Tap, dealer, meta, push, reply, unpack
 
-pytestmark = pytest.mark.timeout(60)
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `make test` runs it under off too.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.native]
 
 
 @pytest.fixture
@@ -27,11 +28,11 @@ def tap(device):
     t.close()
 
 
-@pytest.fixture(params=["native", "python"])
+@pytest.fixture(params=["require", "off"])
 def engine_device(request, device_factory):
-    """A device on each PULL engine: the C fast path and the pure-Python loop."""
-    return device_factory(extra=["--engine", request.param])
-# (The plain `device` fixture runs the default engine, native where it can be built.)
+    """A device on each loop: LOGJAM_NATIVE=require (the C fast path) and off (the pure-Python loop)."""
+    return device_factory(native=request.param)
+# (The plain `device` fixture inherits LOGJAM_NATIVE: under `make test` the run under off repeats it.)
 
 
 @pytest.fixture
@@ -302,9 +303,9 @@ def test_compress_flag_compresses_only_uncompressed_bodies(device_factory, metho
     s.close()
 
 
-@pytest.mark.parametrize("engine", ["native", "python"])
+@pytest.mark.parametrize("engine", ["require", "off"])
 def test_sigterm_exits_zero_after_publishing_what_it_received(device_factory, engine):
-    dev = device_factory(extra=["--engine", engine])
+    dev = device_factory(native=engine)
     tap = Tap(dev.pub, dev.pull)
     with Producer(dev.router) as p:
         for i in range(200):
@@ -330,7 +331,7 @@ def test_sigterm_exits_zero_after_publishing_what_it_received(device_factory, en
     assert sorted(b for b in bodies if b.startswith(b'{"i"')) == sorted(b'{"i":%d}' % i for i in range(200))
     pushed = [b for b in bodies if b.startswith(b'{"p"')]
     assert len(pushed) == len(set(pushed)) and len(pushed) <= min(200, pull)
-    assert f"({engine} engine)" in out
+    assert ("(native engine)" if engine == "require" else "(python engine)") in out
     assert "stopped" in out and "Traceback" not in out
     tap.close()
 

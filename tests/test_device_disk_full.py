@@ -119,8 +119,8 @@ def settled(get: Callable[[], T], quiet: float = 1.5, timeout: float = 30) -> T:
 
 def start_journaled(data_dir: Path, engine: str, *flags: str) -> tuple[DeviceProcess, str, int]:
     replay, metrics = free_port(), free_port()
-    dev = start_device(extra=["--engine", engine, "--data-dir", str(data_dir), "--replay-port", str(replay),
-                              "--metrics-port", str(metrics), *flags])
+    dev = start_device(native=engine, extra=["--data-dir", str(data_dir), "--replay-port", str(replay),
+                                             "--metrics-port", str(metrics), *flags])
     return dev, f"tcp://127.0.0.1:{replay}", metrics
 
 
@@ -233,7 +233,7 @@ def test_a_file_size_limit_holds_then_resumes_when_raised(tmp_path, engine):
 
 
 def test_sigterm_while_holding_exits_0_and_nothing_acknowledged_is_lost(tmp_path):
-    dev, replay, metrics = start_journaled(tmp_path / "data", "native")
+    dev, replay, metrics = start_journaled(tmp_path / "data", "require")
     sender = Sender(dev.router, "term")
     published = Published(dev.pub)
     try:
@@ -252,7 +252,7 @@ def test_sigterm_while_holding_exits_0_and_nothing_acknowledged_is_lost(tmp_path
     out = dev.output()
     assert "stopping with" in out and "never published nor acknowledged" in out, out[-2000:]
     assert sender.acked == acked  # nothing more was acknowledged on the way out
-    dev, replay, _ = start_journaled(tmp_path / "data", "native")
+    dev, replay, _ = start_journaled(tmp_path / "data", "require")
     try:
         bodies = [m.body for m in journaled(replay) if m.app_env == "shop-test"]
         assert bodies == acked
@@ -270,7 +270,7 @@ def test_a_lumberjack_client_is_held_through_the_bridge_until_the_device_can_wri
     from tests.lumberjack_support import start_lumberjack
 
     with small_tmpfs(tmp_path / "disk", "8m") as disk:
-        dev, replay, metrics = start_journaled(disk / "data", "native")
+        dev, replay, metrics = start_journaled(disk / "data", "require")
         bridge = start_lumberjack(dev.router)
         batches: list[int] = []  # the last event number of every window pylogbeat saw acknowledged
         failed: list[BaseException] = []

@@ -125,7 +125,7 @@ def test_a_subscriber_connected_before_the_start_first_gets_the_heartbeat_with_t
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_subscriber_joining_mid_stream_first_gets_a_heartbeat(device_factory, engine):
     """Messages flow all the time; each new subscriber's first message is still a heartbeat."""
-    dev = device_factory(extra=["--engine", engine, "--heartbeat-interval", "60"])
+    dev = device_factory(native=engine, extra=["--heartbeat-interval", "60"])
     halt = threading.Event()
 
     def stream() -> None:

@@ -15,13 +15,16 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from devices import native
 from logjam.meta import Meta
+from tests.helpers import c_module
 from tests.test_device_helpers import classify, meta
 
 pytestmark = pytest.mark.timeout(120)
 
-LOADED = native.load()
-if LOADED is None:  # pragma: no cover - the build needs a C compiler
-    pytest.skip("native fast path cannot be built here", allow_module_level=True)
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded() -> tuple:
+    """The C loop (skipped under LOGJAM_NATIVE=off; under require a missing build fails)."""
+    return c_module(native.MODULE)
 
 _ids = itertools.count()
 
@@ -41,8 +44,8 @@ class Pipe:
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.subscribe(b"")
         self.sub.connect(name + "-out")
-        self.batch = native.NativeBatch(*LOADED)
-        self.handle = LOADED[0].cast("void *", self.pull.underlying)
+        self.batch = native.NativeBatch(*native.load())
+        self.handle = native.load()[0].cast("void *", self.pull.underlying)
 
     def close(self) -> None:
         self.batch.discard()
@@ -141,7 +144,7 @@ class RouterPipe(Pipe):
         self.router.bind(name)
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.connect(name)
-        self.rhandle = LOADED[0].cast("void *", self.router.underlying)
+        self.rhandle = native.load()[0].cast("void *", self.router.underlying)
 
     def close(self) -> None:
         self.router.close(linger=0)

@@ -21,6 +21,9 @@ from tests.helpers import command, wait_for
 from tests.bridge_support import client_tls, collect, no_more, ready_subscriber, stop_bridge
 from tests.lumberjack_support import start_lumberjack
 
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `make test` runs it under off too.
+pytestmark = pytest.mark.native
+
 
 def connect(port: int, ctx: ssl.SSLContext | None = None) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=20)

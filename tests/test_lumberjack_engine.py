@@ -31,6 +31,9 @@ from bridges.lumberjack.engine import (
 )
 from logjam.errors import DecompressedTooLarge, FrameTooLarge, LocalProtocolError, ProtocolError, RemoteProtocolError
 
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `make test` runs it under off too.
+pytestmark = pytest.mark.native
+
 
 def flat(events: list) -> list:
     """The events with each run of J frames (`JsonFrames`) spelled out frame by frame."""
@@ -145,14 +148,19 @@ _scan_input = st.lists(
 def test_c_scanner_reads_exactly_what_the_python_one_reads(data: bytes, draw: st.DataObject) -> None:
     from array import array
 
-    from bridges.lumberjack.scan import scanner
+    from bridges.lumberjack.scan import MODULE, _NativeScanner, _scan_py, scanner
+    from tests.helpers import c_module
+
+    c_module(MODULE)  # skips under LOGJAM_NATIVE=off; under require, a missing build fails
+    native, python = scanner(native=True), scanner(native=False)
+    assert isinstance(native, _NativeScanner) and python is _scan_py  # never one path against itself
 
     pos = draw.draw(st.integers(0, len(data)))
     end = draw.draw(st.integers(pos, len(data)))
     base = draw.draw(st.integers(0, pos))
     max_frame = draw.draw(st.sampled_from([0, 16, 4096]))
     results = []
-    for scan in (scanner(native=True), scanner(native=False)):
+    for scan in (native, python):
         cols = array("I"), array("I"), array("I")
         results.append((scan(data, pos, end, base, 0x32, max_frame, *cols), cols))
     assert results[0] == results[1]

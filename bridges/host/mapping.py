@@ -16,12 +16,10 @@ import datetime
 import secrets
 from dataclasses import dataclass
 from array import array
-from itertools import accumulate
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import orjson
 
-from bridges.host.native_link import NativeWire, TextSplice, wire
 from logjam.compression import compress
 from logjam.message import Message, MessageBatch
 from logjam.meta import Compression, now_ms
@@ -175,7 +173,6 @@ class EventMapper:
         self.instance = instance or secrets.token_hex(8)
         self._key_prefix = orjson.dumps(f"{self.instance}:")[1:-1]  # as JSON string text, like C writes it
         self._next_n = 1
-        self._splicer: Any = None
 
     def batches(self) -> Batches:
         return Batches(self.topic, self.compression)
@@ -261,14 +258,9 @@ class EventMapper:
         app_env: str | None = None,
     ) -> None:
         """`add` for a run of events that are non-empty JSON objects without their own @metadata,
-        already parsed (`bodies`) from `raws`.
-
-        Each event's @metadata is `common`, then its `positions`. The splicing, the
-        @timestamp lookup and the common timestamp format run in C for the whole run
-        (`native_link.lj_splice_texts`); an event C declines (valid JSON it is not sure
-        of, such as a surrogate pair) goes through `add`. The result is exactly what `add`
-        gives each event (tests/test_bridge_mapping.py checks it).
-        """
+        already parsed (`bodies`) from `raws`: each event's @metadata is `common`, then its
+        `positions`. The result is exactly what `add` gives each event
+        (tests/test_bridge_mapping.py checks it), joined into packed batches (`_splice`)."""
         n = len(raws)
         if not n:
             return
@@ -276,19 +268,12 @@ class EventMapper:
         if positions.keys is None:
             first = self._take_keys(n)
             positions = dataclasses.replace(positions, key_prefix=self.instance + ":", keys=range(first, first + n))
-        splicer = self._native_splicer(common, positions)
-        if splicer is None:
+        if not self._splice_applies(common, positions):
             for i in range(n):
                 self.add(out, bodies[i], positions.metadata(common, i), created_ms=created_ms, app_env=app_env,
                          raw=raws[i])
             return
-        lengths = array("I", map(len, raws))
-        job = self._text_splice(splicer, b"".join(raws), array("I", accumulate(lengths, initial=0)), lengths,
-                                common, positions, created_ms)
-        self._splice(out, job, lambda i: parse_timestamp(bodies[i].get("@timestamp")),
-                     lambda i: self.add(out, bodies[i], positions.metadata(common, i), created_ms=created_ms,
-                                        app_env=app_env, raw=raws[i]),
-                     app_env)
+        self._splice(out, raws, bodies, common, positions, created_ms, app_env)
 
     def add_texts(
         self,
@@ -303,71 +288,11 @@ class EventMapper:
         app_env: str | None = None,
     ) -> None:
         """Map n raw event payloads, event i being `data[offsets[i] : offsets[i] + lengths[i]]`:
-        exactly what `add_payloads` gives for those slices.
-
-        Natively, no event is parsed into Python objects unless it has to be: C validates
-        each text and splices the plain JSON objects' @metadata in (`lj_splice_texts`,
-        which stops at each event it declines); a declined event (text, bytes, an object
-        with its own @metadata, JSON it is unsure of) goes through `add` on its own, in
-        order. Without `positions.keys` events are numbered from this mapper's counter
-        in order, as `add` would number them one by one.
-        """
-        n = len(lengths)
-        if not n:
-            return
-        created_ms = created_ms or now_ms()  # as `add` would: 0 is no time
-        splicer = self._native_splicer(common, positions)
-        if splicer is None:
-            self._add_each(out, [data[offsets[i]:offsets[i] + lengths[i]] for i in range(n)], common, positions,
-                           created_ms, app_env)
-            return
-        own_keys = positions.keys is None
-        if own_keys:
-            positions = dataclasses.replace(positions, key_prefix=self.instance + ":")
-        job = self._text_splice(splicer, data, offsets, lengths, common, positions, created_ms)
-
-        def text(i: int) -> bytes:
-            return data[offsets[i]:offsets[i] + lengths[i]]
-
-        def single(i: int) -> None:
-            body, raw = body_and_raw(text(i))
-            # Without keys `add` takes the mapper's next one, as C would have numbered it.
-            self.add(out, body, positions.metadata(common, i), created_ms=created_ms, app_env=app_env, raw=raw)
-
-        self._splice(out, job, lambda i: parse_timestamp(orjson.loads(text(i)).get("@timestamp")), single, app_env,
-                     own_keys)
-
-    def _text_splice(self, splicer: NativeWire, data: bytes, offsets: Sequence[int], lengths: Sequence[int],
-                     common: dict[str, Any], p: Positions, created_ms: int) -> TextSplice:
-        """The C job for these events: their @metadata's parts as the JSON text C writes."""
-        return splicer.text_splice(
-            data, offsets, lengths, orjson.dumps(common, default=str)[1:-1],
-            orjson.dumps(p.field1) + b":" if p.field1 else b"", p.values1,
-            orjson.dumps(p.field2) + b":" if p.field2 else b"", p.values2,
-            orjson.dumps(p.key_prefix)[1:-1], p.keys, created_ms,
-        )
-
-    def _splice(self, out: Batches, job: TextSplice, timestamp: Callable[[int], int | None],
-                single: Callable[[int], None], app_env: str | None, own_keys: bool = False) -> None:
-        """Run `job` over all its events: each stretch C splices becomes one packed batch, each
-        event it declines goes to `single(i)`. `timestamp(i)` is Python's reading of event i's
-        @timestamp, for the forms C leaves to it. With `own_keys`, C numbers the events from
-        this mapper's counter."""
-        i, n, created = 0, job.n, job.created_default
-        while i < n:
-            blob, lens, stamps, done = job.run(i, self._next_n - i if own_keys else 0)
-            if done:
-                if own_keys:
-                    self._take_keys(done)
-                if -1 in stamps:
-                    for j, ts in enumerate(stamps):
-                        if ts == -1:
-                            stamps[j] = timestamp(i + j) or created
-                out.add_packed(app_env or self.app_env, blob, lens, stamps)
-                i += done
-            if i < n:
-                single(i)
-                i += 1
+        exactly what `add_payloads` gives for those slices. Without `positions.keys` events
+        are numbered from this mapper's counter in order, as `add` would number them."""
+        view = memoryview(data)
+        self.add_payloads(out, [view[offsets[i]:offsets[i] + lengths[i]] for i in range(len(lengths))], common,
+                          positions, created_ms=created_ms, app_env=app_env)
 
     def add_payloads(
         self,
@@ -380,38 +305,85 @@ class EventMapper:
         app_env: str | None = None,
     ) -> None:
         """Map raw event payloads (JSON objects, text or bytes), in order, each with `common`
-        and its `positions` as @metadata: natively through `add_texts` (joined once)."""
+        and its `positions` as @metadata."""
         if not payloads:
             return
         created = created_ms or now_ms()
-        if self._native_splicer(common, positions) is None:
-            self._add_each(out, payloads, common, positions, created, app_env)
+        if self._splice_applies(common, positions):
+            self._splice(out, payloads, None, common, positions, created, app_env)
             return
-        lengths = array("I", map(len, payloads))
-        self.add_texts(out, b"".join(payloads), array("I", accumulate(lengths, initial=0)), lengths, common,
-                       positions, created_ms=created, app_env=app_env)
-
-    def _add_each(self, out: Batches, payloads: Sequence[bytes | memoryview], common: dict[str, Any],
-                  positions: Positions, created_ms: int, app_env: str | None) -> None:
-        """The per-event Python mapping every native path must equal."""
         for i, payload in enumerate(payloads):
             body, raw = body_and_raw(payload)
-            self.add(out, body, positions.metadata(common, i), created_ms=created_ms, app_env=app_env, raw=raw)
+            self.add(out, body, positions.metadata(common, i), created_ms=created, app_env=app_env, raw=raw)
 
-    def _native_splicer(self, common: dict[str, Any], p: Positions) -> NativeWire | None:
-        """The C splicer when it applies: it writes uncompressed bodies under --app-env, and
-        writes the positions' fields and `_id` after `common` (Python's dict would merge a
+    def _splice(self, out: Batches, texts: Sequence[bytes | memoryview], bodies: Sequence[Any] | None,
+                common: dict[str, Any], p: Positions, created_ms: int, app_env: str | None) -> None:
+        """`add` for each of `texts` (parsed here unless `bodies` are given), faster: the @metadata
+        text is written once per run as a template (`_metadata_template`), and the events that
+        are plain non-empty objects without @metadata are joined into packed batches; any
+        other event goes through `add` on its own, in order.
+
+        This replaced a C validator and splicer (about 240 lines that had to accept exactly
+        what orjson accepts): orjson validates, docs/architecture.md has the cost."""
+        template = self._metadata_template(common, p)
+        f1, f2, keys = bool(p.field1), bool(p.field2), p.keys
+        v1, v2 = p.values1, p.values2
+        app = app_env or self.app_env
+        loads, decode_error = orjson.loads, orjson.JSONDecodeError
+        parts: list[bytes] = []
+        lens, stamps = array("I"), array("q")
+        for i, raw in enumerate(texts):
+            if bodies is not None:
+                body = bodies[i]
+            else:
+                try:
+                    body = loads(raw)
+                except decode_error:
+                    body = None
+            # As `add` does, whitespace after the closing brace goes; a slice of a memoryview copies nothing.
+            text = raw[:-1] if raw[-1:] == b"}" else bytes(raw).rstrip()[:-1]
+            if body.__class__ is not dict or not body or "@metadata" in body:
+                if lens:
+                    out.add_packed(app, b"".join(parts), lens, stamps)
+                    parts, lens, stamps = [], array("I"), array("q")
+                single, single_raw = body_and_raw(raw) if bodies is None else (body, raw)
+                self.add(out, single, p.metadata(common, i), created_ms=created_ms, app_env=app_env, raw=single_raw)
+                continue
+            key = keys[i] if keys is not None else self._take_keys(1)
+            if f1:
+                meta = template % ((v1[i], v2[i], key) if f2 else (v1[i], key))
+            else:
+                meta = template % ((v2[i], key) if f2 else key)
+            parts.append(text)
+            parts.append(meta)
+            lens.append(len(text) + len(meta))
+            stamps.append(parse_timestamp(body.get("@timestamp")) or created_ms)
+        if lens:
+            out.add_packed(app, b"".join(parts), lens, stamps)
+
+    def _metadata_template(self, common: dict[str, Any], p: Positions) -> bytes:
+        """`,"@metadata":{common,field1:%d,field2:%d,"_id":"prefix%d"}}` as the JSON `add` writes
+        (with `%` escaped in the fixed parts): the same bytes as encoding `p.metadata(common, i)`."""
+        pieces = []
+        common_text = orjson.dumps(common, default=str)[1:-1]
+        if common_text:
+            pieces.append(common_text.replace(b"%", b"%%"))
+        for field in (p.field1, p.field2):
+            if field:
+                pieces.append(orjson.dumps(field).replace(b"%", b"%%") + b":%d")
+        prefix = orjson.dumps(p.key_prefix)[1:-1] if p.keys is not None else self._key_prefix
+        pieces.append(b'"_id":"' + prefix.replace(b"%", b"%%") + b'%d"')
+        return b',"@metadata":{' + b",".join(pieces) + b"}}"
+
+    def _splice_applies(self, common: dict[str, Any], p: Positions) -> bool:
+        """Whether `_splice` gives what `add` does: it writes uncompressed bodies under --app-env,
+        and writes the positions' fields and `_id` after `common` (Python's dict would merge a
         name given twice instead)."""
         if self.compression or self.field_path is not None:
-            return None
+            return False
         if "_id" in common or (p.field1 and p.field1 in common) or (p.field2 and p.field2 in common):
-            return None
-        if p.field1 and p.field1 == p.field2:
-            return None
-        if self._splicer is None:
-            w = wire()
-            self._splicer = w if isinstance(w, NativeWire) else False
-        return self._splicer or None
+            return False
+        return not (p.field1 and p.field1 == p.field2)
 
     def message(
         self,

@@ -2,10 +2,10 @@
 
 Why: a Beats window is one C frame that inflates to thousands of J frames, and reading
 each 10-byte header in Python (unpack, bounds checks, three appends) cost more than
-everything else the engine does. `scan_json_frames` reads the headers of a whole run in C
-and returns their seqs, payload offsets and payload lengths as arrays; the payloads stay
-where they are, in the buffer. `_scan_py` is the same loop in Python, for machines
-without a compiler, and the reference the tests compare the C one against.
+everything else the engine does. native/scan.c reads the headers of a whole run and
+returns their seqs, payload offsets and payload lengths as arrays; the payloads stay
+where they are, in the buffer. `_scan_py` is the same loop in Python (LOGJAM_NATIVE=off,
+or no build), and the reference the tests compare the C one against.
 """
 
 from __future__ import annotations
@@ -15,49 +15,15 @@ import struct
 from array import array
 from typing import Any
 
-from logjam.native_build import load_module
+from logjam import native as _native
 
 log = logging.getLogger(__name__)
 
+MODULE = "bridges.lumberjack._native_scan"
 T_JSON = 0x4A
 SCRATCH = 4096  # headers read per C call
 
 _HDR = struct.Struct(">BBII")
-
-CDEF = """
-int lj_scan_json(const unsigned char *buf, size_t pos, size_t end, size_t base, unsigned char version,
-                 uint32_t max_frame, uint32_t *seqs, uint32_t *offs, uint32_t *lens, int cap, size_t *next);
-"""
-
-SOURCE = r"""
-#include <stdint.h>
-#include <stddef.h>
-
-static uint32_t lj_be32(const unsigned char *p)
-{
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-}
-
-/* Whole J frames of `version` from buf[pos:end], up to cap of them. Stops at anything else:
-   another frame type or version, a frame larger than max_frame (Python raises for it), or a
-   frame that has not fully arrived. Offsets are from buf + base. */
-int lj_scan_json(const unsigned char *buf, size_t pos, size_t end, size_t base, unsigned char version,
-                 uint32_t max_frame, uint32_t *seqs, uint32_t *offs, uint32_t *lens, int cap, size_t *next)
-{
-    int n = 0;
-    while (n < cap && end - pos >= 10 && buf[pos] == version && buf[pos + 1] == 0x4A) {
-        uint32_t len = lj_be32(buf + pos + 6);
-        if (len > max_frame || end - pos - 10 < len) break;
-        seqs[n] = lj_be32(buf + pos + 2);
-        offs[n] = (uint32_t)(pos + 10 - base);
-        lens[n] = len;
-        n++;
-        pos += 10 + (size_t)len;
-    }
-    *next = pos;
-    return n;
-}
-"""
 
 
 def _scan_py(buf: bytes | bytearray, pos: int, end: int, base: int, version: int, max_frame: int,
@@ -99,16 +65,10 @@ class _NativeScanner:
                     return pos
 
 
-_scanner: list[Any] = []
-
-
 def scanner(native: bool = True) -> Any:
     """`scan(buf, pos, end, base, version, max_frame, seqs, offs, lens) -> next pos`: appends
     each whole J frame's seq, payload offset (from `base`) and payload length, for the run of
-    J frames at buf[pos:end]. C when it can be built."""
-    if not native:
-        return _scan_py
-    if not _scanner:
-        built = load_module("_logjam_lumberjack_scan", CDEF, SOURCE, log)
-        _scanner.append(_NativeScanner(*built) if built is not None else _scan_py)
-    return _scanner[0]
+    J frames at buf[pos:end]. C when LOGJAM_NATIVE allows it and it was built;
+    `native=False` asks for the Python loop whatever the switch says."""
+    built = _native.load(MODULE) if native else None
+    return _NativeScanner(*built) if built is not None else _scan_py

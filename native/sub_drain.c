@@ -9,31 +9,15 @@
  * created_ms, seq). Messages that are not 4 frames or whose meta frame is broken are
  * skipped and counted (a stats socket or a foreign publisher on the same port).
  *
- * libzmq is declared here (pyzmq ships no zmq.h); zmq_msg_t is 64 bytes, 8-aligned, in
- * every libzmq 4.x ABI.
+ * libzmq comes through lj_zmq_calls.h (bound at load time to pyzmq's libzmq).
  */
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
 
-typedef struct { uint64_t _[8]; } lj_zmsg_t;
-
-typedef struct {
-    lj_zmsg_t pending[4]; /* a message received but not yet copied (it did not fit) */
-    int npending;         /* 0 or 4 */
-    uint64_t bad;         /* messages skipped: not 4 frames, or a broken meta frame */
-} lj_sub_t;
-
-int zmq_msg_init(lj_zmsg_t *m);
-int zmq_msg_recv(lj_zmsg_t *m, void *s, int flags);
-int zmq_msg_close(lj_zmsg_t *m);
-void *zmq_msg_data(lj_zmsg_t *m);
-size_t zmq_msg_size(const lj_zmsg_t *m);
-int zmq_msg_more(const lj_zmsg_t *m);
-int zmq_errno(void);
-
-#define LJ_DONTWAIT 1
-#define LJ_META_SIZE 24
+#include "lj_constants.h"
+#include "lj_zmq_calls.h"
+#include "sub_drain.h"
 
 static uint64_t be(const unsigned char *d, int n) {
     uint64_t v = 0;
@@ -41,23 +25,25 @@ static uint64_t be(const unsigned char *d, int n) {
     return v;
 }
 
-static int meta_ok(lj_zmsg_t *m) {
+static int meta_ok(lj_zmq_msg_t *m) {
     const unsigned char *d = zmq_msg_data(m);
+    unsigned tag;
     if (zmq_msg_size(m) != LJ_META_SIZE) return 0;
-    if (!((d[0] == 0xCA && d[1] == 0xBD) || (d[0] == 0xBD && d[1] == 0xCA))) return 0;
-    return d[2] <= 3 && d[3] == 1;
+    tag = (unsigned)d[0] << 8 | d[1];
+    if (tag != LJ_META_TAG && tag != LJ_META_TAG_SWAPPED) return 0;
+    return d[2] <= LJ_COMPRESSION_MAX && d[3] == LJ_META_VERSION;
 }
 
-static void close_frames(lj_zmsg_t *f, int n) {
+static void close_frames(lj_zmq_msg_t *f, int n) {
     for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
 }
 
 /* One whole message into s->pending: 1 taken, 0 none waiting, 2 skipped, -1 a socket error. */
 static int take(lj_sub_t *s, void *sock) {
-    lj_zmsg_t extra;
+    lj_zmq_msg_t extra;
     int n = 0, more = 1;
     while (more) {
-        lj_zmsg_t *m = n < 4 ? &s->pending[n] : &extra;
+        lj_zmq_msg_t *m = n < 4 ? &s->pending[n] : &extra;
         zmq_msg_init(m);
         if (zmq_msg_recv(m, sock, n == 0 ? LJ_DONTWAIT : 0) < 0) {
             int e = zmq_errno();
