@@ -1,0 +1,263 @@
+"""End to end: from Lumberjack shippers to queryable rows, through the real mesh as `make up` runs it.
+
+It starts supervisord with the repository's supervisord.conf and its defaults (embedded
+Spark, 2 importers), only on spare ports, loopback and a temporary data dir, and waits
+until the table answers. Then:
+1. load: several Lumberjack connections send pre-encoded, compressed windows (2048 events
+   of ~250 bytes, Filebeat numbering) as fast as the bridge acknowledges them, for
+   --seconds. It reports acknowledged ev/s, landed ev/s (rows that became queryable in the
+   same window), the time from the last ack until the last row is queryable, and lost and
+   duplicated events (acknowledged against rows and distinct `event_id`s);
+2. steady: one connection at --steady-rate ev/s for --steady-seconds; every event's time
+   from being sent until it is queryable (its row counted in `logjam.messages`), p50/p99.
+The CPU each program used during the load phase is printed too: the figure to optimise
+is where that time goes. Each result is also given as a ratio of its target.
+Usage: python benchmarks/e2e.py [--seconds 60] [--connections 4] [--steady-rate 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
+from logjam.mesh import DEFAULTS, mesh_environment  # noqa: E402
+from tests.helpers import REPO, command, free_port, port_open, wait_for  # noqa: E402
+
+WINDOW = 2048
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+TARGETS = {"landed": 30_000.0, "drain": 15.0, "p99": 10.0}
+
+
+def event(rnd: random.Random, k: int) -> dict:
+    return {"@timestamp": "2026-11-23T12:00:00.000Z",
+            "message": f"GET /api/v1/users/{rnd.randrange(10**6)}/orders HTTP/1.1 200 {rnd.random() * 200:.1f}ms "
+                       f"req={rnd.getrandbits(64):016x}",
+            "host": {"name": f"web-{k % 17}.example.net"}, "log": {"offset": k * 120}, "service": "shop"}
+
+
+def windows(seed: int, count: int, size: int = WINDOW) -> list[bytes]:
+    client = LumberjackClient(compress_level=1, restart_each_window=True)
+    rnd = random.Random(seed)
+    return [client.send([event(rnd, w * size + i) for i in range(size)]) for w in range(count)]
+
+
+class Shipper(threading.Thread):
+    """One connection: sends windows in turn, one in flight, until told to stop; records each ack's time."""
+
+    def __init__(self, port: int, pool: list[bytes], size: int, stop: threading.Event, pace: float = 0.0) -> None:
+        super().__init__(daemon=True)
+        self.port, self.pool, self.size, self.stop, self.pace = port, pool, size, stop, pace
+        self.acked = 0
+        self.sent_at: list[float] = []   # per window sent
+        self.last_ack = 0.0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", self.port))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            acks = LumberjackClient()
+            i = 0
+            next_at = time.perf_counter()
+            while not self.stop.is_set():
+                if self.pace:
+                    time.sleep(max(0.0, next_at - time.perf_counter()))
+                    next_at += self.pace
+                self.sent_at.append(time.perf_counter())
+                sock.sendall(self.pool[i % len(self.pool)])
+                i += 1
+                done = False
+                while not done:
+                    data = sock.recv(65536)
+                    if not data:
+                        raise ConnectionError("the bridge closed the connection")
+                    done = any(a.seq == self.size for a in acks.feed(data))
+                self.acked += self.size
+                self.last_ack = time.perf_counter()
+            sock.close()
+        except BaseException as e:  # reported by the main thread
+            self.error = e
+
+
+class Mesh:
+    def __init__(self, data: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
+        env.update({k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT")})
+        env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1")
+        self.config = REPO / "supervisord.conf"
+        self.env = mesh_environment(self.config, env)
+        self.proc = subprocess.Popen([command("supervisord"), "-c", str(self.config), "-n"], env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        from pyspark.sql import SparkSession
+
+        self.url = f"sc://127.0.0.1:{self.env['LOGJAM_SPARK_PORT']}"
+        wait_for(lambda: port_open(int(self.env["LOGJAM_SPARK_PORT"])) and self.subscribed(), timeout=300,
+                 interval=1, what="the mesh to come up")
+        self.spark = SparkSession.builder.remote(self.url).create()
+
+    def subscribed(self) -> bool:
+        """Every importer logged that it is subscribed (it has its table and its resume point)."""
+        logs = Path(self.env["LOGJAM_DATA_DIR"], "logs")
+        paths = [logs / f"logjam-importer-{i}.log" for i in range(int(self.env["LOGJAM_IMPORTERS"]))]
+        return all(p.exists() and b" subscribed to " in p.read_bytes() for p in paths)
+
+    def rows(self) -> int:
+        return int(self.spark.sql("SELECT count(*) FROM logjam.messages WHERE app_env = 'lumberjack-default'")
+                   .collect()[0][0])
+
+    def pids(self) -> dict[str, list[int]]:
+        out = subprocess.run([command("supervisorctl"), "-c", str(self.config), "status"], env=self.env,
+                             capture_output=True, text=True).stdout
+        pids = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) > 3 and parts[2] == "pid":
+                pid = int(parts[3].rstrip(","))
+                pids[parts[0]] = [pid, *children(pid)]
+        return pids
+
+    def shutdown(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def children(pid: int) -> list[int]:
+    try:
+        kids = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return kids + [g for k in kids for g in children(k)]
+
+
+def cpu(pids: dict[str, list[int]]) -> dict[str, float]:
+    out = {}
+    for name, group in pids.items():
+        total = 0.0
+        for pid in group:
+            try:
+                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(f[11]) + int(f[12])) / CLK_TCK
+            except OSError:
+                pass
+        out[name] = total
+    return out
+
+
+def load_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> dict:
+    pools = [windows(c, 16) for c in range(args.connections)]
+    stop = threading.Event()
+    pids = mesh.pids()
+    cpu0, rows0, t0 = cpu(pids), mesh.rows(), time.perf_counter()
+    shippers = [Shipper(port, pools[c], WINDOW, stop) for c in range(args.connections)]
+    for s in shippers:
+        s.start()
+    time.sleep(args.seconds)
+    stop.set()
+    for s in shippers:
+        s.join(60)
+        if s.error:
+            raise SystemExit(f"shipper failed: {s.error!r}")
+    rows_at_end, t_end = mesh.rows(), time.perf_counter()
+    cpu1 = cpu(pids)
+    acked = sum(s.acked for s in shippers)
+    last_ack = max(s.last_ack for s in shippers)
+    deadline = time.monotonic() + 300
+    rows = rows_at_end
+    while rows < rows0 + acked and time.monotonic() < deadline:
+        time.sleep(0.25)
+        rows = mesh.rows()
+    drain = time.perf_counter() - last_ack
+    counts = mesh.spark.sql("SELECT count(*), count(DISTINCT event_id) FROM logjam.messages "
+                            "WHERE app_env = 'lumberjack-default'").collect()[0]
+    return {"acked": acked, "elapsed": t_end - t0, "landed_in_window": rows_at_end - rows0, "drain": drain,
+            "rows": int(counts[0]) - rows0, "distinct": int(counts[1]) - rows0,
+            "cpu": {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}}
+
+
+def steady_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> list[float]:
+    size = 250
+    pace = size / args.steady_rate
+    pool = windows(99, 64, size)
+    base = mesh.rows()
+    stop = threading.Event()
+    shipper = Shipper(port, pool, size, stop, pace=pace)
+    shipper.start()
+    visible_at: list[tuple[float, int]] = []
+    t_end = time.perf_counter() + args.steady_seconds
+    while time.perf_counter() < t_end:
+        visible_at.append((time.perf_counter(), mesh.rows() - base))
+        time.sleep(0.2)
+    stop.set()
+    shipper.join(30)
+    total = shipper.acked
+    while not visible_at or visible_at[-1][1] < total:
+        visible_at.append((time.perf_counter(), mesh.rows() - base))
+        if time.perf_counter() - t_end > 120:
+            raise SystemExit(f"steady phase: only {visible_at[-1][1]} of {total} rows landed")
+        time.sleep(0.2)
+    latencies, j = [], 0
+    for w, sent in enumerate(shipper.sent_at[: total // size]):
+        needed = (w + 1) * size  # one stream, one importer, commits in order: a prefix is visible
+        while visible_at[j][1] < needed:
+            j += 1
+        latencies += [visible_at[j][0] - sent] * size
+    return latencies
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--connections", type=int, default=4)
+    ap.add_argument("--steady-rate", type=float, default=5000)
+    ap.add_argument("--steady-seconds", type=float, default=30)
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="logjam-bench-e2e-"))
+    started = time.monotonic()
+    mesh = Mesh(base / "data")
+    try:
+        port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
+        print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
+        r = load_phase(mesh, port, args)
+        lat = sorted(steady_phase(mesh, port, args))
+        acked_rate, landed_rate = r["acked"] / r["elapsed"], r["landed_in_window"] / r["elapsed"]
+        lost, dup = max(0, r["acked"] - r["distinct"]), r["rows"] - r["distinct"]
+        p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
+        print(f"e2e benchmark: {args.connections} Lumberjack connections, {WINDOW}-event windows, {r['elapsed']:.0f} s")
+        print(f"  acknowledged:        {acked_rate:9,.0f} ev/s ({r['acked']} events)")
+        print(f"  landed (queryable):  {landed_rate:9,.0f} ev/s in the same window "
+              f"({landed_rate / TARGETS['landed']:.2f}x of the {TARGETS['landed']:,.0f} target; "
+              f"{landed_rate / max(acked_rate, 1e-9):.2f}x of what the bridge acknowledged in the same run)")
+        print(f"  last ack -> last row queryable: {r['drain']:.1f} s ({TARGETS['drain'] / max(r['drain'], 1e-9):.2f}x "
+              f"of the {TARGETS['drain']:.0f} s target)")
+        print(f"  steady {args.steady_rate:,.0f} ev/s, sent -> queryable: p50 {p50:.2f} s, p99 {p99:.2f} s "
+              f"({TARGETS['p99'] / p99:.2f}x of the {TARGETS['p99']:.0f} s target)")
+        print(f"  lost {lost}, duplicated {dup} (rows {r['rows']}, distinct event ids {r['distinct']})")
+        busy = sum(r["cpu"].values())
+        print(f"  CPU during the load phase ({busy / r['elapsed']:.2f} of {os.cpu_count()} cores busy): " + ", ".join(
+            f"{k} {v / r['elapsed']:.2f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]) if v > 0.05))
+        print(f"  total run time {time.monotonic() - started:.0f} s")
+        return 0 if lost == 0 and dup == 0 else 1
+    finally:
+        mesh.shutdown()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

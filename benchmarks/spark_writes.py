@@ -1,0 +1,121 @@
+"""Spark's own ways to write prebuilt rows of the `messages` table: the importer benchmark's references.
+
+Each method writes the same Arrow tables (the importer's own rows, decoded beforehand and
+not timed) under a root of its own, partitioned by app_env and date like an importer, one
+Spark job per batch, and returns rows/s from the first write to the last commit. The
+benchmark takes the fastest as its reference, so the importer is compared with the best
+Spark can do with these rows on this machine, not with a default:
+- `connect_dataframe`: `createDataFrame(arrow)` over Spark Connect (the rows travel inside the
+  request and sit in the server's heap);
+- `staged_parquet`: the rows staged as one sorted Parquet file per batch, which Spark reads
+  and writes (over Connect, so on the same server the importer uses), optionally with the
+  file committer's algorithm 2 (not atomic per job: an importer cannot use it, the
+  reference may);
+- `classic_dataframe` (run in a child process, `python benchmarks/spark_writes.py classic`):
+  `createDataFrame(arrow)` in a classic in-process `local[*]` session with large Arrow
+  batches (`spark.sql.execution.arrow.maxRecordsPerBatch`) and optionally algorithm 2.
+Every write uses the table's write options (dictionaries only on low-cardinality columns).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from importer.schema import PARTITION_COLUMNS, WRITE_OPTIONS  # noqa: E402
+
+_SORT = [("app_env", "ascending"), ("date", "ascending")]
+_V2 = "mapreduce.fileoutputcommitter.algorithm.version"
+
+
+def rebatch(tables: Sequence[pa.Table], rows: int) -> list[pa.Table]:
+    whole = pa.concat_tables(tables)
+    return [whole.slice(i, rows) for i in range(0, whole.num_rows, rows)]
+
+
+def _append(df: Any, root: str) -> None:
+    df.write.options(**WRITE_OPTIONS).mode("append").partitionBy(*PARTITION_COLUMNS).parquet(root)
+
+
+def connect_dataframe(spark: Any, batches: Sequence[pa.Table], root: str) -> float:
+    started = time.perf_counter()
+    for table in batches:
+        _append(spark.createDataFrame(table), root)
+    return sum(t.num_rows for t in batches) / (time.perf_counter() - started)
+
+
+def staged_parquet(spark: Any, batches: Sequence[pa.Table], root: str, stage: Path, v2: bool = False) -> float:
+    stage.mkdir(parents=True, exist_ok=True)
+    if v2:
+        spark.conf.set(_V2, "2")
+    try:
+        started = time.perf_counter()
+        for table in batches:
+            path = stage / f"{uuid.uuid4().hex}.parquet"
+            pq.write_table(table.sort_by(_SORT), path, compression="snappy",
+                           row_group_size=max(1024, -(-table.num_rows // 16)))
+            _append(spark.read.parquet(f"file://{path}"), root)
+            path.unlink()
+        return sum(t.num_rows for t in batches) / (time.perf_counter() - started)
+    finally:
+        if v2:
+            spark.conf.unset(_V2)
+
+
+def classic_dataframe(batches: Sequence[pa.Table], batch_rows: int, v2: bool, timeout: float = 300) -> float:
+    """The rate of a classic local[*] session writing these batches, measured in a child process."""
+    with tempfile.TemporaryDirectory(prefix="logjam-bench-classic-") as tmp:
+        data = Path(tmp) / "rows.arrow"
+        with pa.OSFile(str(data), "wb") as sink, pa.ipc.new_file(sink, batches[0].schema) as writer:
+            for t in batches:
+                writer.write_table(t)
+        # The parent's Connect session exports these; a classic session must not inherit them.
+        env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
+        out = subprocess.run([sys.executable, __file__, "classic", str(data), str(batch_rows), str(int(v2)), tmp],
+                             capture_output=True, text=True, timeout=timeout, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"classic session failed:\n{out.stderr[-3000:]}")
+        return float(json.loads(out.stdout.strip().splitlines()[-1])["rows_per_s"])
+
+
+def _classic_main(data: str, batch_rows: int, v2: bool, tmp: str) -> None:
+    from pyspark.sql import SparkSession
+
+    batches = rebatch([pa.ipc.open_file(data).read_all()], batch_rows)
+    builder = (SparkSession.builder.master("local[*]").appName("logjam-bench-classic")
+               .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", "2g").config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(batch_rows))
+               .config("spark.sql.warehouse.dir", f"{tmp}/warehouse"))
+    if v2:
+        builder = builder.config(f"spark.hadoop.{_V2}", "2")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    # Warm up the JIT as the server is warmed up before its references.
+    _append(spark.createDataFrame(batches[0].slice(0, 10_000)), f"{tmp}/warmup")
+    started = time.perf_counter()
+    for table in batches:
+        _append(spark.createDataFrame(table), f"{tmp}/out")
+    rate = sum(t.num_rows for t in batches) / (time.perf_counter() - started)
+    print(json.dumps({"rows_per_s": rate}))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "classic":
+        _classic_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5])
+    else:
+        sys.exit("usage: spark_writes.py classic ROWS.arrow BATCH_ROWS V2 TMPDIR (run by benchmarks/importer.py)")
