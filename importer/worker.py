@@ -239,15 +239,16 @@ class Worker:
     def _watch_writer(self) -> None:
         started = self.writer.started
         stalled = started is not None and time.monotonic() - started > self.args.write_timeout
+        self.metrics.write_stalled.set(1 if stalled else 0)
         if stalled and not self._stalled:
             log.error("a Spark write has been pending for %.0fs (--write-timeout); interrupting it to retry",
                       time.monotonic() - started)
             self.metrics.write_stalls.inc()
-            self.writer.interrupt()
+            # A server that stopped answering may not answer the interrupt either: never block the loop on it.
+            threading.Thread(target=self.writer.interrupt, name="interrupt-write", daemon=True).start()
         elif self._stalled and not stalled:
             log.info("Spark writes are making progress again")
         self._stalled = stalled
-        self.metrics.write_stalled.set(1 if stalled else 0)
 
     def _idle_checkpoint(self) -> None:
         # Filtered-out messages (heartbeats, other workers' streams) move the checkpoint too,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from pylogbeat import PyLogBeatClient
 
 from tests.helpers import command, port_open, wait_for
 from tests.mesh_support import (
@@ -102,6 +103,61 @@ def test_killed_importer_is_restarted_and_later_traffic_lands(mesh):
     assert sorted(markers) == sorted(expected), "duplicates or strays landed"
     # The restarted worker reloaded the keys it had written and wrote none of them again.
     assert repeated_event_ids(mesh) == []
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process and its children (logjam-spark's JVM is its child)."""
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return total
+
+
+def children(pid: int) -> list[int]:
+    try:
+        direct = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                  for c in (t / "children").read_text().split()]
+    except OSError:
+        return []
+    return direct + [g for c in direct for g in children(c)]
+
+
+def test_8k_bodies_at_full_speed_land_without_running_out_of_memory(mesh):
+    """30,000 events of 8 KiB through pylogbeat as fast as acks allow (issue: the JVM ran out of heap and
+    an importer grew to 788 MiB): every one lands once, no process restarts, memory stays bounded."""
+    run = f"big-{uuid.uuid4().hex[:8]}"
+    names = ["logjam-spark", "logjam-importer:logjam-importer-0", "logjam-importer:logjam-importer-1"]
+    pids = {n: mesh.pid(n) for n in names}
+    peak = {n: rss_mib(p) for n, p in pids.items()}
+    client = PyLogBeatClient("127.0.0.1", mesh.port("LOGJAM_LUMBERJACK_PORT"), ssl_enable=False, use_logging=False)
+    client.connect()
+    pad = "x" * 8000
+    try:
+        for w in range(30):
+            client.send([{"message": f"{run} {w * 1000 + i}", "lines": pad} for i in range(1000)])
+            peak = {n: max(peak[n], rss_mib(pids[n])) for n in names}
+    finally:
+        client.close()
+
+    def landed_all() -> bool:
+        for n in names:
+            peak[n] = max(peak[n], rss_mib(pids[n]))
+        return mesh.sql(f"SELECT count(*) AS n FROM messages WHERE message LIKE '{run} %'")[0]["n"] >= 30_000
+
+    wait_for(landed_all, timeout=300, interval=2, what="30,000 8 KiB events in the table")
+    rows = mesh.sql(f"SELECT count(*) AS n, count(DISTINCT message) AS d FROM messages WHERE message LIKE '{run} %'")
+    assert rows == [{"n": 30_000, "d": 30_000}]
+    assert {n: mesh.pid(n) for n in names} == pids, "no process restarted"
+    assert "OutOfMemoryError" not in mesh.logs()
+    # The JVM's heap is 2 GiB (logjam-spark --driver-memory); an importer holds at most two
+    # 64 MiB batches (--batch-bytes) besides its SUB buffer.
+    assert peak["logjam-spark"] < 3500, peak
+    assert max(peak[n] for n in names[1:]) < 1200, peak
 
 
 def beeline(mesh, query: str) -> list[list[str]]:
