@@ -73,3 +73,15 @@ def test_empty_warehouse_and_bad_query(spark_server, tmp_path) -> None:
     r = sql(spark_server, "SELECT no_such_column FROM messages", *db)
     assert r.returncode == 1
     assert "UNRESOLVED_COLUMN" in r.stderr and "JVM stacktrace" not in r.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_master_url_runs_a_classic_session_over_the_same_files(spark_server, tmp_path) -> None:
+    """`--spark local[1]` (offered by --help) starts its own session, whose catalog adopts the rows on disk."""
+    warehouse = tmp_path / "wh"
+    land(spark_server, warehouse, 0, {"sqlclassic-prod": 5})
+    r = subprocess.run([command("logjam-sql"), "SELECT app_env, count(*) AS n FROM messages GROUP BY 1", "--json",
+                        "--spark", "local[1]", "--warehouse", str(warehouse)],
+                       capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [orjson.loads(line) for line in r.stdout.splitlines()] == [{"app_env": "sqlclassic-prod", "n": 5}]
