@@ -74,10 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse_args(parser, argv)
-    setup_logging("logjam-importer", args.verbose)
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     try:
         StreamFilter(args.worker, args.workers, args.app_env or ())
     except ValueError as e:
@@ -88,6 +85,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--dedupe-keys must be 0 (off) or positive")
     if args.write_timeout <= 0:
         parser.error("--write-timeout must be positive")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv, validate)
+    if args.check:
+        from importer.checks import check_importer
+
+        return check_importer(args)
+    setup_logging("logjam-importer", args.verbose)
     stop = lifecycle.stop_event()
     metrics = ImporterMetrics(args.worker if args.worker is not None else 0)
     worker = Worker(args, stop, metrics)

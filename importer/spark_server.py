@@ -240,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    if args.check:
+        from importer.checks import check_spark_server
+
+        return check_spark_server(args)
     setup_logging("logjam-spark", args.verbose)
     from logjam import lifecycle
 
