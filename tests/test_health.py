@@ -93,3 +93,25 @@ def test_bridge_healthz_follows_the_device_link(tmp_path) -> None:
         assert "logjam_bridge_connections_total" in metrics_text(mport)
     finally:
         stop_bridge(b)
+
+
+@pytest.mark.timeout(60)
+def test_importer_waiting_for_spark_is_unhealthy(tmp_path) -> None:
+    from tests.helpers import command, start
+
+    mport, spark = free_port(), free_port()
+    proc = start([command("logjam-importer"), "--spark", f"sc://127.0.0.1:{spark}", "--sub", f"tcp://127.0.0.1:{free_port()}",
+                  "--state-dir", str(tmp_path / "state"), "--metrics-port", str(mport - 3), "--metrics-port-offset", "3"])
+    try:
+        def answer() -> tuple[int, dict] | None:
+            try:
+                return healthz(mport)
+            except OSError:
+                return None
+
+        status, doc = wait_for(answer, timeout=30, what="the importer's /healthz (--metrics-port + offset)")
+        assert status == 503 and doc["checks"]["spark"]["ok"] is False, doc
+        assert doc["checks"]["spark"]["detail"].startswith(f"starting: connecting to sc://127.0.0.1:{spark}")
+        assert "logjam_importer_rows_written_total" in metrics_text(mport)
+    finally:
+        stop(proc)
