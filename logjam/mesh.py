@@ -104,10 +104,12 @@ logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
   RustLog         tcp :{e('LOGJAM_RUSTLOG_PORT')}
   Spark Connect   sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')}  ({e('LOGJAM_IMPORTERS')} importers)
   JDBC            jdbc:hive2://127.0.0.1:{e('LOGJAM_JDBC_PORT')}  (table logjam.messages)
+  Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device :{e('LOGJAM_DEVICE_METRICS_PORT')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
 
 Send:   echo hello | {rel}/logjam-send logjam --to 127.0.0.1:{e('LOGJAM_ROUTER_PORT')}
 Tail:   {rel}/logjam-tail --sub tcp://127.0.0.1:{e('LOGJAM_PUB_PORT')}
 Query:  {rel}/logjam-sql --spark sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')} "SELECT app_env, count(*) FROM messages GROUP BY 1"
+Health: make status    Check a config: make check
 Stop:   Ctrl-C here, or `make down`
 """
 

@@ -7,7 +7,6 @@ bridge's /healthz follows its device going away and coming back.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -18,24 +17,12 @@ import pytest
 
 from logjam.health import fetch
 from logjam.mesh import DEFAULTS, METRICS_PORTS, mesh_environment
-from tests.helpers import REPO, command, free_port, wait_for
+from tests.helpers import REPO, command, free_port, free_port_pair, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
 PREFIX = {"logjam-spark": "logjam_table_", "logjam-device": "logjam_device_", "bridge-": "logjam_bridge_",
           "logjam-importer-": "logjam_importer_"}
-
-
-def free_pair() -> int:
-    """A port whose successor is free too (importer I serves LOGJAM_IMPORTER_METRICS_PORT + I)."""
-    while True:
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
 
 
 def mesh_cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -49,7 +36,7 @@ def mesh(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
     env.update({k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT")})
     env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1", LOGJAM_IMPORTERS="2",
-               LOGJAM_SPARK_MASTER="local[2]", LOGJAM_IMPORTER_METRICS_PORT=str(free_pair()))
+               LOGJAM_SPARK_MASTER="local[2]", LOGJAM_IMPORTER_METRICS_PORT=str(free_port_pair()))
     env = mesh_environment(REPO / "supervisord.conf", env)
     out = data / "mesh-up.out"
     with open(out, "w") as f:
