@@ -9,7 +9,7 @@ NODE_DIR := tests/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test test-native up down status java venv node-clients bench clean
+.PHONY: test test-native up down status check java venv node-clients bench clean
 
 # The C modules (native/) are built by the install below, never when a process starts.
 # LOGJAM_NATIVE_WERROR=1 in the environment (CI sets it) makes every warning an error.
@@ -58,6 +58,10 @@ down:
 
 status:
 	$(BIN)/python -m logjam.mesh status
+
+# Every program of supervisord.conf with --check: flags, TOML, TLS files, writable dirs.
+check: $(STAMP)
+	$(BIN)/python -m logjam.mesh check
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -7,10 +7,12 @@ import asyncio
 import gc
 import importlib
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from bridges.host.protocol import BridgeProtocol
 from logjam import native
+from logjam.check import Checker
 from logjam.config import add_config_flag, parse_args, setup_logging
 
 PROTOCOLS = {
@@ -29,7 +31,7 @@ def load_protocol(name: str) -> type[BridgeProtocol]:
 def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
     name = cls.name
     p = argparse.ArgumentParser(
-        prog=f"logjam-bridge {name}",
+        prog=f"logjam-bridge {name}", allow_abbrev=False,
         description=f"Serve the {name} protocol and forward every event to a logjam-device.",
     )
     p.add_argument("--listen", default=f"0.0.0.0:{cls.default_port}", metavar="HOST:PORT", help="where clients connect (default %(default)s)")
@@ -55,6 +57,39 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
     return p
 
 
+def check(cls: type[BridgeProtocol], args: argparse.Namespace) -> int:
+    """--check: the listen address, device endpoints, TLS files (loaded as a start would), data dir."""
+    from bridges.host.server import split_listen
+    from bridges.host.tls import server_context
+
+    c = Checker(f"logjam-bridge {cls.name}")
+    listen = c.attempt(f"--listen {args.listen}", lambda: split_listen(args.listen))
+    if listen is not None:
+        c.port("--listen", listen[1], zero_ok=True)
+    for endpoint in args.device:
+        scheme, _, rest = endpoint.partition("://")
+        if scheme not in ("tcp", "ipc") or not rest or (scheme == "tcp" and not rest.rpartition(":")[2].isdigit()):
+            c.error(f"--device {endpoint}: not tcp://HOST:PORT")
+    c.port("--metrics-port", args.metrics_port)
+    if listen is not None:
+        c.distinct_ports({"--listen": listen[1], "--metrics-port": args.metrics_port})
+    tls = "plain TCP"
+    if args.tls_cert or args.tls_key or args.tls_client_ca:
+        for flag in ("--tls-cert", "--tls-key", "--tls-client-ca"):
+            c.readable_file(flag, getattr(args, flag[2:].replace("-", "_")))
+        if c.attempt("TLS certificate, key and client CA load", lambda: server_context(args)) is not None:
+            auth = args.tls_client_auth or ("required" if args.tls_client_ca else "none")
+            tls = f"TLS (client certificates: {auth}; SIGHUP reloads the files)"
+    data_dir = getattr(args, "data_dir", None)
+    c.writable_dir("--data-dir", data_dir)
+    c.would_run(f"{cls.name} bridge on {args.listen} ({tls}), forwarding to {', '.join(args.device)} "
+                f"as app-env {args.app_env!r}, topic {args.topic!r}")
+    if data_dir:
+        c.would_run(f"store in {Path(data_dir).absolute()}")
+    c.would_run(f"metrics and /healthz on :{args.metrics_port}" if args.metrics_port else "no metrics port")
+    return c.report()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in PROTOCOLS:
@@ -62,10 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if wanted not in ("-h", "--help", ""):
             print(f"logjam-bridge: unknown protocol {wanted!r}", file=sys.stderr)
         print(f"usage: logjam-bridge {{{','.join(PROTOCOLS)}}} [flags]   (logjam-bridge PROTOCOL --help)", file=sys.stderr)
-        return 0 if wanted in ("-h", "--help") else 2
+        return 0 if wanted in ("-h", "--help") else (1 if "--check" in argv else 2)
     cls = load_protocol(argv[0])
     args = parse_args(build_parser(cls), argv[1:])
     args.device = args.device or ["tcp://127.0.0.1:9604"]
+    if args.check:
+        return check(cls, args)
     log = setup_logging(f"logjam-bridge-{cls.name}", args.verbose)
     from bridges.host.server import BridgeServer
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from logjam import lifecycle, native
+from logjam.check import Checker
 from logjam.config import add_config_flag, parse_args, setup_logging
 from logjam.meta import Compression
 from devices import native as devices_native
@@ -58,7 +60,7 @@ def _non_negative(value: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="logjam-device",
+        prog="logjam-device", allow_abbrev=False,
         description="Accept Logjam messages on ROUTER and PULL, renumber them, and publish them on PUB.",
     )
     p.add_argument("-t", "--router-port", type=int, default=9604, help="ROUTER port for DEALER clients (default 9604)")
@@ -105,8 +107,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check(args: argparse.Namespace) -> int:
+    """--check: ports, the journal's directory; print what would run."""
+    c = Checker("logjam-device")
+    ports = {"--router-port": args.router_port, "--pull-port": args.pull_port, "--pub-port": args.pub_port,
+             "--stats-port": args.stats_port, "--replay-port": args.replay_port, "--metrics-port": args.metrics_port}
+    for flag, port in ports.items():
+        c.port(flag, port)
+    c.distinct_ports(ports)
+    if args.data_dir:
+        c.writable_dir("--data-dir", args.data_dir)
+        c.writable_dir("--data-dir (journal)", Path(args.data_dir) / "journal")
+    bind = args.bind
+    c.would_run(f"device {args.device_id}: ROUTER tcp://{bind}:{args.router_port}, PULL :{args.pull_port}, "
+                f"PUB :{args.pub_port}, stats :{args.stats_port}, engine {args.engine}")
+    c.would_run(f"journal in {Path(args.data_dir).absolute() / 'journal'} (fsync {args.journal_fsync}), "
+                f"replay on :{args.replay_port}" if args.data_dir else f"no journal; replay :{args.replay_port} answers info only")
+    c.would_run(f"metrics and /healthz on :{args.metrics_port}" if args.metrics_port else "no metrics port")
+    return c.report()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    if args.check:
+        return check(args)
     log = setup_logging("logjam-device", args.verbose)
     config = DeviceConfig(
         router_port=args.router_port, pull_port=args.pull_port, pub_port=args.pub_port,

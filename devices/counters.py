@@ -39,6 +39,7 @@ class Counters:
         self.received = {"router": 0, "pull": 0}
         self.published = 0
         self.heartbeats = 0
+        self.last_heartbeat = time.monotonic()  # for /healthz: the loop is alive and publishing
         self.pings = 0
         self.per_app_env: dict[bytes, int] = {}
         self.other_app_envs = 0
@@ -98,6 +99,7 @@ class Counters:
             "received": dict(self.received),
             "published": self.published,
             "heartbeats": self.heartbeats,
+            "heartbeat_age": time.monotonic() - self.last_heartbeat,
             "pings": self.pings,
             "per_app_env": {k.decode("ascii", "replace"): v for k, v in dict(self.per_app_env).items()}
             | ({OTHER_LABEL: self.other_app_envs} if self.other_app_envs else {}),

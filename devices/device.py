@@ -443,6 +443,7 @@ class Device(Counters):
 
     def _count_heartbeat(self) -> None:
         self.heartbeats += 1
+        self.last_heartbeat = time.monotonic()
 
     def _welcome(self) -> None:
         """Apply the subscriptions that arrived since the last call, then publish a heartbeat.

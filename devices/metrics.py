@@ -1,4 +1,4 @@
-"""Prometheus exposition for --metrics-port, built on prometheus_client.
+"""Prometheus exposition and /healthz for --metrics-port, built on prometheus_client and logjam.health.
 
 The hot loop keeps plain integer counters; a custom collector turns a snapshot of
 them into metric families at scrape time, so counting costs the loop nothing.
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from devices.device import Device
 from devices.stamp import REASONS
+from logjam.health import Check, MetricsServer
+from logjam.health import serve as serve_http
 
 
 class DeviceCollector(Collector):
@@ -89,8 +91,28 @@ class DeviceCollector(Collector):
             yield CounterMetricFamily("logjam_device_replay_bad_requests", "Malformed replay requests ignored", value=journal["replay_bad_requests"])
 
 
-def serve(device: Device, port: int, address: str = "0.0.0.0") -> None:
-    """Serve /metrics from a daemon thread (prometheus_client's own HTTP server)."""
+def health(device: Device) -> list[Check]:
+    """/healthz: the loop publishes (a heartbeat at least every --heartbeat-interval), the journal writes."""
+    snap = device.snapshot()
+    interval = device.config.heartbeat_interval
+    # A heartbeat is due every interval; allow for a slow batch before calling the loop stuck.
+    limit = max(3 * interval, interval + 5.0)
+    age = snap["heartbeat_age"]
+    checks = [Check("publishing", age <= limit,
+                    f"last heartbeat {age:.1f}s ago (limit {limit:.0f}s), seq {snap['seq']}")]
+    journal = snap["journal"]
+    if journal is not None:
+        ok = bool(journal["journal_writable"])
+        checks.append(Check("journal", ok, "writable" if ok else
+                            f"not writable: holding {journal['held_messages']} messages, accepting nothing"))
+    holding = snap["importers"]["holding"]
+    # Held input is flow control doing its job, not a fault of the device: reported, not failed.
+    checks.append(Check("input", True, "held: an importer is too far behind" if holding else "accepting"))
+    return checks
+
+
+def serve(device: Device, port: int, address: str = "0.0.0.0") -> MetricsServer:
+    """Serve /metrics and /healthz from a daemon thread (logjam.health)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DeviceCollector(device))
-    start_http_server(port, addr=address, registry=registry)
+    return serve_http(registry, port, address, health=lambda: health(device))

@@ -54,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Spark write pending this long is reported as stalled and retried (default 120 s)")
     p.add_argument("--no-staging", action="store_true",
                    help="send batches inside the Spark request instead of staging them as Parquet files")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (default off)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus /metrics and /healthz on this port (default off)")
+    p.add_argument("--metrics-port-offset", type=int, default=0, metavar="N",
+                   help="add N to --metrics-port, e.g. the worker number under supervisord's numprocs (default 0)")
     p.add_argument("--rcvhwm", type=int, default=100_000, help="SUB receive high-water mark (messages)")
     p.add_argument("--state-dir", metavar="DIR",
                    help="where checkpoints are kept (default $LOGJAM_DATA_DIR/importer, else ./data/importer)")
@@ -71,10 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse_args(parser, argv)
-    setup_logging("logjam-importer", args.verbose)
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     try:
         StreamFilter(args.worker, args.workers, args.app_env or ())
     except ValueError as e:
@@ -85,11 +85,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--dedupe-keys must be 0 (off) or positive")
     if args.write_timeout <= 0:
         parser.error("--write-timeout must be positive")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv, validate)
+    if args.check:
+        from importer.checks import check_importer
+
+        return check_importer(args)
+    setup_logging("logjam-importer", args.verbose)
     stop = lifecycle.stop_event()
     metrics = ImporterMetrics(args.worker if args.worker is not None else 0)
-    if args.metrics_port:
-        metrics.serve(args.metrics_port)
     worker = Worker(args, stop, metrics)
+    if args.metrics_port:
+        from importer.health import worker_health
+
+        metrics.serve(args.metrics_port + args.metrics_port_offset, health=lambda: worker_health(worker))
     status = worker.start()
     if status is None:
         status = worker.run()

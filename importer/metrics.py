@@ -1,8 +1,11 @@
-"""Prometheus metrics of one importer worker, served by prometheus_client on `--metrics-port`."""
+"""Prometheus metrics of one importer worker, served with /healthz on `--metrics-port`."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from logjam.health import HealthCheck, MetricsServer
+from logjam.health import serve as serve_http
 
 
 class ImporterMetrics:
@@ -34,6 +37,8 @@ class ImporterMetrics:
         self.commit_delay = Histogram("logjam_importer_commit_delay_seconds",
                                       "Seconds from a batch's first row to its commit", ["worker"],
                                       buckets=(0.5, 1, 2, 3, 5, 8, 13, 21, 34, 60), registry=r).labels(**labels)
+        self.last_write = Gauge("logjam_importer_last_write_timestamp_seconds", "Unix time of the last committed batch",
+                                ["worker"], registry=r).labels(**labels)
         self.write_stalls = Counter("logjam_importer_write_stalls", "Spark writes pending longer than --write-timeout",
                                     ["worker"], registry=r).labels(**labels)
         self.write_stalled = Gauge("logjam_importer_write_stalled", "1 while a Spark write is pending too long",
@@ -70,5 +75,6 @@ class ImporterMetrics:
                                 ["worker"], registry=r).labels(**labels)
         self.worker = str(worker)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "0.0.0.0", health: HealthCheck | None = None) -> MetricsServer:
+        """/metrics and /healthz (logjam.health)."""
+        return serve_http(self.registry, port, addr, health=health)

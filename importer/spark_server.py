@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--driver-memory", default="2g", help="JVM heap of the driver (default 2g)")
     p.add_argument("--conf", action="append", default=None, metavar="KEY=VALUE", help="extra Spark setting; repeatable")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help="serve the table's Prometheus metrics (partitions, files, compaction, retention) on this port")
+                   help="serve the table's Prometheus metrics (partitions, files, compaction, retention) and "
+                        "/healthz on this port")
     add_maintenance_flags(p)
     p.add_argument("-v", "--verbose", action="store_true", help="keep Spark's INFO logging")
     add_config_flag(p)
@@ -215,7 +216,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, forward)
     metrics = TableMetrics()
     if args.metrics_port:
-        metrics.serve(args.metrics_port, "0.0.0.0" if args.bind in ("0.0.0.0", "::") else args.bind)
+        from importer.health import spark_server_health
+        from logjam.health import serve as serve_http
+
+        serve_http(metrics.registry, args.metrics_port, "0.0.0.0" if args.bind in ("0.0.0.0", "::") else args.bind,
+                   health=lambda: spark_server_health(proc, args))
     threading.Thread(target=_prepare, args=(args, warehouse, proc, stopping, metrics), name="prepare",
                      daemon=True).start()
 
@@ -235,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    if args.check:
+        from importer.checks import check_spark_server
+
+        return check_spark_server(args)
     setup_logging("logjam-spark", args.verbose)
     from logjam import lifecycle
 

@@ -155,6 +155,10 @@ def maintain(spark: Any, args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse_args(parser, argv)
+    if args.check:
+        from importer.checks import check_sql
+
+        return check_sql(args)
     if args.query is None and not (args.compact or args.retention_days):
         parser.error("give a query, or --compact / --retention-days")
     setup_logging("logjam-sql", args.verbose)

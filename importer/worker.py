@@ -65,6 +65,8 @@ class Worker:
         self._next_idle_checkpoint = 0.0
         self._stalled = False
         self._next_report = 0.0
+        self.ready_at: float | None = None  # monotonic end of start(): Spark and the table are there
+        self.last_write: float | None = None  # monotonic end of the last committed batch (importer/health.py)
         self.name = f"{socket.gethostname()}/worker-{self.worker_id}"
 
     # -- start-up -----------------------------------------------------------------------------
@@ -102,6 +104,7 @@ class Worker:
                 return status
         if args.dedupe_keys > 0:
             self._load_event_ids(spark)
+        self.ready_at = time.monotonic()
         return None
 
     def _recover(self, spark: Any) -> int | None:
@@ -138,6 +141,8 @@ class Worker:
     # -- the stages' callbacks ------------------------------------------------------------------
     def written(self, batch: Batch, seconds: float) -> None:
         m = self.metrics
+        self.last_write = time.monotonic()
+        m.last_write.set_to_current_time()
         m.written.inc(batch.rows)
         m.batches.inc()
         m.write_seconds.observe(seconds)

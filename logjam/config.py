@@ -1,7 +1,10 @@
 """Flags plus an optional TOML file, the way every logjam-mesh entry point is configured.
 
 TOML keys are the long flag names (dashes or underscores). Values from the file
-become argparse defaults, so a flag on the command line always wins.
+become argparse defaults, so a flag on the command line always wins. Abbreviated flags
+are refused everywhere (`--conf` is a flag of its own, not `--config`): build parsers
+with `allow_abbrev=False`, which `parse_args` checks. `--check` (logjam/check.py) rides
+along with `--config`; under it a bad flag or file exits 1 instead of argparse's 2.
 """
 
 from __future__ import annotations
@@ -10,29 +13,51 @@ import argparse
 import logging
 import sys
 import tomllib
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML file with the same keys as the long flags")
+    parser.add_argument("--check", action="store_true",
+                        help="validate the flags, the config, TLS files and directories, print what would run, "
+                             "and exit 0 (ok) or 1 without starting anything")
 
 
-def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None,
+               validate: Callable[[argparse.ArgumentParser, argparse.Namespace], None] | None = None,
+               ) -> argparse.Namespace:
+    """Flags over TOML; `validate` may call parser.error for what argparse cannot check."""
+    if parser.allow_abbrev:
+        raise TypeError(f"{parser.prog}: build the parser with allow_abbrev=False")
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
+    pre.add_argument("--check", action="store_true")
     known, _ = pre.parse_known_args(argv)
-    if known.config:
+    try:
+        args = _parse(parser, known.config, argv)
+        if validate is not None:
+            validate(parser, args)
+        return args
+    except SystemExit as e:
+        # Under --check every failure is exit 1 (argparse's usage errors are 2), --help stays 0.
+        if known.check and e.code not in (0, None):
+            raise SystemExit(1) from None
+        raise
+
+
+def _parse(parser: argparse.ArgumentParser, config: str | None, argv: Sequence[str] | None) -> argparse.Namespace:
+    if config:
         try:
-            with open(known.config, "rb") as f:
+            with open(config, "rb") as f:
                 data = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as e:
-            parser.error(f"--config {known.config}: {e}")
+            parser.error(f"--config {config}: {e}")
         dests = {a.dest for a in parser._actions}
         defaults = {}
         for key, value in data.items():
             dest = key.replace("-", "_")
-            if dest not in dests or dest in ("help", "config"):
-                parser.error(f"--config {known.config}: unknown key {key!r}")
+            if dest not in dests or dest in ("help", "config", "check"):
+                parser.error(f"--config {config}: unknown key {key!r}")
             defaults[dest] = value
         parser.set_defaults(**defaults)
     return parser.parse_args(argv)

@@ -1,14 +1,18 @@
-"""`make up`, `make down`, `make status`: run supervisord.conf with the LOGJAM_* defaults filled in.
+"""`make up`, `make down`, `make status`, `make check`: run supervisord.conf with the LOGJAM_* defaults filled in.
 
 supervisord's `%(ENV_X)s` has no default syntax, so this module supplies the defaults,
 creates the data and log directories, runs supervisord in the foreground, and prints
 where everything listens once every program is RUNNING. Ctrl-C stops the mesh cleanly.
+`status` adds each program's /healthz verdict (every process serves /metrics and
+/healthz on its own port, METRICS_PORTS); `check` runs every program's command line
+from supervisord.conf with `--check` and exits 1 if any of them fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -35,6 +39,24 @@ DEFAULTS = {
     "LOGJAM_SEGMENT_PORT": "12345",
     "LOGJAM_RUSTLOG_PORT": "9092",
     "LOGJAM_IMPORTERS": "2",
+    # Prometheus /metrics and /healthz of every process (logjam.health); importer I serves
+    # LOGJAM_IMPORTER_METRICS_PORT + I. logjam-spark's is LOGJAM_TABLE_METRICS_PORT.
+    "LOGJAM_DEVICE_METRICS_PORT": "9631",
+    "LOGJAM_LUMBERJACK_METRICS_PORT": "9632",
+    "LOGJAM_COURIER_METRICS_PORT": "9633",
+    "LOGJAM_SEGMENT_METRICS_PORT": "9634",
+    "LOGJAM_RUSTLOG_METRICS_PORT": "9635",
+    "LOGJAM_IMPORTER_METRICS_PORT": "9640",
+}
+
+# supervisord program (process) name -> the variable holding its metrics port.
+METRICS_PORTS = {
+    "logjam-spark": "LOGJAM_TABLE_METRICS_PORT",
+    "logjam-device": "LOGJAM_DEVICE_METRICS_PORT",
+    "bridge-lumberjack": "LOGJAM_LUMBERJACK_METRICS_PORT",
+    "bridge-courier": "LOGJAM_COURIER_METRICS_PORT",
+    "bridge-segment": "LOGJAM_SEGMENT_METRICS_PORT",
+    "bridge-rustlog": "LOGJAM_RUSTLOG_METRICS_PORT",
 }
 
 
@@ -82,10 +104,12 @@ logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
   RustLog         tcp :{e('LOGJAM_RUSTLOG_PORT')}
   Spark Connect   sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')}  ({e('LOGJAM_IMPORTERS')} importers)
   JDBC            jdbc:hive2://127.0.0.1:{e('LOGJAM_JDBC_PORT')}  (table logjam.messages)
+  Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device :{e('LOGJAM_DEVICE_METRICS_PORT')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
 
 Send:   echo hello | {rel}/logjam-send logjam --to 127.0.0.1:{e('LOGJAM_ROUTER_PORT')}
 Tail:   {rel}/logjam-tail --sub tcp://127.0.0.1:{e('LOGJAM_PUB_PORT')}
 Query:  {rel}/logjam-sql --spark sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')} "SELECT app_env, count(*) FROM messages GROUP BY 1"
+Health: make status    Check a config: make check
 Stop:   Ctrl-C here, or `make down`
 """
 
@@ -142,20 +166,127 @@ def up(config: Path, ready_timeout: float = 180.0) -> int:
     return proc.returncode
 
 
+def metrics_ports(env: dict[str, str]) -> dict[str, int]:
+    """Process name -> the port of its /metrics and /healthz."""
+    ports = {name: int(env[key]) for name, key in METRICS_PORTS.items()}
+    base = int(env["LOGJAM_IMPORTER_METRICS_PORT"])
+    for i in range(int(env["LOGJAM_IMPORTERS"])):
+        ports[f"logjam-importer-{i}"] = base + i
+    return ports
+
+
+def health_report(env: dict[str, str]) -> tuple[bool, list[str]]:
+    """(all healthy, one line per process: port, verdict, each check's detail)."""
+    from logjam.health import fetch
+
+    host = env["LOGJAM_BIND"] if env["LOGJAM_BIND"] not in ("0.0.0.0", "*", "::") else "127.0.0.1"
+    healthy, lines = True, []
+    for name, port in metrics_ports(env).items():
+        # Only the device binds its metrics to LOGJAM_BIND; the others listen on every address or 127.0.0.1.
+        code, doc = fetch(f"http://{host if name == 'logjam-device' else '127.0.0.1'}:{port}/healthz")
+        if doc is None:
+            healthy = False
+            lines.append(f"  {name:<20} :{port:<5}  no answer" + (f" (HTTP {code})" if code else ""))
+            continue
+        healthy = healthy and bool(doc.get("healthy"))
+        checks = "; ".join(f"{k}: {v['detail']}" if v["ok"] else f"{k} FAILING: {v['detail']}"
+                           for k, v in doc.get("checks", {}).items())
+        lines.append(f"  {name:<20} :{port:<5}  {'healthy' if doc.get('healthy') else 'UNHEALTHY'}  {checks}")
+    return healthy, lines
+
+
+def show_status(config: Path) -> int:
+    env = mesh_environment(config)
+    code = subprocess.call([_bin("supervisorctl"), "-c", str(config), "status"], env=env)
+    healthy, lines = health_report(env)
+    print("\n/healthz (metrics at the same port's /metrics):")
+    print("\n".join(lines), flush=True)
+    return code or (0 if healthy else 1)
+
+
+def program_commands(config: Path, env: dict[str, str]) -> dict[str, list[str]]:
+    """Process name -> its command line, as supervisord itself expands supervisord.conf with `env`."""
+    from supervisor.options import ServerOptions
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        options = ServerOptions()
+        options.realize(args=["-c", str(config)])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return {pc.name: shlex.split(pc.command) for g in options.process_group_configs for pc in g.process_configs}
+
+
+def _duplicate_ports(env: dict[str, str]) -> list[str]:
+    """Two programs on one port: the second would fail at start, so say it before."""
+    owners: list[tuple[str, int]] = [(k, int(v)) for k, v in env.items()
+                                     if k.startswith("LOGJAM_") and k.endswith("_PORT") and v.isdigit()
+                                     and k != "LOGJAM_IMPORTER_METRICS_PORT"]
+    owners += [(f"{name} metrics", port) for name, port in metrics_ports(env).items() if name.startswith("logjam-importer-")]
+    seen: dict[int, str] = {}
+    problems = []
+    for owner, port in owners:
+        if port in seen:
+            problems.append(f"port {port} is used twice: {seen[port]} and {owner}")
+        seen.setdefault(port, owner)
+    return problems
+
+
+def check(config: Path, timeout: float = 180.0) -> int:
+    """Run every program's command with --check (in parallel); 0 when all pass."""
+    env = mesh_environment(config)
+    try:
+        commands = program_commands(config, env)
+    except SystemExit:  # supervisor printed why on stderr
+        print(f"mesh check: {config} is not a valid supervisord config", flush=True)
+        return 1
+    problems = _duplicate_ports(env)
+    running = {name: subprocess.Popen([*argv, "--check"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+               for name, argv in commands.items()}
+    failed = []
+    for name, proc in running.items():
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            out += f"\n--check did not finish in {timeout:.0f}s"
+        print(f"== {name}: {'ok' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'}")
+        print("\n".join(f"   {line}" for line in out.rstrip().splitlines()), flush=True)
+        if proc.returncode != 0:
+            failed.append(name)
+    for problem in problems:
+        print(f"== mesh: {problem}")
+    if failed or problems:
+        print(f"mesh check FAILED: {', '.join(failed + (['ports'] if problems else []))}", flush=True)
+        return 1
+    print(f"mesh check ok: {len(commands)} programs", flush=True)
+    return 0
+
+
 def ctl(config: Path, args: Sequence[str]) -> int:
     env = mesh_environment(config)
     return subprocess.call([_bin("supervisorctl"), "-c", str(config), *args], env=env)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m logjam.mesh", description=__doc__)
-    p.add_argument("action", choices=["up", "down", "status"])
+    p = argparse.ArgumentParser(prog="python -m logjam.mesh", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("action", choices=["up", "down", "status", "check"])
     p.add_argument("--config", default="supervisord.conf", type=Path)
     args = p.parse_args(argv)
     config = args.config.resolve()
     if args.action == "up":
         return up(config)
-    return ctl(config, ["shutdown"] if args.action == "down" else ["status"])
+    if args.action == "status":
+        return show_status(config)
+    if args.action == "check":
+        return check(config)
+    return ctl(config, ["shutdown"])
 
 
 if __name__ == "__main__":

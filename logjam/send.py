@@ -22,6 +22,7 @@ from typing import Any, Iterator, Sequence
 import orjson
 
 from logjam import lifecycle
+from logjam.check import Checker
 from logjam.config import add_config_flag, parse_args
 from logjam.send_clients import DEFAULT_PORTS, SENDERS, Options, Sender, SendFailed, tls_context
 from logjam.validation import is_valid_app_env
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Send lines as events through one of the mesh's protocols and wait for the acknowledgement.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )
     p.add_argument("protocol", choices=sorted(SENDERS), help="protocol to speak")
     p.add_argument("messages", nargs="*", metavar="MESSAGE",
@@ -218,16 +219,36 @@ def options(args: argparse.Namespace) -> Options:
     )
 
 
+def validated(args: argparse.Namespace) -> Options:
+    """The options of a send, or ValueError saying which flag is wrong."""
+    if args.timeout <= 0:
+        raise ValueError("--timeout must be positive")
+    if not 1 <= args.batch_size <= MAX_BATCH_EVENTS:
+        raise ValueError(f"--batch-size must be within 1..{MAX_BATCH_EVENTS}")
+    return options(args)
+
+
+def check(args: argparse.Namespace) -> int:
+    """--check: the flags, the target, the TLS files; stdin is not read."""
+    c = Checker(PROG)
+    for flag in ("--tls-ca", "--tls-cert", "--tls-key"):
+        c.readable_file(flag, getattr(args, flag[2:].replace("-", "_")))
+    if args.protocol == "logjam" and not is_valid_app_env(args.app_env):
+        c.error(f"--app-env {args.app_env!r} is not application-environment; the device would refuse it")
+    opts = c.attempt("flags and TLS files", lambda: validated(args))
+    if opts is not None:
+        what = f"{len(args.messages)} message argument(s)" if args.messages and args.messages != ["-"] else "stdin lines"
+        c.would_run(f"send {what} as {args.protocol} to {opts.where}{' with TLS' if opts.tls else ''}, "
+                    f"{args.batch_size} per batch, waiting {args.timeout:g}s for each acknowledgement")
+    return c.report()
+
+
 def run(args: argparse.Namespace, stdin_fd: int) -> int:
     try:
-        if args.timeout <= 0:
-            raise ValueError("--timeout must be positive")
-        if not 1 <= args.batch_size <= MAX_BATCH_EVENTS:
-            raise ValueError(f"--batch-size must be within 1..{MAX_BATCH_EVENTS}")
         if args.protocol == "logjam" and not is_valid_app_env(args.app_env):
             print(f"{PROG}: warning: --app-env {args.app_env!r} is not application-environment; the device will refuse it",
                   file=sys.stderr)
-        opts = options(args)
+        opts = validated(args)
     except ValueError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -268,6 +289,8 @@ def _events(n: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    if args.check:
+        return check(args)
     return run(args, sys.stdin.fileno())
 
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.live import Live
 
 from logjam import lifecycle
+from logjam.check import Checker
 from logjam.config import add_config_flag, parse_args, setup_logging
 from logjam.message import Message
 from logjam.subscriber import Gap, Subscriber
@@ -81,7 +82,7 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="logjam-tail", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--sub", action=_Repeatable, metavar="ENDPOINT",
                    help=f"device PUB endpoint; repeatable (default {DEFAULT_SUB})")
     p.add_argument("--app-env", action=_Repeatable, metavar="PREFIX",
@@ -126,7 +127,12 @@ def _as_list(value: Any) -> list[str]:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
-    args = parse_args(parser, argv)
+    args = parse_args(parser, argv, _validate)
+    args.parser = parser
+    return args
+
+
+def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     # TOML values bypass argparse's type checks, so check them here.
     args.sub = _as_list(args.sub) or [DEFAULT_SUB]
     args.app_env = _as_list(args.app_env)
@@ -142,8 +148,17 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     for ep in args.sub:
         if "://" not in ep:
             parser.error(f"--sub {ep!r}: expected an endpoint such as {DEFAULT_SUB}")
-    args.parser = parser
-    return args
+
+
+def check(args: argparse.Namespace) -> int:
+    """--check: everything was validated while parsing; say what would be shown."""
+    c = Checker("logjam-tail")
+    c.ok(f"--sub {', '.join(args.sub)}")
+    streams = f"app-envs starting with {', '.join(args.app_env)}" if args.app_env else "every app-env"
+    topics = f", topics starting with {', '.join(args.topic)}" if args.topic else ""
+    c.would_run(f"subscribe to {', '.join(args.sub)}: {streams}{topics}, shown as {args.mode}"
+                + (f", stop after {args.count}" if args.count else ""))
+    return c.report()
 
 
 def _console(args: argparse.Namespace) -> Console:
@@ -246,6 +261,8 @@ class _Tail:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse(argv)
+        if args.check:
+            return check(args)
         setup_logging("logjam-tail", args.verbose)
         stop = lifecycle.stop_event()
         return _run(args, stop)

@@ -17,7 +17,7 @@ from logjam.mesh import DEFAULTS, mesh_environment
 from logjam.message import Message
 from logjam.producer import Producer
 from logjam.replay import ReplayClient
-from tests.helpers import REPO, command, free_port, port_open, wait_for
+from tests.helpers import REPO, command, free_port, free_port_pair, port_open, wait_for
 
 
 PROTOCOL_PORTS = {
@@ -34,6 +34,8 @@ class Mesh:
         for key in DEFAULTS:
             base.pop(key, None)
         base.update({k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT")})
+        # Importer I serves LOGJAM_IMPORTER_METRICS_PORT + I: the next port must be free too.
+        base["LOGJAM_IMPORTER_METRICS_PORT"] = str(free_port_pair())
         base.update(LOGJAM_DATA_DIR=str(data_dir), LOGJAM_BIND="127.0.0.1", LOGJAM_IMPORTERS="2",
                     LOGJAM_SPARK_MASTER="local[2]")
         self.config = REPO / "supervisord.conf"
@@ -216,8 +218,8 @@ _SKIPPED = re.compile(r"duplicates: skipped (\d+) events whose @metadata\._id wa
 def importer_duplicates_dropped(mesh: Mesh) -> int:
     """Events the importers dropped by @metadata._id so far, summed from their logs' 5-second summaries.
 
-    The summary is the only place the mesh exposes it (no --metrics-port under supervisord); a
-    count an importer had not logged yet when it was SIGKILLed is not in it.
+    The summary survives a SIGKILLed importer, which its metrics port does not; a count an
+    importer had not logged yet when it was SIGKILLed is not in it.
     """
     total = 0
     for path in Path(mesh.env["LOGJAM_DATA_DIR"], "logs").glob("logjam-importer-*.log"):

@@ -98,7 +98,8 @@ class _Endpoint:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.sndhwm)
         sock.setsockopt(zmq.RCVHWM, 0)
-        self.monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.connected = False  # TCP to the device is up (the monitor says so); for /healthz
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sock.connect(self.endpoint)
         self.sock = sock
         self.loop.add_reader(sock.FD, self._on_socket)
@@ -190,6 +191,10 @@ class _Endpoint:
                 event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self.connected = True
+                continue
+            self.connected = False
             if event["event"] == zmq.EVENT_DISCONNECTED and self.parts:
                 self.reset()
                 return
@@ -242,6 +247,11 @@ class DeviceLink:
     @property
     def inflight(self) -> int:
         return self._inflight
+
+    @property
+    def connected(self) -> dict[str, bool]:
+        """Endpoint -> whether its TCP connection is up now."""
+        return {ep.endpoint: ep.connected for ep in self._endpoints}
 
     @property
     def resets(self) -> int:

@@ -1,8 +1,11 @@
-"""Prometheus metrics every bridge exposes on --metrics-port."""
+"""Prometheus metrics every bridge exposes on --metrics-port (with /healthz, logjam.health)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from logjam.health import HealthCheck, MetricsServer
+from logjam.health import serve as serve_http
 
 
 class BridgeMetrics:
@@ -22,6 +25,7 @@ class BridgeMetrics:
         self._errors = counter("logjam_bridge_protocol_errors", "Connections ended by a protocol error", ("reason",))
         self._fallbacks = counter("logjam_bridge_app_env_fallbacks", "Events whose --app-env-field was missing or invalid")
         self._inflight = Gauge("logjam_bridge_device_inflight", "Requests awaiting the device", labels, registry=self.registry)
+        self._tls_reloads = counter("logjam_bridge_tls_reloads", "SIGHUP reloads of the TLS files", ("result",))
         self.protocol = protocol
         self.connections = self._connections.labels(protocol)
         self.refused = self._refused.labels(protocol)
@@ -35,5 +39,8 @@ class BridgeMetrics:
     def protocol_error(self, reason: str) -> None:
         self._errors.labels(self.protocol, reason).inc()
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+    def tls_reload(self, ok: bool) -> None:
+        self._tls_reloads.labels(self.protocol, "ok" if ok else "failed").inc()
+
+    def serve(self, port: int, addr: str = "0.0.0.0", health: HealthCheck | None = None) -> MetricsServer:
+        return serve_http(self.registry, port, addr, health=health)

@@ -2,7 +2,8 @@
 
 Shutdown order follows the bridge contract: stop accepting, stop reading from
 clients, let sessions finish what they already forwarded (acking it), close the
-clients, then close the protocol's stores and the device link.
+clients, then close the protocol's stores and the device link. SIGHUP reloads the TLS
+files (bridges/host/tls.py); `--metrics-port` serves /metrics and /healthz (device link up).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
 from bridges.host.metrics import BridgeMetrics
 from bridges.host.protocol import BridgeProtocol, Host
-from bridges.host.tls import server_context
+from bridges.host.tls import ReloadableTLS
+from logjam.health import Check
 from logjam.errors import ProtocolError
 from logjam.meta import Compression
 
@@ -48,7 +50,23 @@ class BridgeServer:
         self.protocol = protocol_cls(args, self.host)
         self.name = protocol_cls.name
         self.stopping = asyncio.Event()
+        self.listening = False
         self.connections: dict[asyncio.Task[None], Connection] = {}
+
+    def health(self) -> list[Check]:
+        """/healthz (from the metrics thread): listening, and the device link is up."""
+        links = self.link.connected
+        down = [ep for ep, up in links.items() if not up]
+        listening = self.listening and not self.stopping.is_set()
+        return [
+            Check("listening", listening, self.args.listen if listening else "not accepting connections"),
+            Check("device_link", bool(links) and not down,
+                  f"not connected to {', '.join(down or self.args.device)}" if down or not links
+                  else f"connected to {', '.join(links)}"),
+        ]
+
+    def reload_tls(self, tls: ReloadableTLS) -> None:
+        self.metrics.tls_reload(tls.reload())
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = Connection(
@@ -91,15 +109,18 @@ class BridgeServer:
             loop.add_signal_handler(sig, self.stopping.set)
         self.link.start()
         if self.args.metrics_port:
-            self.metrics.serve(self.args.metrics_port)
+            self.metrics.serve(self.args.metrics_port, health=self.health)
         await self.protocol.start()
         host, port = split_listen(self.args.listen)
-        tls = server_context(self.args)
+        reloadable = ReloadableTLS(self.args)
+        tls = reloadable.context
+        loop.add_signal_handler(signal.SIGHUP, self.reload_tls, reloadable)
         server = await asyncio.start_server(
             self._handle, host, port, ssl=tls,
             ssl_handshake_timeout=self.args.tls_handshake_timeout if tls else None,
             limit=2**20, reuse_address=True,
         )
+        self.listening = True
         log.info(
             "%s bridge listening on %s:%d%s, forwarding to %s",
             self.name, host, port, " (TLS)" if tls else "", ", ".join(self.args.device),

@@ -1,13 +1,24 @@
-"""Server TLS from the common flags: certificate, key, optional client CA and client auth."""
+"""Server TLS from the common flags: certificate, key, optional client CA and client auth.
+
+`ReloadableTLS` lets SIGHUP swap in freshly read files without dropping anyone: asyncio
+keeps serving one context, whose SNI callback (OpenSSL calls it for every ClientHello,
+with or without a server name) moves each new handshake onto the newest context. An
+established connection keeps the certificate it was set up with; a reload whose files
+do not load is refused and the previous context stays in use.
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import logging
 import ssl
+
+log = logging.getLogger("logjam-bridge")
 
 
 def server_context(args: argparse.Namespace) -> ssl.SSLContext | None:
-    """None when TLS is off (no --tls-cert)."""
+    """None when TLS is off (no --tls-cert); raises ValueError, OSError or ssl.SSLError for bad files."""
     if not args.tls_cert:
         return None
     if not args.tls_key:
@@ -25,3 +36,54 @@ def server_context(args: argparse.Namespace) -> ssl.SSLContext | None:
         ctx.load_verify_locations(cafile=args.tls_client_ca)
         ctx.verify_mode = ssl.CERT_REQUIRED if auth == "required" else ssl.CERT_OPTIONAL
     return ctx
+
+
+def fingerprint(path: str) -> str:
+    """A short SHA-256 of a certificate file's first certificate, for log lines."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            pem = f.read()
+    except OSError:
+        return "?"
+    start = pem.find("-----BEGIN CERTIFICATE-----")
+    end = pem.find("-----END CERTIFICATE-----", start)
+    if start < 0 or end < 0:
+        return "?"
+    der = ssl.PEM_cert_to_DER_cert(pem[start:end + len("-----END CERTIFICATE-----")])
+    return hashlib.sha256(der).hexdigest()[:16]
+
+
+class ReloadableTLS:
+    """The server's TLS: `context` for asyncio, `reload()` on SIGHUP."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.context = server_context(args)
+        self.current = self.context
+        self.reloads = 0
+        self.reload_failures = 0
+        if self.context is not None:
+            self.context.sni_callback = self._pick
+
+    def _pick(self, sslobj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        current = self.current
+        if current is not None and current is not ctx:
+            sslobj.context = current  # this handshake continues with the newest certificate
+        return None
+
+    def reload(self) -> bool:
+        """Read the TLS files again; True when new handshakes now use them."""
+        if self.context is None:
+            log.info("SIGHUP: TLS is off; nothing to reload")
+            return False
+        try:
+            fresh = server_context(self.args)
+        except (OSError, ValueError, ssl.SSLError) as e:
+            self.reload_failures += 1
+            log.error("SIGHUP: cannot reload TLS files (%s); keeping the previous certificate", e)
+            return False
+        self.current = fresh
+        self.reloads += 1
+        log.info("SIGHUP: reloaded TLS certificate %s (sha256 %s); new connections use it, open ones keep theirs",
+                 self.args.tls_cert, fingerprint(self.args.tls_cert))
+        return True

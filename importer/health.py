@@ -1,0 +1,56 @@
+"""`/healthz` of one importer worker (is it connected to Spark, are its writes landing?) and of logjam-spark.
+
+Read from the metrics thread; every attribute it looks at is a plain value the worker's
+threads replace whole (GIL-atomic), and anything not set up yet counts as "starting".
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+from typing import TYPE_CHECKING
+
+from logjam.health import Check
+
+if TYPE_CHECKING:
+    from importer.worker import Worker
+
+
+def worker_health(worker: "Worker") -> list[Check]:
+    """spark: the start-up (Spark, the table, recovery) is done; writes: no write pending or
+    rows waiting longer than --write-timeout since the last commit."""
+    now = time.monotonic()
+    ready_at = worker.ready_at
+    if ready_at is None:
+        return [Check("spark", False, f"starting: connecting to {worker.args.spark} and preparing the table")]
+    checks = [Check("spark", True, f"connected to {worker.args.spark}")]
+    limit = worker.args.write_timeout
+    writer, batch = getattr(worker, "writer", None), getattr(worker, "batch", None)
+    started = writer.started if writer is not None else None
+    last = worker.last_write
+    since = now - (last if last is not None else ready_at)
+    last_text = f"last write {now - last:.1f}s ago" if last is not None else "no write yet"
+    waiting = (batch.rows if batch is not None else 0) + (writer.pending if writer is not None else 0)
+    if started is not None and now - started > limit:
+        checks.append(Check("writes", False, f"a Spark write has been pending {now - started:.0f}s "
+                                             f"(--write-timeout {limit:g}s); {last_text}"))
+    elif waiting and since > limit:
+        checks.append(Check("writes", False, f"rows waiting and {last_text} (--write-timeout {limit:g}s)"))
+    else:
+        checks.append(Check("writes", True, last_text if waiting or last is not None else "idle: nothing to write"))
+    return checks
+
+
+def spark_server_health(proc: "subprocess.Popen[bytes]", args: "argparse.Namespace") -> list[Check]:
+    """logjam-spark: the JVM runs and its Spark Connect (and JDBC, when on) ports accept connections."""
+    from importer.spark_server import _listening
+
+    if proc.poll() is not None:
+        return [Check("jvm", False, f"the Spark JVM exited with status {proc.returncode}")]
+    checks = [Check("jvm", True, f"pid {proc.pid}")]
+    ports = [("connect", args.port)] + ([("jdbc", args.jdbc_port)] if args.jdbc_port else [])
+    for name, port in ports:
+        up = _listening(args.bind, port)
+        checks.append(Check(name, up, f"port {port} {'accepts connections' if up else 'not answering (starting?)'}"))
+    return checks

@@ -1,0 +1,131 @@
+"""`--check` through the real commands: good configs exit 0 and say what would run, broken
+ones exit 1 and say what is wrong; nothing is started or left behind. `make check`
+(`python -m logjam.mesh check`) runs it for every program of supervisord.conf.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from logjam.mesh import DEFAULTS
+from tests.helpers import REPO, command
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def check(*argv: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([command(argv[0]), *argv[1:], "--check"], capture_output=True, text=True, timeout=90,
+                          cwd=cwd, env=env)
+
+
+def test_device_good_and_broken(tmp_path: Path) -> None:
+    config = tmp_path / "device.toml"
+    config.write_text(f'data-dir = "{tmp_path / "data"}"\nmetrics-port = 9999\ndevice-id = 4\n')
+    ok = check("logjam-device", "--config", str(config))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "would run: device 4: ROUTER" in ok.stdout
+    assert f"journal in {tmp_path / 'data' / 'journal'}" in ok.stdout
+    assert "metrics and /healthz on :9999" in ok.stdout
+    assert not (tmp_path / "data").exists(), "--check created the data dir"
+
+    (tmp_path / "file").write_text("")
+    bad = check("logjam-device", "--data-dir", str(tmp_path / "file" / "data"), "-t", "9605")
+    assert bad.returncode == 1
+    assert "error  --router-port and --pull-port are both 9605" in bad.stdout
+    assert "cannot be created" in bad.stdout and "check FAILED" in bad.stdout
+
+    config.write_text('router-port = "nine"\n')
+    assert check("logjam-device", "--config", str(config)).returncode == 1
+    config.write_text("no-such-key = 1\n")
+    res = check("logjam-device", "--config", str(config))
+    assert res.returncode == 1 and "unknown key 'no-such-key'" in res.stderr
+    res = check("logjam-device", "--no-such-flag")
+    assert res.returncode == 1 and "unrecognized arguments" in res.stderr
+
+
+def test_bridge_tls_files_are_loaded(tmp_path: Path, certs) -> None:
+    good = check("logjam-bridge", "lumberjack", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+                 "--tls-client-ca", str(certs.ca), "--metrics-port", "9632")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "TLS (client certificates: required; SIGHUP reloads the files)" in good.stdout
+    # A key that belongs to another certificate only fails when OpenSSL loads the pair.
+    mismatch = check("logjam-bridge", "lumberjack", "--tls-cert", str(certs.server_cert),
+                     "--tls-key", str(certs.client_key))
+    assert mismatch.returncode == 1 and "KEY_VALUES_MISMATCH" in mismatch.stdout, mismatch.stdout
+    missing = check("logjam-bridge", "courier", "--tls-cert", str(tmp_path / "nope.crt"), "--tls-key", str(certs.server_key))
+    assert missing.returncode == 1 and f"--tls-cert {tmp_path / 'nope.crt'}: no such file" in missing.stdout
+    nokey = check("logjam-bridge", "courier", "--tls-cert", str(certs.server_cert))
+    assert nokey.returncode == 1 and "--tls-cert needs --tls-key" in nokey.stdout
+
+
+def test_bridge_data_dir_and_device(tmp_path: Path) -> None:
+    good = check("logjam-bridge", "segment", "--data-dir", str(tmp_path / "seg"))
+    assert good.returncode == 0 and f"store in {tmp_path / 'seg'}" in good.stdout
+    (tmp_path / "seg-file").write_text("")
+    bad = check("logjam-bridge", "rustlog", "--data-dir", str(tmp_path / "seg-file"), "--device", "127.0.0.1:9604")
+    assert bad.returncode == 1
+    assert "exists and is not a directory" in bad.stdout and "--device 127.0.0.1:9604: not tcp://HOST:PORT" in bad.stdout
+    assert check("logjam-bridge", "nosuch").returncode == 1
+
+
+def test_importer_spark_sql(tmp_path: Path) -> None:
+    imp = check("logjam-importer", "--worker", "1", "--workers", "2", "--state-dir", str(tmp_path / "state"),
+                "--metrics-port", "9640", "--metrics-port-offset", "1")
+    assert imp.returncode == 0, imp.stdout + imp.stderr
+    assert "importer (worker 1 of 2)" in imp.stdout and "metrics and /healthz on :9641" in imp.stdout
+    bad = check("logjam-importer", "--worker", "2", "--workers", "2")
+    assert bad.returncode == 1 and "--worker must be in 0..1" in bad.stderr
+    bad = check("logjam-importer", "--spark", "http://x", "--state-dir", "/proc/nope")
+    assert bad.returncode == 1 and "--spark http://x: not sc://" in bad.stdout and "/proc/nope" in bad.stdout
+
+    spark = check("logjam-spark", "--warehouse", str(tmp_path / "w"), "--metastore", str(tmp_path / "m"),
+                  "--port", "15099", "--jdbc-port", "0")
+    assert spark.returncode == 0, spark.stdout + spark.stderr
+    assert "spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer" in spark.stdout
+    assert not (tmp_path / "w").exists() and not (tmp_path / "m").exists()
+    bad = check("logjam-spark", "--conf", "no-equals-sign", "--port", "10000")
+    assert bad.returncode == 1
+    assert "--conf wants KEY=VALUE" in bad.stdout and "--port and --jdbc-port are both 10000" in bad.stdout
+
+    assert check("logjam-sql", "SELECT 1").returncode == 0
+    bad = check("logjam-sql")
+    assert bad.returncode == 1 and "give a query" in bad.stdout
+
+
+def test_send_and_tail(certs) -> None:
+    good = check("logjam-send", "courier", "--to", "127.0.0.1:5043", "--tls-ca", str(certs.ca), "a", "b")
+    assert good.returncode == 0 and "send 2 message argument(s) as courier to 127.0.0.1:5043 with TLS" in good.stdout
+    bad = check("logjam-send", "logjam", "--tls")
+    assert bad.returncode == 1 and "without TLS" in bad.stdout
+    assert check("logjam-tail", "--sub", "tcp://127.0.0.1:1", "--json").returncode == 0
+    bad = check("logjam-tail", "--sub", "127.0.0.1:1")
+    assert bad.returncode == 1 and "expected an endpoint" in bad.stderr
+
+
+def mesh_env(tmp_path: Path, **overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
+    env.update(LOGJAM_DATA_DIR=str(tmp_path / "data"), **overrides)
+    return env
+
+
+def test_make_check_good_and_broken_mesh(tmp_path: Path) -> None:
+    good = subprocess.run(["make", "-s", "check"], cwd=REPO, env=mesh_env(tmp_path), capture_output=True, text=True,
+                          timeout=110)
+    assert good.returncode == 0, good.stdout + good.stderr
+    for name in ("logjam-spark", "logjam-device", "bridge-lumberjack", "bridge-courier", "bridge-segment",
+                 "bridge-rustlog", "logjam-importer-0", "logjam-importer-1"):
+        assert f"== {name}: ok" in good.stdout
+    assert "mesh check ok: 8 programs" in good.stdout
+
+    # Two programs on one port, and a device id the device refuses.
+    bad = subprocess.run([command("python"), "-m", "logjam.mesh", "check"], cwd=REPO,
+                         env=mesh_env(tmp_path, LOGJAM_COURIER_PORT="5044", LOGJAM_DEVICE_ID="-1"),
+                         capture_output=True, text=True, timeout=110)
+    assert bad.returncode == 1, bad.stdout
+    assert "== logjam-device: FAILED (exit 1)" in bad.stdout
+    assert "port 5044 is used twice" in bad.stdout
+    assert "mesh check FAILED" in bad.stdout

@@ -1,0 +1,134 @@
+"""Operations on a mesh started the way `make up` starts it (`python -m logjam.mesh up`) on
+test ports: every process serves Prometheus /metrics and /healthz on its documented
+variable's port, `make status` (`python -m logjam.mesh status`) shows the verdicts, and a
+bridge's /healthz follows its device going away and coming back.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from logjam.health import fetch
+from logjam.mesh import DEFAULTS, METRICS_PORTS, mesh_environment
+from tests.helpers import REPO, command, free_port, free_port_pair, wait_for
+
+pytestmark = pytest.mark.timeout(600)
+
+PREFIX = {"logjam-spark": "logjam_table_", "logjam-device": "logjam_device_", "bridge-": "logjam_bridge_",
+          "logjam-importer-": "logjam_importer_"}
+
+
+def mesh_cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "logjam.mesh", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    data = tmp_path_factory.mktemp("opsmesh") / "data"
+    env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
+    env.update({k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT")})
+    env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1", LOGJAM_IMPORTERS="2",
+               LOGJAM_SPARK_MASTER="local[2]", LOGJAM_IMPORTER_METRICS_PORT=str(free_port_pair()))
+    env = mesh_environment(REPO / "supervisord.conf", env)
+    out = data / "mesh-up.out"
+    with open(out, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "logjam.mesh", "up"], cwd=REPO, env=env, stdout=f,
+                                stderr=subprocess.STDOUT)
+    try:
+        def up() -> bool:
+            assert proc.poll() is None, out.read_text()
+            text = out.read_text()
+            assert "mesh not fully up" not in text, text
+            return "logjam-mesh is up" in text
+
+        wait_for(up, timeout=300, interval=1, what="python -m logjam.mesh up to announce the mesh")
+        yield env
+    finally:
+        mesh_cli(env, "down")
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def ports(env: dict[str, str]) -> dict[str, int]:
+    base = int(env["LOGJAM_IMPORTER_METRICS_PORT"])
+    return {**{name: int(env[key]) for name, key in METRICS_PORTS.items()},
+            "logjam-importer-0": base, "logjam-importer-1": base + 1}
+
+
+def healthz(port: int) -> tuple[int, dict | None]:
+    return fetch(f"http://127.0.0.1:{port}/healthz")
+
+
+def test_every_process_serves_metrics_and_healthz(mesh) -> None:
+    for name, port in ports(mesh).items():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        prefix = next(p for k, p in PREFIX.items() if name.startswith(k))
+        assert f"\n{prefix}" in text or text.startswith(prefix) or f"# HELP {prefix}" in text, (name, text[:500])
+        wait_for(lambda: healthz(port)[0] == 200, timeout=120, interval=0.5, what=f"{name} healthy")
+    device = healthz(ports(mesh)["logjam-device"])[1]
+    assert device["checks"]["journal"]["ok"] and device["checks"]["publishing"]["ok"]
+    bridge = healthz(ports(mesh)["bridge-segment"])[1]
+    assert bridge["checks"]["device_link"]["detail"] == f"connected to tcp://127.0.0.1:{mesh['LOGJAM_ROUTER_PORT']}"
+    spark = healthz(ports(mesh)["logjam-spark"])[1]
+    assert set(spark["checks"]) == {"jvm", "connect", "jdbc"}
+
+
+def test_importer_healthz_reports_its_last_write(mesh) -> None:
+    run = uuid.uuid4().hex[:8]
+    res = subprocess.run([command("logjam-send"), "lumberjack", "--to", f"127.0.0.1:{mesh['LOGJAM_LUMBERJACK_PORT']}",
+                          *[f"{run} {i}" for i in range(20)]], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    # lumberjack-default belongs to worker 0 (CRC32 of the stream name).
+    port = ports(mesh)["logjam-importer-0"]
+    wait_for(lambda: "last write" in healthz(port)[1]["checks"]["writes"]["detail"], timeout=120, interval=0.5,
+             what="importer 0 to commit a batch")
+    status, doc = healthz(port)
+    assert status == 200 and doc["checks"]["spark"]["ok"], doc
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    stamp = [line for line in text.splitlines() if line.startswith("logjam_importer_last_write_timestamp_seconds{")]
+    assert stamp and float(stamp[0].rsplit(" ", 1)[1]) > 0
+
+
+def health_lines(out: str) -> list[str]:
+    """`make status` prints supervisorctl's table, then one /healthz line per process."""
+    head, sep, tail = out.partition("/healthz (metrics at the same port's /metrics):")
+    assert sep, out
+    return tail.strip().splitlines()
+
+
+def test_status_shows_health_and_follows_a_stopped_device(mesh) -> None:
+    res = mesh_cli(mesh, "status")
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = health_lines(res.stdout)
+    assert len(lines) == len(ports(mesh))
+    for name, port in ports(mesh).items():
+        line = next(line for line in lines if line.strip().startswith(f"{name} "))
+        assert f":{port}" in line and " healthy " in line, line
+
+    subprocess.run([command("supervisorctl"), "-c", str(REPO / "supervisord.conf"), "stop", "logjam-device"],
+                   env=mesh, capture_output=True, timeout=60, check=True)
+    try:
+        lumberjack = ports(mesh)["bridge-lumberjack"]
+        wait_for(lambda: healthz(lumberjack)[0] == 503, timeout=30, interval=0.5, what="the bridge to see the device go")
+        assert healthz(lumberjack)[1]["checks"]["device_link"]["ok"] is False
+        res = mesh_cli(mesh, "status")
+        assert res.returncode != 0  # supervisorctl says 3 for a stopped program; unhealthy alone is 1
+        lines = health_lines(res.stdout)
+        assert any(line.strip().startswith("bridge-lumberjack ") and "UNHEALTHY" in line
+                   and "device_link FAILING" in line for line in lines), res.stdout
+        assert any(line.strip().startswith("logjam-device ") and "no answer" in line for line in lines), res.stdout
+    finally:
+        subprocess.run([command("supervisorctl"), "-c", str(REPO / "supervisord.conf"), "start", "logjam-device"],
+                       env=mesh, capture_output=True, timeout=60)
+    wait_for(lambda: mesh_cli(mesh, "status").returncode == 0, timeout=60, interval=1, what="every process healthy again")
