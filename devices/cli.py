@@ -120,7 +120,7 @@ def check(args: argparse.Namespace) -> int:
         c.writable_dir("--data-dir (journal)", Path(args.data_dir) / "journal")
     bind = args.bind
     c.would_run(f"device {args.device_id}: ROUTER tcp://{bind}:{args.router_port}, PULL :{args.pull_port}, "
-                f"PUB :{args.pub_port}, stats :{args.stats_port}, engine {args.engine}")
+                f"PUB :{args.pub_port}, stats :{args.stats_port}, LOGJAM_NATIVE={native.mode()}")
     c.would_run(f"journal in {Path(args.data_dir).absolute() / 'journal'} (fsync {args.journal_fsync}), "
                 f"replay on :{args.replay_port}" if args.data_dir else f"no journal; replay :{args.replay_port} answers info only")
     c.would_run(f"metrics and /healthz on :{args.metrics_port}" if args.metrics_port else "no metrics port")
