@@ -37,7 +37,10 @@ def ensure_table(spark: Any, database: str, location: str) -> str:
     A table created over a location that already holds rows (written before the catalog
     existed, or a metastore that was reset) adopts them: their partitions are registered.
     """
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+    # Checked first: CREATE DATABASE IF NOT EXISTS on an existing database still makes the Hive
+    # metastore log AlreadyExistsException with a 100-line stack trace.
+    if not spark.catalog.databaseExists(database):
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database}`")
     if not spark.catalog.tableExists(f"{database}.{TABLE_NAME}"):
         local = local_path(location)
         if local is not None:

@@ -68,8 +68,13 @@ def test_default_warehouse_is_the_servers(spark_server) -> None:
 @pytest.mark.timeout(240)
 def test_empty_warehouse_and_bad_query(spark_server, tmp_path) -> None:
     db = ["--warehouse", str(tmp_path / "none"), "--database", database_for(tmp_path / "none")]
+    before = len(spark_server.output())
     r = sql(spark_server, "SELECT app_env, count(*) FROM messages GROUP BY 1", *db, "--json")
     assert (r.returncode, r.stdout) == (0, ""), r.stderr
+    # Creating a database and an empty table is expected: the server logs it without stack traces.
+    r = sql(spark_server, "SELECT count(*) FROM messages", *db, "--json")
+    assert r.returncode == 0, r.stderr
+    assert "\tat org." not in spark_server.output()[before:], spark_server.output()[before:][-3000:]
     r = sql(spark_server, "SELECT no_such_column FROM messages", *db)
     assert r.returncode == 1
     assert "UNRESOLVED_COLUMN" in r.stderr and "JVM stacktrace" not in r.stderr
