@@ -119,6 +119,7 @@ class _Session:
             max_event=args.max_event_size,
             max_decompressed=args.max_decompressed,
         )
+        conn.partial = lambda: self.engine.mid_message
         self.pending: deque[_Payload] = deque()
         self.tasks: set[asyncio.Task[None]] = set()
         self.slots = asyncio.Semaphore(args.max_pending_batches)

@@ -266,6 +266,12 @@ class CourierServer:
     def in_payload(self) -> bool:
         return self._state in (_State.NONCE, _State.DATA)
 
+    @property
+    def mid_message(self) -> bool:
+        """Part of a message (a header, a handshake, a payload) has arrived, not all of it
+        (the host's --frame-timeout runs)."""
+        return self._state is not _State.HEADER or len(self._buf) > 0
+
     def feed(self, data: bytes) -> Iterator[ServerEvent]:
         """Append `data`; the returned iterator yields events and raises RemoteProtocolError."""
         if self._error is not None:

@@ -116,6 +116,7 @@ class Session:
         self.budget: Budget = bridge.budget
         self.conn = conn
         self.engine = LumberjackServer(args.max_frame_size, args.max_decompressed_size)
+        conn.partial = lambda: self.engine.buffered > 0
         self.max_pending: int = args.max_pending_events
         self.max_batch: int = max(1, min(args.max_batch, self.max_pending))
         self.keepalive_interval: float = args.keepalive_interval

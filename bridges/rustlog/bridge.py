@@ -287,6 +287,7 @@ class Bridge(BridgeProtocol):
 
     async def serve(self, conn: Connection) -> None:
         engine = e.ServerConnection(self.args.max_frame_size)
+        conn.partial = lambda: engine.mid_frame
         self.stats.connections_total += 1
         self.stats.connections_active += 1
         try:
