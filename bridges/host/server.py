@@ -14,6 +14,7 @@ import signal
 import ssl
 
 from bridges.host.admission import Admission, RateLimitedLog, tls_refusal_reason
+from bridges.host.budget import InflateBudget
 from bridges.host.connection import Connection, IdleTimeout
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
@@ -45,7 +46,7 @@ class BridgeServer:
             compression=Compression.parse(args.compress),
             on_fallback=self.metrics.app_env_fallbacks.inc,
         )
-        self.host = Host(args, self.link, mapper, self.metrics)
+        self.host = Host(args, self.link, mapper, self.metrics, InflateBudget(args.max_inflated_bytes, self.metrics))
         self.protocol = protocol_cls(args, self.host)
         self.name = protocol_cls.name
         self.stopping = asyncio.Event()
