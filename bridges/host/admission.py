@@ -99,23 +99,27 @@ def tls_refusal_reason(exc: BaseException) -> tuple[str, str]:
 
 
 class RateLimitedLog:
-    """At most `burst` lines per `period` seconds; then one line saying how many were dropped."""
+    """At most `burst` lines per `period` seconds; then one line saying how many were dropped.
 
-    def __init__(self, burst: int = 10, period: float = 10.0) -> None:
+    For what a flood of clients can trigger: unlimited, the log itself becomes the attack
+    (and a full stderr pipe stops the event loop)."""
+
+    def __init__(self, burst: int = 10, period: float = 10.0, level: int = logging.WARNING) -> None:
+        self.level = level
         self.burst = burst
         self.period = period
         self._window_start = time.monotonic()
         self._logged = 0
         self._suppressed = 0
 
-    def warning(self, msg: str, *args: object) -> None:
+    def __call__(self, msg: str, *args: object) -> None:
         now = time.monotonic()
         if now - self._window_start >= self.period:
             if self._suppressed:
-                log.warning("%d more like it in the last %.0fs not logged", self._suppressed, now - self._window_start)
+                log.log(self.level, "%d more like it in the last %.0fs not logged", self._suppressed, now - self._window_start)
             self._window_start, self._logged, self._suppressed = now, 0, 0
         if self._logged < self.burst:
             self._logged += 1
-            log.warning(msg, *args)
+            log.log(self.level, msg, *args)
         else:
             self._suppressed += 1

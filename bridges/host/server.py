@@ -53,6 +53,9 @@ class BridgeServer:
         self.connections: dict[asyncio.Task[None], Connection] = {}
         self.admission = Admission(args.max_connections, args.max_connections_per_peer, args.shed_idle_after)
         self.refusals = RateLimitedLog()
+        self.tls_refusals = RateLimitedLog()
+        self.sheds = RateLimitedLog(level=logging.INFO)
+        self.handshake_lost = RateLimitedLog(level=logging.INFO)
         self.tls: ssl.SSLContext | None = None
 
     def _admit(self, conn: Connection) -> bool:
@@ -61,13 +64,13 @@ class BridgeServer:
         refused, shed = self.admission.admit(conn, self.connections.values())
         if shed is not None:
             self.metrics.shed.inc()
-            log.info("%s %s: closing idle connection to make room for %s", self.name, shed.peer, conn.peer)
+            self.sheds("%s %s: closing idle connection to make room for %s", self.name, shed.peer, conn.peer)
         if refused is None:
             return True
         self.metrics.refused.inc()
         if refused == "per_peer":
             self.metrics.refused_per_peer.inc()
-        self.refusals.warning(
+        self.refusals(
             "refusing %s: %s (%d open, %d from this address, none idle for --shed-idle-after %gs)",
             conn.peer, "--max-connections-per-peer" if refused == "per_peer" else "--max-connections",
             self.admission.live, self.admission.per_peer[conn.peer_host], self.args.shed_idle_after,
@@ -83,9 +86,9 @@ class BridgeServer:
             reason, detail = tls_refusal_reason(e)
             self.metrics.tls_refused(reason)
             if reason == "connection_lost":  # a port probe or a client that gave up: not a refusal
-                log.info("%s %s: connection closed during the TLS handshake: %s", self.name, conn.peer, detail)
+                self.handshake_lost("%s %s: connection closed during the TLS handshake: %s", self.name, conn.peer, detail)
             else:
-                self.refusals.warning("%s %s: TLS handshake refused (%s): %s", self.name, conn.peer, reason, detail)
+                self.tls_refusals("%s %s: TLS handshake refused (%s): %s", self.name, conn.peer, reason, detail)
             return False
         conn.update_tls()
         return True
@@ -139,7 +142,9 @@ class BridgeServer:
         tls = self.tls = server_context(self.args)
         # TLS is started per connection in _handle (not by the server) so that a refused
         # handshake is seen, logged and counted, and a handshaking client holds a slot.
-        server = await asyncio.start_server(self._handle, host, port, limit=2**20, reuse_address=True)
+        # A deep accept queue: during a flood of connections the real clients' SYNs must not
+        # be dropped (a dropped SYN costs the client a 1 s retransmit, then 3 s, ...).
+        server = await asyncio.start_server(self._handle, host, port, limit=2**20, reuse_address=True, backlog=4096)
         log.info(
             "%s bridge listening on %s:%d%s, forwarding to %s",
             self.name, host, port, " (TLS)" if tls else "", ", ".join(self.args.device),
