@@ -17,14 +17,14 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
-from tests.bridge_support import BridgeProcess, collect, ready_subscriber, stop_bridge
+from tests.bridge_support import BridgeProcess, collect, ready_subscriber, start_bridge, stop_bridge
 from tests.helpers import free_port, wait_for
 from tests.lumberjack_support import start_lumberjack
 from tests.test_device_helpers import scrape
 
 
-def metric(port: int, name: str, **labels: str) -> float:
-    want = tuple(sorted({"protocol": "lumberjack", **labels}.items()))
+def metric(port: int, name: str, protocol: str = "lumberjack", **labels: str) -> float:
+    want = tuple(sorted({"protocol": protocol, **labels}.items()))
     return scrape(port).get((name, want), 0.0)
 
 
@@ -107,13 +107,13 @@ def open_idle(port: int, n: int, sources: list[str]) -> list[socket.socket]:
     return out
 
 
-def slowloris(port: int, stop: threading.Event, payload: bytes) -> socket.socket:
-    """Connects, then sends `payload` one byte a second (never finishing its frame)."""
+def slowloris(port: int, stop: threading.Event, payload: bytes, interval: float = 1.0) -> socket.socket:
+    """Connects, then sends `payload` one byte per `interval` (never finishing its frame)."""
     s = socket.create_connection(("127.0.0.1", port))
 
     def drip() -> None:
         for byte in payload:
-            if stop.wait(1.0):
+            if stop.wait(interval):
                 return
             try:
                 s.send(bytes([byte]))
@@ -180,6 +180,37 @@ def test_idle_flood_and_slowloris_do_not_lock_out_a_real_client(device) -> None:
         # Each slowloris is closed at its frame deadline although it keeps sending bytes.
         wait_for(lambda: all(closed_by_peer(s) for s in loris), timeout=20, what="every slowloris to be closed")
         assert metric(mport, "logjam_bridge_protocol_errors_total", reason="frame_timeout") >= 20
+
+
+# The start of a frame in each protocol, never finished: the bytes trickle in, the frame does not.
+NEVER_FINISHED = {
+    "lumberjack": b"2J" + struct.pack(">II", 1, 1000) + b"{",
+    "courier": b"JDAT" + struct.pack(">I", 1000) + bytes(10),
+    "segment": struct.pack(">ii", -1, 1000) + bytes(10),  # AppendBlockEnd, 1,000 bytes announced
+    "rustlog": struct.pack(">I", 1000) + b'{"type":',
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("protocol", list(NEVER_FINISHED))
+def test_every_bridge_closes_a_frame_that_never_finishes(device, tmp_path, protocol: str) -> None:
+    mport = free_port()
+    data_dir = tmp_path if protocol in ("segment", "rustlog") else None
+    b = start_bridge(protocol, device.router, "--metrics-port", str(mport), "--frame-timeout", "2",
+                     "--idle-timeout", "60", data_dir=data_dir)
+    stop = threading.Event()
+    try:
+        started = time.monotonic()
+        loris = slowloris(b.port, stop, NEVER_FINISHED[protocol], interval=0.25)
+        wait_for(lambda: closed_by_peer(loris), timeout=15, what="the slow frame to be cut off")
+        took = time.monotonic() - started
+        assert 2 <= took < 6, f"closed after {took:.1f}s with --frame-timeout 2"
+        wait_for(lambda: metric(mport, "logjam_bridge_protocol_errors_total", protocol, reason="frame_timeout") == 1,
+                 what="the frame timeout counted")
+        loris.close()
+    finally:
+        stop.set()
+        stop_bridge(b)
 
 
 @pytest.mark.timeout(60)
