@@ -17,6 +17,7 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
+from bridges.lumberjack.engine import LumberjackClient
 from tests.bridge_support import BridgeProcess, collect, ready_subscriber, start_bridge, stop_bridge
 from tests.helpers import free_port, wait_for
 from tests.lumberjack_support import start_lumberjack
@@ -93,6 +94,48 @@ def test_concurrent_zip_bombs_do_not_grow_rss(device) -> None:
         print(f"RSS before {before >> 10} MiB, peak +{growth_peak} MiB, after +{growth_after} MiB")
         assert growth_peak < 120, f"peak grew by {growth_peak} MiB"
         assert growth_after < 32, f"RSS stayed {growth_after} MiB higher"
+    finally:
+        stop_bridge(b)
+
+
+def send_windows(port: int, windows: int, per_window: int, run: str, who: int) -> int:
+    """A compressing Lumberjack v2 client: `windows` windows, each read until its ack; the last seq acked."""
+    client = LumberjackClient(compress_level=1)
+    acked = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        for w in range(windows):
+            events = [{"message": "x" * 2000, "run": run, "who": who, "n": w * per_window + i} for i in range(per_window)]
+            s.sendall(client.send(events))
+            while acked != client.last_seq:
+                data = s.recv(4096)
+                assert data, "the bridge closed the connection"
+                for ack in client.feed(data):
+                    acked = ack.seq
+    return acked
+
+
+@pytest.mark.timeout(120)
+def test_connections_wait_for_the_inflate_budget_rather_than_fail(device) -> None:
+    # A budget smaller than one window's inflated size: every C frame overshoots it, so each
+    # connection waits until the others' events are acked, and every event still lands.
+    mport = free_port()
+    b = start_lumberjack(device.router, "--metrics-port", str(mport), "--max-inflated-bytes", "100000")
+    try:
+        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        run = uuid.uuid4().hex
+        results: list[int] = []
+        clients = [threading.Thread(target=lambda who=who: results.append(send_windows(b.port, 5, 200, run, who)))
+                   for who in range(4)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(90)
+        assert results == [1000] * 4
+        got = [body for _, body in collect(sub, b.app_env, 4000) if body.get("run") == run]
+        assert sorted((body["who"], body["n"]) for body in got) == [(w, n) for w in range(4) for n in range(1000)]
+        assert metric(mport, "logjam_bridge_inflate_waits_total") > 0
+        wait_for(lambda: metric(mport, "logjam_bridge_inflated_bytes") == 0, what="the budget to be refunded")
+        sub.close()
     finally:
         stop_bridge(b)
 
