@@ -317,7 +317,8 @@ def tls_attempt(port: int, ctx: ssl.SSLContext | None) -> None:
 def test_refused_tls_clients_are_logged_and_counted(device, certs) -> None:
     mport = free_port()
     b = start_lumberjack(device.router, "--metrics-port", str(mport), "--tls-cert", str(certs.server_cert),
-                         "--tls-key", str(certs.server_key), "--tls-client-ca", str(certs.ca))
+                         "--tls-key", str(certs.server_key), "--tls-client-ca", str(certs.ca),
+                         "--tls-handshake-timeout", "1")
 
     def client(cert, key) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(certs.ca))
@@ -328,9 +329,14 @@ def test_refused_tls_clients_are_logged_and_counted(device, certs) -> None:
         tls_attempt(b.port, client(certs.other_client_cert, certs.other_client_key))
         tls_attempt(b.port, client(certs.expired_client_cert, certs.expired_client_key))
         tls_attempt(b.port, None)
+        # A client that connects and never starts its handshake holds a slot only until the timeout.
+        silent = socket.create_connection(("127.0.0.1", b.port))
         wait_for(lambda: metric(mport, "logjam_bridge_tls_refused_total", reason="client_cert_rejected") == 2
-                 and metric(mport, "logjam_bridge_tls_refused_total", reason="not_tls") == 1,
-                 what="three refusals counted")
+                 and metric(mport, "logjam_bridge_tls_refused_total", reason="not_tls") == 1
+                 and metric(mport, "logjam_bridge_tls_refused_total", reason="handshake_timeout") == 1,
+                 what="four refusals counted")
+        assert closed_by_peer(silent)
+        silent.close()
         # Many more plaintext attempts: all counted, but the log is rate-limited.
         for _ in range(30):
             tls_attempt(b.port, None)
@@ -347,5 +353,6 @@ def test_refused_tls_clients_are_logged_and_counted(device, certs) -> None:
     assert any("client_cert_rejected" in line and "unable to get local issuer certificate" in line for line in lines), lines
     assert any("client_cert_rejected" in line and "expired" in line for line in lines), lines
     assert any("not_tls" in line for line in lines), lines
+    assert any("handshake_timeout" in line for line in lines), lines
     assert all("127.0.0.1:" in line for line in lines)
     assert len(lines) <= 10, f"{len(lines)} lines: the log is not rate-limited"

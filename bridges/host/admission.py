@@ -93,7 +93,8 @@ def tls_refusal_reason(exc: BaseException) -> tuple[str, str]:
         if "certificate" in reason:
             return "client_cert_rejected", reason
         return "tls_error", reason
-    if isinstance(exc, TimeoutError):
+    # asyncio aborts a handshake past ssl_handshake_timeout with this ConnectionAbortedError.
+    if isinstance(exc, TimeoutError) or (isinstance(exc, ConnectionAbortedError) and "handshake is taking longer" in str(exc)):
         return "handshake_timeout", "no complete TLS handshake within --tls-handshake-timeout"
     return "connection_lost", str(exc) or exc.__class__.__name__
 
