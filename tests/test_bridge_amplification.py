@@ -160,3 +160,15 @@ def test_rustlog_batches_are_bounded_and_need_bytes_per_record() -> None:
     assert rl.MAX_RECORDS_PER_BATCH <= len(wire) // 4
     over = client.send(rl.Produce("t", 0, (b"",) * (rl.MAX_RECORDS_PER_BATCH + 1), rl.Dialect.BINARY))
     assert isinstance(rl.ServerConnection().feed(over)[0], rl.BadRequest)
+
+
+def test_rustlog_create_topic_cannot_multiply_partitions_without_bound(tmp_path) -> None:
+    # Each CreateTopic is a few bytes and makes up to 1,000 partitions on disk: the total is capped.
+    from bridges.rustlog.log import BadPartitionCount, Log, LogConfig
+
+    log = Log(tmp_path, LogConfig(segment_bytes=1 << 20, fsync="never", max_total_partitions=25))
+    log.create_topic("a", 10)
+    log.create_topic("b", 15)
+    with pytest.raises(BadPartitionCount, match="max-total-partitions"):
+        log.create_topic("c", 1)
+    assert log.topics() == {"a": 10, "b": 15}

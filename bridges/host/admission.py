@@ -12,6 +12,7 @@ one loses nothing, since nothing it sent is unacknowledged.
 from __future__ import annotations
 
 import logging
+import resource
 import ssl
 import time
 from collections import Counter
@@ -79,6 +80,22 @@ class Admission:
         self.per_peer[conn.peer_host] -= 1
         if self.per_peer[conn.peer_host] <= 0:
             del self.per_peer[conn.peer_host]
+
+
+def raise_open_file_limit(need: int = 0) -> None:
+    """Raise the soft open-files limit to the hard one (every connection, and every open
+    store file, is a descriptor); warn when even that is below `need`."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            soft = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    except (ValueError, OSError) as err:
+        log.warning("could not raise the open-file limit: %s", err)
+        return
+    if soft < need:
+        log.warning("the open-file limit (%d) is below --max-connections plus the bridge's own files (%d): "
+                    "raise ulimit -n (supervisord: minfds)", soft, need)
 
 
 def tls_refusal_reason(exc: BaseException) -> tuple[str, str]:

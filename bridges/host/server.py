@@ -13,7 +13,7 @@ import logging
 import signal
 import ssl
 
-from bridges.host.admission import Admission, RateLimitedLog, tls_refusal_reason
+from bridges.host.admission import Admission, RateLimitedLog, raise_open_file_limit, tls_refusal_reason
 from bridges.host.budget import InflateBudget
 from bridges.host.connection import Connection, IdleTimeout
 from bridges.host.link import DeviceLink
@@ -139,6 +139,7 @@ class BridgeServer:
             self.metrics.serve(self.args.metrics_port)
         await self.protocol.start()
         host, port = split_listen(self.args.listen)
+        raise_open_file_limit(self.args.max_connections + 256)
         tls = self.tls = server_context(self.args)
         # TLS is started per connection in _handle (not by the server) so that a refused
         # handshake is seen, logged and counted, and a handshaking client holds a slot.
