@@ -117,7 +117,7 @@ def tls_refusal_reason(exc: BaseException) -> tuple[str, str]:
 
 
 class RateLimitedLog:
-    """At most `burst` lines per `period` seconds; then one line saying how many were dropped.
+    """At most `burst` lines per `period` seconds; the next line after a period says how many were dropped.
 
     For what a flood of clients can trigger: unlimited, the log itself becomes the attack
     (and a full stderr pipe stops the event loop)."""
