@@ -182,7 +182,8 @@ class Session:
             while not self.conn.stopping:
                 while self.pending >= self.max_pending or self.budget.spent:
                     await self.budget.wait_refund()
-                await self.inflate.wait()
+                if self.inflate.spent:
+                    await self.inflate.wait()
                 if not pending:
                     try:
                         data = await self.conn.read()
