@@ -51,12 +51,11 @@ class DeviceRefused(ProtocolError):
 
 
 class _Batch:
-    __slots__ = ("n", "done", "inflated")
+    __slots__ = ("n", "done")
 
-    def __init__(self, n: int, inflated: int) -> None:
+    def __init__(self, n: int) -> None:
         self.n = n
         self.done = False
-        self.inflated = inflated  # charged to the process budget until the device answered
 
 
 class _Payload:
@@ -245,7 +244,7 @@ class _Session:
         # Back-pressure: with every slot taken, or the process's inflate budget spent, this
         # session stops reading its client (the engine inflates lazily, so it stops too).
         await self.slots.acquire()
-        batch = _Batch(len(messages), inflated)
+        batch = _Batch(len(messages))
         payload.batches.append(batch)
         task = asyncio.create_task(self._publish(batch, messages))
         self.tasks.add(task)
