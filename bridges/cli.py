@@ -48,7 +48,19 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
     p.add_argument("--tls-handshake-timeout", type=float, default=10.0, metavar="SECONDS")
     p.add_argument("--max-frame-size", type=int, default=cls.default_max_frame, metavar="BYTES", help="checked before any allocation (default %(default)s)")
     p.add_argument("--idle-timeout", type=float, default=cls.default_idle_timeout, metavar="SECONDS", help="0 disables (default %(default)s)")
-    p.add_argument("--max-connections", type=int, default=1024)
+    p.add_argument("--frame-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a frame (or handshake, or append) a client began must be complete within this much "
+                        "waiting for its bytes, however slowly they trickle in; 0 disables (default %(default)s)")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="open client connections; at the limit the longest-idle one is shed (default %(default)s)")
+    p.add_argument("--max-connections-per-peer", type=int, default=256, metavar="N",
+                   help="open connections from one client address; 0 disables (default %(default)s)")
+    p.add_argument("--shed-idle-after", type=float, default=5.0, metavar="SECONDS",
+                   help="at a connection limit, close a connection idle this long to admit a new client; "
+                        "0 never sheds (default %(default)s)")
+    p.add_argument("--max-inflated-bytes", type=int, default=128 * 2**20, metavar="BYTES",
+                   help="decompressed bytes decoded and not yet acknowledged, all connections together; "
+                        "connections wait for room (default %(default)s)")
     p.add_argument("--max-inflight", type=int, default=20_000, help="events awaiting the device, process-wide")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port")
     p.add_argument("-v", "--verbose", action="store_true")

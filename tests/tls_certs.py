@@ -23,6 +23,8 @@ class TestCerts:
     other_ca: Path  # a CA that signed nothing we trust
     other_client_cert: Path
     other_client_key: Path
+    expired_client_cert: Path  # signed by the trusted CA, expired yesterday
+    expired_client_key: Path
 
 
 def _name(cn: str) -> x509.Name:
@@ -50,13 +52,14 @@ def _ca(cn: str, dir: Path, stem: str) -> tuple[ec.EllipticCurvePrivateKey, x509
     return key, cert, path
 
 
-def _leaf(cn: str, ca_key, ca_cert, dir: Path, stem: str, server: bool) -> tuple[Path, Path]:
+def _leaf(cn: str, ca_key, ca_cert, dir: Path, stem: str, server: bool, expired: bool = False) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
+    not_after = now - datetime.timedelta(days=1) if expired else now + datetime.timedelta(days=30)
     builder = (
         x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca_cert.subject)
         .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+        .not_valid_before(now - datetime.timedelta(days=2)).not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .add_extension(
@@ -82,4 +85,6 @@ def make_certs(dir: Path) -> TestCerts:
     client_cert, client_key = _leaf("test-client", ca_key, ca_cert, dir, "client", server=False)
     other_key, other_cert, other_path = _ca("untrusted CA", dir, "other-ca")
     other_client_cert, other_client_key = _leaf("intruder", other_key, other_cert, dir, "other-client", server=False)
-    return TestCerts(ca_path, server_cert, server_key, client_cert, client_key, other_path, other_client_cert, other_client_key)
+    expired_cert, expired_key = _leaf("expired-client", ca_key, ca_cert, dir, "expired-client", server=False, expired=True)
+    return TestCerts(ca_path, server_cert, server_key, client_cert, client_key, other_path, other_client_cert, other_client_key,
+                     expired_cert, expired_key)

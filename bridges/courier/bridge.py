@@ -25,6 +25,7 @@ from bridges.courier.engine import (
     DEFAULT_MAX_DECOMPRESSED,
     DEFAULT_MAX_EVENT,
     DEFAULT_MAX_MESSAGE,
+    DEFAULT_MAX_PAYLOAD_EVENTS,
     Ack,
     CourierServer,
     EventReceived,
@@ -90,6 +91,8 @@ class Bridge(BridgeProtocol):
                        help="largest single event (default %(default)s)")
         g.add_argument("--max-decompressed", type=int, default=DEFAULT_MAX_DECOMPRESSED, metavar="BYTES",
                        help="largest inflated size of one payload (default %(default)s)")
+        g.add_argument("--max-payload-events", type=int, default=DEFAULT_MAX_PAYLOAD_EVENTS, metavar="N",
+                       help="most events one JDAT/EVNT payload may hold (default %(default)s)")
         g.add_argument("--ack-interval", type=float, default=2.0, metavar="SECONDS",
                        help="partial ACKN period while a payload is in flight; clients time out at 15 s (default %(default)s)")
         g.add_argument("--batch-size", type=int, default=256, metavar="EVENTS",
@@ -118,7 +121,11 @@ class _Session:
             max_message=args.max_frame_size,
             max_event=args.max_event_size,
             max_decompressed=args.max_decompressed,
+            max_events=args.max_payload_events,
         )
+        self.inflate = bridge.host.inflate
+        self.inflated_seen = 0
+        conn.partial = lambda: self.engine.mid_message
         self.pending: deque[_Payload] = deque()
         self.tasks: set[asyncio.Task[None]] = set()
         self.slots = asyncio.Semaphore(args.max_pending_batches)
@@ -229,13 +236,22 @@ class _Session:
         payload = self.batch_payload
         assert payload is not None
         self.metrics.events_received.inc(len(messages))
-        # Back-pressure: with every slot taken, this session stops reading its client.
+        # The inflated bytes these events came from count against --max-inflated-bytes
+        # until the device answered.
+        inflated = self.engine.inflated_total - self.inflated_seen
+        self.inflated_seen = self.engine.inflated_total
+        self.inflate.take(inflated)
+        # Back-pressure: with every slot taken, or the process's inflate budget spent, this
+        # session stops reading its client (the engine inflates lazily, so it stops too).
         await self.slots.acquire()
         batch = _Batch(len(messages))
         payload.batches.append(batch)
         task = asyncio.create_task(self._publish(batch, messages))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        # A callback, not a finally: a task cancelled before it ran never runs its finally.
+        task.add_done_callback(lambda _t: self.inflate.give(inflated))
+        await self.inflate.wait()
 
     async def _publish(self, batch: _Batch, messages: Batches) -> None:
         try:

@@ -25,6 +25,11 @@ against `max_message`, every record length against `max_event`, and the inflated
 size of one payload against `max_decompressed`. Inflation runs in steps of at most
 `INFLATE_STEP` output bytes, so a zlib bomb costs one step of memory.
 
+A tiny input must not become an unbounded number of events: a zero-length record is
+a protocol error (a payload of zeros would otherwise be millions of empty events), and
+a payload may hold at most `max_events` records. Both are checked before the record
+is yielded, so nothing past a limit reaches the caller.
+
 `feed()` appends the bytes and returns an iterator that does the work lazily; exhaust
 it before feeding again. Being lazy lets a caller stop pulling events while its
 downstream is slow, without the engine inflating ahead.
@@ -61,6 +66,8 @@ STREAM_LENGTH = 0xFFFFFFFF
 DEFAULT_MAX_MESSAGE = 10 * 1024 * 1024
 DEFAULT_MAX_EVENT = 10 * 1024 * 1024
 DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
+# log-courier's default spool is 1024 events per payload; this leaves room for big spools.
+DEFAULT_MAX_PAYLOAD_EVENTS = 16384
 INFLATE_STEP = 256 * 1024
 
 FLAG_EVNT = 0x01  # bit 0x01 of the first flags byte: "EVNT supported"
@@ -235,8 +242,11 @@ class CourierServer:
         max_message: int = DEFAULT_MAX_MESSAGE,
         max_event: int = DEFAULT_MAX_EVENT,
         max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
+        max_events: int = DEFAULT_MAX_PAYLOAD_EVENTS,
     ) -> None:
         self.max_message = max_message
+        self.max_events = max_events
+        self.inflated_total = 0  # bytes payloads inflated to, over the connection's life
         self.max_event = min(max_event, max_decompressed)
         self.max_decompressed = max_decompressed
         self.handshake: Handshake | None = None  # set once a HELO arrived
@@ -265,6 +275,12 @@ class CourierServer:
     @property
     def in_payload(self) -> bool:
         return self._state in (_State.NONCE, _State.DATA)
+
+    @property
+    def mid_message(self) -> bool:
+        """Part of a message (a header, a handshake, a payload) has arrived, not all of it
+        (the host's --frame-timeout runs)."""
+        return self._state is not _State.HEADER or len(self._buf) > 0
 
     def feed(self, data: bytes) -> Iterator[ServerEvent]:
         """Append `data`; the returned iterator yields events and raises RemoteProtocolError."""
@@ -408,6 +424,7 @@ class CourierServer:
             except zlib.error as e:
                 raise CompressionError(f"{self._kind} payload does not inflate: {e}") from None
             self._inflated += len(out)
+            self.inflated_total += len(out)
             if self._inflated > self.max_decompressed:
                 raise DecompressedTooLarge(
                     f"{self._kind} payload inflates beyond the {self.max_decompressed}-byte limit"
@@ -451,8 +468,13 @@ class CourierServer:
                 (n,) = U32.unpack_from(plain, pos)
                 if n > self.max_event:
                     raise FrameTooLarge(f"event of {n} bytes exceeds the {self.max_event}-byte limit")
+                if not n:
+                    raise CourierProtocolError(f"zero-length record (event {self._index} of the payload)", reason="empty_record")
                 if end - pos - 4 < n:
                     break
+                if self._index >= self.max_events:
+                    raise CourierProtocolError(f"{self._kind} payload holds more than {self.max_events} events",
+                                               reason="too_many_events")
                 raw = bytes(plain[pos + 4 : pos + 4 + n])
                 pos += 4 + n
                 index = self._index

@@ -1,6 +1,7 @@
 """The host every bridge shares: server, device link, event mapping, metrics."""
 
-from bridges.host.connection import Connection, IdleTimeout
+from bridges.host.budget import InflateBudget
+from bridges.host.connection import Connection, FrameTimeout, IdleTimeout
 from bridges.host.link import DeviceLink, DeviceRejected
 from bridges.host.mapping import Batches, EventMapper, Positions, body_and_raw, body_from_bytes, parse_timestamp
 from bridges.host.metrics import BridgeMetrics
@@ -14,8 +15,10 @@ __all__ = [
     "DeviceLink",
     "DeviceRejected",
     "EventMapper",
+    "FrameTimeout",
     "Host",
     "IdleTimeout",
+    "InflateBudget",
     "Positions",
     "body_and_raw",
     "body_from_bytes",

@@ -1,16 +1,35 @@
-"""`Connection`: one accepted TCP/TLS client, the thin adapter between a session and asyncio streams."""
+"""`Connection`: one accepted TCP/TLS client, the thin adapter between a session and asyncio streams.
+
+Besides the idle timeout (no bytes at all), a connection enforces a deadline for
+progress: once a frame has begun (the protocol's engine holds part of it, see
+`partial`), the client must finish it within --frame-timeout seconds of our waiting
+for its bytes, however many single bytes trickle in meanwhile (slowloris). Time the
+session spends not reading (back-pressure from the device) is not the client's fault
+and does not count.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Callable
 
+from logjam.errors import RemoteProtocolError
 from logjam.meta import now_ms
 
 
 class IdleTimeout(Exception):
     """No bytes arrived from the client for --idle-timeout seconds."""
+
+
+class FrameTimeout(RemoteProtocolError):
+    """A frame (or handshake, or append) the client began was not finished within --frame-timeout."""
+
+    reason = "frame_timeout"
+
+
+def _never() -> bool:
+    return False
 
 
 def tls_details(writer: asyncio.StreamWriter) -> dict[str, Any] | None:
@@ -37,19 +56,41 @@ class Connection:
         writer: asyncio.StreamWriter,
         *,
         protocol: str,
-        idle_timeout: float,
+        idle_timeout: float | None,
         stopping: asyncio.Event,
+        frame_timeout: float | None = None,
     ) -> None:
         self._reader = reader
         self._writer = writer
         self._idle_timeout = idle_timeout
+        self._frame_timeout = frame_timeout
         self._stopping = stopping
         self.protocol = protocol
         peer = writer.get_extra_info("peername") or ("?", 0)
+        self.peer_host = str(peer[0])
         self.peer = f"{peer[0]}:{peer[1]}"
         self.tls = tls_details(writer)
         self.opened_at = time.monotonic()
         self._reset: ConnectionResetError | None = None
+        # The session sets this to "does the engine hold part of a frame?" (engine.buffered).
+        self.partial: Callable[[], bool] = _never
+        self._partial_waited = 0.0  # seconds spent waiting on the client inside the current frame
+        self._idle_since: float | None = None  # set while waiting in read() between frames
+        self.last_write = self.opened_at
+        self.shed = False  # closed by the server to make room for a new client
+        self.admitted = False  # counted against the connection limits (bridges.host.admission)
+
+    def idle_for(self, now: float) -> float:
+        """Seconds this connection has been waiting between frames with nothing written to it;
+        0 while it is busy (inside a frame, or not reading because it has work in hand)."""
+        since = self._idle_since
+        if since is None:
+            return 0.0
+        return now - max(since, self.last_write)
+
+    def update_tls(self) -> None:
+        """After a STARTTLS-style upgrade of the transport, describe the TLS session."""
+        self.tls = tls_details(self._writer)
 
     @property
     def stopping(self) -> bool:
@@ -60,10 +101,25 @@ class Connection:
         """Up to `n` bytes; b"" at EOF or once the process is stopping."""
         if self._reset is not None:
             raise self._reset
+        start = time.monotonic()
+        partial = self.partial()
+        timeout = self._idle_timeout
+        frame_bound = False  # the frame deadline, not the idle timeout, ends this wait
+        if not partial:
+            self._partial_waited = 0.0
+            self._idle_since = start
+        elif self._frame_timeout:
+            left = max(0.0, self._frame_timeout - self._partial_waited)
+            frame_bound = timeout is None or left <= timeout
+            timeout = left if frame_bound else timeout
         try:
-            async with asyncio.timeout(self._idle_timeout):
+            async with asyncio.timeout(timeout):
                 return await self._reader.read(n)
         except TimeoutError:
+            if frame_bound:
+                raise FrameTimeout(
+                    f"{self.peer} did not finish a frame within {self._frame_timeout:g}s (--frame-timeout)"
+                ) from None
             raise IdleTimeout(f"no data from {self.peer} for {self._idle_timeout:g}s") from None
         except ConnectionResetError as e:
             # StreamReader raises a reset before handing over bytes it had already
@@ -76,6 +132,10 @@ class Connection:
             data = bytes(buffered)
             buffered.clear()
             return data
+        finally:
+            self._idle_since = None
+            if partial:
+                self._partial_waited += time.monotonic() - start
 
     def stop_reading(self) -> None:
         """Shutdown: read no more from the client; `read` returns what is buffered, then b""."""
@@ -89,6 +149,13 @@ class Connection:
         """One transport write per call (clients like pylogbeat rely on whole acks)."""
         if not self._writer.is_closing():
             self._writer.write(data)
+            self.last_write = time.monotonic()
+
+    def shed_now(self) -> None:
+        """Close an idle connection to make room: its pending read sees EOF and the session ends."""
+        self.shed = True
+        if not self._writer.is_closing():
+            self._writer.close()
 
     async def drain(self) -> None:
         await self._writer.drain()

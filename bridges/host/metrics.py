@@ -26,7 +26,19 @@ class BridgeMetrics:
         self._fallbacks = counter("logjam_bridge_app_env_fallbacks", "Events whose --app-env-field was missing or invalid")
         self._inflight = Gauge("logjam_bridge_device_inflight", "Requests awaiting the device", labels, registry=self.registry)
         self._tls_reloads = counter("logjam_bridge_tls_reloads", "SIGHUP reloads of the TLS files", ("result",))
+        self._shed = counter("logjam_bridge_connections_shed", "Idle connections closed to admit a new client")
+        self._refused_peer = counter("logjam_bridge_connections_refused_per_peer",
+                                     "Connections refused at --max-connections-per-peer (also counted in _refused)")
+        self._tls_refused = counter("logjam_bridge_tls_refused", "TLS handshakes that failed, by reason", ("reason",))
+        self._inflated = Gauge("logjam_bridge_inflated_bytes", "Inflated bytes decoded and not yet acked, process-wide",
+                               labels, registry=self.registry)
+        self._inflate_waits = counter("logjam_bridge_inflate_waits",
+                                      "Times a connection waited for the --max-inflated-bytes budget")
         self.protocol = protocol
+        self.shed = self._shed.labels(protocol)
+        self.refused_per_peer = self._refused_peer.labels(protocol)
+        self.inflated_bytes = self._inflated.labels(protocol)
+        self.inflate_waits = self._inflate_waits.labels(protocol)
         self.connections = self._connections.labels(protocol)
         self.refused = self._refused.labels(protocol)
         self.active = self._active.labels(protocol)
@@ -41,6 +53,9 @@ class BridgeMetrics:
 
     def tls_reload(self, ok: bool) -> None:
         self._tls_reloads.labels(self.protocol, "ok" if ok else "failed").inc()
+
+    def tls_refused(self, reason: str) -> None:
+        self._tls_refused.labels(self.protocol, reason).inc()
 
     def serve(self, port: int, addr: str = "0.0.0.0", health: HealthCheck | None = None) -> MetricsServer:
         return serve_http(self.registry, port, addr, health=health)

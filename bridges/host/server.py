@@ -14,6 +14,8 @@ import logging
 import signal
 import ssl
 
+from bridges.host.admission import Admission, RateLimitedLog, raise_open_file_limit, tls_refusal_reason
+from bridges.host.budget import InflateBudget
 from bridges.host.connection import Connection, IdleTimeout
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
@@ -46,12 +48,53 @@ class BridgeServer:
             compression=Compression.parse(args.compress),
             on_fallback=self.metrics.app_env_fallbacks.inc,
         )
-        self.host = Host(args, self.link, mapper, self.metrics)
+        self.host = Host(args, self.link, mapper, self.metrics, InflateBudget(args.max_inflated_bytes, self.metrics))
         self.protocol = protocol_cls(args, self.host)
         self.name = protocol_cls.name
         self.stopping = asyncio.Event()
         self.listening = False
         self.connections: dict[asyncio.Task[None], Connection] = {}
+        self.admission = Admission(args.max_connections, args.max_connections_per_peer, args.shed_idle_after)
+        self.refusals = RateLimitedLog()
+        self.tls_refusals = RateLimitedLog()
+        self.sheds = RateLimitedLog(level=logging.INFO)
+        self.handshake_lost = RateLimitedLog(level=logging.INFO)
+        self.tls: ssl.SSLContext | None = None
+
+    def _admit(self, conn: Connection) -> bool:
+        if self.stopping.is_set():
+            return False
+        refused, shed = self.admission.admit(conn, self.connections.values())
+        if shed is not None:
+            self.metrics.shed.inc()
+            self.sheds("%s %s: closing idle connection to make room for %s", self.name, shed.peer, conn.peer)
+        if refused is None:
+            return True
+        self.metrics.refused.inc()
+        if refused == "per_peer":
+            self.metrics.refused_per_peer.inc()
+        self.refusals(
+            "refusing %s: %s (%d open, %d from this address, none idle for --shed-idle-after %gs)",
+            conn.peer, "--max-connections-per-peer" if refused == "per_peer" else "--max-connections",
+            self.admission.live, self.admission.per_peer[conn.peer_host], self.args.shed_idle_after,
+        )
+        return False
+
+    async def _handshake(self, conn: Connection, writer: asyncio.StreamWriter) -> bool:
+        """TLS on an accepted connection; a refusal is logged (rate-limited) and counted."""
+        assert self.tls is not None
+        try:
+            await writer.start_tls(self.tls, ssl_handshake_timeout=self.args.tls_handshake_timeout)
+        except (OSError, TimeoutError) as e:  # ssl.SSLError is an OSError
+            reason, detail = tls_refusal_reason(e)
+            self.metrics.tls_refused(reason)
+            if reason == "connection_lost":  # a port probe or a client that gave up: not a refusal
+                self.handshake_lost("%s %s: connection closed during the TLS handshake: %s", self.name, conn.peer, detail)
+            else:
+                self.tls_refusals("%s %s: TLS handshake refused (%s): %s", self.name, conn.peer, reason, detail)
+            return False
+        conn.update_tls()
+        return True
 
     def health(self) -> list[Check]:
         """/healthz (from the metrics thread): listening, and the device link is up."""
@@ -72,10 +115,9 @@ class BridgeServer:
         conn = Connection(
             reader, writer, protocol=self.name,
             idle_timeout=self.args.idle_timeout or None, stopping=self.stopping,
+            frame_timeout=self.args.frame_timeout or None,
         )
-        if len(self.connections) >= self.args.max_connections or self.stopping.is_set():
-            self.metrics.refused.inc()
-            log.warning("refusing %s: %d connections open (--max-connections)", conn.peer, len(self.connections))
+        if not self._admit(conn):
             await conn.close()
             return
         task = asyncio.current_task()
@@ -84,6 +126,8 @@ class BridgeServer:
         self.metrics.connections.inc()
         self.metrics.active.inc()
         try:
+            if self.tls is not None and not await self._handshake(conn, writer):
+                return
             await self.protocol.serve(conn)
         except ProtocolError as e:
             self.metrics.protocol_error(e.reason)
@@ -101,6 +145,7 @@ class BridgeServer:
         finally:
             self.metrics.active.dec()
             del self.connections[task]
+            self.admission.release(conn)
             await conn.close()
 
     async def run(self) -> None:
@@ -112,14 +157,16 @@ class BridgeServer:
             self.metrics.serve(self.args.metrics_port, health=self.health)
         await self.protocol.start()
         host, port = split_listen(self.args.listen)
+        raise_open_file_limit(self.args.max_connections + 256)
         reloadable = ReloadableTLS(self.args)
-        tls = reloadable.context
+        tls = self.tls = reloadable.context
         loop.add_signal_handler(signal.SIGHUP, self.reload_tls, reloadable)
-        server = await asyncio.start_server(
-            self._handle, host, port, ssl=tls,
-            ssl_handshake_timeout=self.args.tls_handshake_timeout if tls else None,
-            limit=2**20, reuse_address=True,
-        )
+        # TLS is started per connection in _handle (not by the server) so that a refused
+        # handshake is seen, logged and counted, and a handshaking client holds a slot; the
+        # reloadable context moves each new handshake onto the newest certificate (SIGHUP).
+        # A deep accept queue: during a flood of connections the real clients' SYNs must not
+        # be dropped (a dropped SYN costs the client a 1 s retransmit, then 3 s, ...).
+        server = await asyncio.start_server(self._handle, host, port, limit=2**20, reuse_address=True, backlog=4096)
         self.listening = True
         log.info(
             "%s bridge listening on %s:%d%s, forwarding to %s",

@@ -116,6 +116,7 @@ class Session:
         self.budget: Budget = bridge.budget
         self.conn = conn
         self.engine = LumberjackServer(args.max_frame_size, args.max_decompressed_size)
+        conn.partial = lambda: self.engine.buffered > 0
         self.max_pending: int = args.max_pending_events
         self.max_batch: int = max(1, min(args.max_batch, self.max_pending))
         self.keepalive_interval: float = args.keepalive_interval
@@ -132,6 +133,14 @@ class Session:
         self.reader_done = False
         self.error: BaseException | None = None
         self.last_write = time.monotonic()
+        # Inflated bytes charged to the process budget: (items decoded when charged, bytes),
+        # refunded once acks have covered those items.
+        self.inflate = bridge.host.inflate
+        self.inflate_marks: deque[tuple[int, int]] = deque()
+        self.inflate_held = 0
+        self.inflated_seen = 0
+        self.items_taken = 0
+        self.items_acked = 0
         # Inside a window of 2^32-1 the client has said it never waits for acks (stashward).
         # Like Logstash, which acks a full window, we send none there: such a client never
         # reads, and closing a socket with unread data turns its FIN into a reset that
@@ -153,6 +162,8 @@ class Session:
             await self._publish()
         finally:
             self.budget.refund(self.pending)
+            self.inflate.give(self.inflate_held)
+            self.inflate_held = 0
             keepalive.cancel()
             reader.cancel()
             for flight in self.inflight:
@@ -171,6 +182,8 @@ class Session:
             while not self.conn.stopping:
                 while self.pending >= self.max_pending or self.budget.spent:
                     await self.budget.wait_refund()
+                if self.inflate.spent:
+                    await self.inflate.wait()
                 if not pending:
                     try:
                         data = await self.conn.read()
@@ -185,6 +198,8 @@ class Session:
                 events = self.engine.feed(chunk)
                 if events:
                     self._enqueue(events)
+                if self.engine.inflated_total != self.inflated_seen:
+                    self._charge_inflated()
         except (ProtocolError, IdleTimeout, ConnectionError, OSError) as e:
             self.error = e
         finally:
@@ -196,10 +211,26 @@ class Session:
         weight = sum(map(_weight, events))
         windows = sum(1 for e in events if e.__class__ is WindowFrame)
         self.queued_items += weight
+        self.items_taken += weight
         self.budget.take(weight)
         if weight > windows:
             self.host.metrics.events_received.inc(weight - windows)
         self.queued.set()
+
+    def _charge_inflated(self) -> None:
+        delta = self.engine.inflated_total - self.inflated_seen
+        self.inflated_seen = self.engine.inflated_total
+        self.inflate.take(delta)
+        self.inflate_held += delta
+        self.inflate_marks.append((self.items_taken, delta))
+        self._refund_inflated()
+
+    def _refund_inflated(self) -> None:
+        marks = self.inflate_marks
+        while marks and marks[0][0] <= self.items_acked:
+            _, n = marks.popleft()
+            self.inflate_held -= n
+            self.inflate.give(n)
 
     def _link_has_room(self) -> bool:
         """Pipeline another batch only if the device link can take it now: a batch that would
@@ -250,6 +281,9 @@ class Session:
                 self.host.metrics.events_acked.inc(flight.events)
             self.in_flight_items -= flight.items
             self.budget.refund(flight.items)
+            self.items_acked += flight.items
+            if self.inflate_marks:
+                self._refund_inflated()
 
     def _launch(self) -> None:
         """Move the next batch, up to --max-batch events, from the queue to the device."""

@@ -54,6 +54,11 @@ DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
 # Real clients put only W/D/J inside a C; one extra level is tolerated, deeper is hostile.
 MAX_NESTING = 2
+# C payloads inflate in steps of this many bytes: a payload that is not Lumberjack (a bomb
+# of zeros) is refused after the first step, and one over the limit is refused before
+# the steps are joined, so it never costs twice the limit.
+INFLATE_STEP = 1024 * 1024
+_INNER_TYPES = (0x57, 0x44, 0x4A, 0x43)  # W D J C
 
 _U32 = struct.Struct(">I")
 _HDR_U32 = struct.Struct(">BBI")
@@ -221,6 +226,7 @@ class LumberjackServer:
         self._pairs: _PairsState | None = None
         self._failed: RemoteProtocolError | None = None
         self._seen_frame = False
+        self.inflated_total = 0  # bytes C frames inflated to, over the connection's life
 
     # -- input
 
@@ -246,6 +252,10 @@ class LumberjackServer:
             if pos:
                 del buf[:pos]
         except RemoteProtocolError as e:
+            # The traceback holds the frames that held the inflated payload (up to the
+            # limit): drop it, or the stored error keeps that memory until the cycle
+            # collector runs, which the bridge has told to run rarely.
+            e.__traceback__ = None
             self._failed = e
             self._buf = bytearray()
             self._pairs = None
@@ -378,16 +388,34 @@ class LumberjackServer:
 
     def _inflate(self, data: memoryview, limit: int) -> bytes:
         d = zlib.decompressobj()
+        chunks: list[bytes] = []
+        total = 0
+        tail: bytes | memoryview = data
         try:
-            inner = d.decompress(data, limit + 1)
+            while not d.eof:
+                out = d.decompress(tail, min(INFLATE_STEP, limit + 1 - total))
+                tail = d.unconsumed_tail
+                if out:
+                    if not chunks and (out[0] not in VERSIONS or (len(out) > 1 and out[1] not in _INNER_TYPES)):
+                        raise LumberjackError("C frame does not inflate to Lumberjack frames", reason="bad_compressed_payload")
+                    chunks.append(out)
+                    total += len(out)
+                    if total > limit:
+                        chunks.clear()
+                        raise DecompressedTooLarge(f"C frame inflates past the limit of {limit} bytes")
+                elif not tail:
+                    break  # no input left and nothing more comes out: truncated
         except zlib.error as e:
             raise LumberjackError(f"C frame is not valid zlib: {e}", reason="bad_zlib") from None
-        if len(inner) > limit or d.unconsumed_tail:
-            raise DecompressedTooLarge(f"C frame inflates past the limit of {limit} bytes")
         if not d.eof:
             raise LumberjackError("C frame holds a truncated zlib stream", reason="bad_zlib")
         if d.unused_data:
             raise LumberjackError("C frame has bytes after its zlib stream", reason="bad_zlib")
+        self.inflated_total += total
+        if len(chunks) == 1:
+            return chunks[0]
+        inner = b"".join(chunks)
+        chunks.clear()
         return inner
 
     # -- output

@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import resource
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, Positions
+from bridges.host.admission import raise_open_file_limit
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.rustlog import engine as e
 from bridges.rustlog.log import (
@@ -68,16 +68,6 @@ def parse_app_env_map(items: Sequence[str] | str | None) -> dict[str, str]:
                 raise ValueError(f"--app-env-map {pair!r}: expected TOPIC=APP-ENV with a valid app-env such as shop-production")
             out[topic] = app_env
     return out
-
-
-def _raise_open_file_limit() -> None:
-    """Every partition in use holds a segment and an index open; allow what the hard limit allows."""
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY or soft < hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 65536), hard))
-    except (ValueError, OSError) as err:
-        log.warning("could not raise the open-file limit: %s", err)
 
 
 @dataclass
@@ -159,6 +149,8 @@ class Bridge(BridgeProtocol):
         g.add_argument("--index-interval-bytes", type=int, default=4096, metavar="BYTES", help="bytes between sparse index entries (default %(default)s)")
         g.add_argument("--retention-ms", type=int, metavar="MS", help="delete segments whose records are all older than this")
         g.add_argument("--retention-bytes", type=int, metavar="BYTES", help="keep at most about this many bytes per partition")
+        g.add_argument("--max-total-partitions", type=int, default=10_000, metavar="N",
+                       help="partitions of all topics together that CreateTopic may reach (default %(default)s)")
         g.add_argument("--retention-check-interval-ms", type=int, default=30_000, metavar="MS")
         g.add_argument("--app-env-map", action="append", metavar="TOPIC=APP-ENV",
                        help="publish records of a rustlog topic under this app-env; repeatable or comma-separated")
@@ -175,8 +167,9 @@ class Bridge(BridgeProtocol):
             retention_ms=args.retention_ms,
             retention_bytes=args.retention_bytes,
             fsync=args.fsync,
+            max_total_partitions=args.max_total_partitions,
         )
-        _raise_open_file_limit()
+        raise_open_file_limit()  # every partition in use holds a segment and an index open
         self.log = Log(args.data_dir, self.config)
         self.stats = RustlogMetrics()
         self.health = StoreHealth(log, host.metrics, "rustlog log")
@@ -287,6 +280,7 @@ class Bridge(BridgeProtocol):
 
     async def serve(self, conn: Connection) -> None:
         engine = e.ServerConnection(self.args.max_frame_size)
+        conn.partial = lambda: engine.mid_frame
         self.stats.connections_total += 1
         self.stats.connections_active += 1
         try:

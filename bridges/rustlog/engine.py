@@ -837,6 +837,11 @@ class ServerConnection:
         self._last = Dialect.BINARY
         self._error: RemoteProtocolError | None = None
 
+    @property
+    def mid_frame(self) -> bool:
+        """Part of a frame has arrived, not all of it (the host's --frame-timeout runs)."""
+        return self._framer.buffered > 0
+
     def feed(self, data: bytes) -> list[Request | BadRequest]:
         """Requests in arrival order.
 

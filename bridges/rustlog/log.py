@@ -77,7 +77,10 @@ class LogConfig:
     retention_ms: int | None = None  # None keeps records forever
     retention_bytes: int | None = None  # per partition
     fsync: str = "always"  # always: before every acknowledgement; interval: by sync(); never: the OS decides
-    max_partitions: int = 1000
+    max_partitions: int = 1000  # per topic (the spec's bound)
+    # All topics together: a 30-byte CreateTopic makes 1,000 partitions (directories, files,
+    # fsyncs), so without this a client could fill the disk's inodes with requests alone.
+    max_total_partitions: int = 10_000
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
@@ -536,6 +539,10 @@ class Log:
             raise TopicExists(f"topic {name!r} already exists")
         if not 1 <= partition_count <= self.config.max_partitions:
             raise BadPartitionCount(f"partition count {partition_count} is outside 1..{self.config.max_partitions}")
+        total = sum(map(len, self.partitions.values()))
+        if total + partition_count > self.config.max_total_partitions:
+            raise BadPartitionCount(f"{partition_count} more partitions would exceed the {self.config.max_total_partitions} "
+                                    f"of all topics together ({total} exist; --max-total-partitions)")
         tdir = self.topics_dir / name
         try:
             tdir.mkdir(parents=True, exist_ok=True)

@@ -169,6 +169,7 @@ class Session:
         self.host = bridge.host
         self.conn = conn
         self.engine = wire.SegmentServer(min(bridge.args.max_frame_size, wire.MAX_COMMAND_SIZE))
+        conn.partial = lambda: self.engine.mid_frame
         # Ordered replies: each item is a future of (replies, close_after).
         self.queue: asyncio.Queue[asyncio.Future | None] = asyncio.Queue(max(1, bridge.args.max_pending_appends))
         self.acked: dict[uuid.UUID, int] = {}

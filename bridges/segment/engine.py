@@ -807,6 +807,12 @@ class SegmentServer:
         self._writers: dict[uuid.UUID, list] = {}
         self._block: AppendBlock | None = None
 
+    @property
+    def mid_frame(self) -> bool:
+        """Part of a command, or an AppendBlock without its AppendBlockEnd, has arrived
+        (the host's --frame-timeout runs)."""
+        return self._framer.buffered > 0 or self._block is not None
+
     def feed(self, data: bytes) -> Iterator[Request]:
         """Add bytes; the returned iterator yields requests lazily. Exhaust it before feeding again."""
         self._framer.add(data)
