@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from importer.catalog import table_location
 from importer.compaction import (
@@ -77,9 +77,6 @@ class TableMetrics:
                                             registry=r)
         self.retention_rows = Counter("logjam_retention_rows_dropped", "Rows dropped by retention", registry=r)
         self.retention_bytes = Counter("logjam_retention_bytes_dropped", "Bytes deleted by retention", registry=r)
-
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
 
     def census(self, location: str) -> None:
         """Reset the per-partition histograms and gauges from the table's files now."""
