@@ -62,4 +62,9 @@ def check_topic(topic: bytes | str) -> None:
 
 
 def is_valid_topic(topic: bytes | str) -> bool:
-    return _as_bytes(topic).startswith(TOPIC_PREFIXES) and len(topic) <= MAX_NAME_LENGTH
+    """check_topic's rule as a bool (the limit is in bytes, as on the wire, not in characters)."""
+    try:
+        check_topic(topic)
+    except InvalidTopic:
+        return False
+    return True

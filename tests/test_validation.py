@@ -40,3 +40,15 @@ def test_bad_topics(topic):
     with pytest.raises(InvalidTopic, match="must start with"):
         check_topic(topic)
     assert not is_valid_topic(topic)
+
+
+def test_the_topic_limit_counts_bytes_in_every_check():
+    # 5 + 125 two-byte characters: 130 characters, 255 bytes (at the limit); one more is 257 bytes.
+    at_limit = "logs." + "é" * 125
+    over = at_limit + "é"
+    assert len(at_limit.encode()) == 255 and len(over) < 255 < len(over.encode())
+    check_topic(at_limit)
+    assert is_valid_topic(at_limit) and is_valid_topic(at_limit.encode())
+    with pytest.raises(InvalidTopic, match="bytes"):
+        check_topic(over)
+    assert not is_valid_topic(over) and not is_valid_topic(over.encode())
