@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from logjam.errors import RemoteProtocolError
+from logjam.errors import CorruptStore
 
 log = logging.getLogger("logjam-device")
 
@@ -66,7 +66,7 @@ def new_journal_id() -> str:
     return secrets.token_hex(8)
 
 
-class JournalCorrupt(RemoteProtocolError):
+class JournalCorrupt(CorruptStore):
     """A batch in the middle of the journal fails its checksum."""
 
     reason = "journal_corrupt"

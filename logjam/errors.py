@@ -3,6 +3,8 @@
 `RemoteProtocolError` means the peer sent something invalid: answer as the protocol
 says, count it, and keep serving others. `LocalProtocolError` means our own code
 asked an engine to do something the protocol forbids: that is a bug on our side.
+`CorruptStore` means bytes we wrote ourselves (a journal, a store) fail their check:
+neither side of a connection is to blame.
 Each error carries a short machine-readable `reason` used as a metrics label.
 """
 
@@ -30,6 +32,23 @@ class LocalProtocolError(ProtocolError):
     """We were asked to send something the protocol does not allow."""
 
     reason = "local_protocol_error"
+
+
+class CorruptStore(ProtocolError):
+    """Data this process wrote earlier does not read back (a checksum or framing fails)."""
+
+    reason = "corrupt_store"
+
+
+class DeviceRejected(RemoteProtocolError):
+    """The device answered "400 Bad Request" for some of the messages a client's events became."""
+
+    reason = "device_rejected"
+
+    def __init__(self, rejected: int, total: int) -> None:
+        super().__init__(f"device rejected {rejected} of {total} messages")
+        self.rejected = rejected
+        self.total = total
 
 
 class FrameTooLarge(RemoteProtocolError):

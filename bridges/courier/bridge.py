@@ -44,12 +44,6 @@ from logjam.errors import ProtocolError
 log = logging.getLogger("logjam-bridge.courier")
 
 
-class DeviceRefused(ProtocolError):
-    """The device answered 400 for events of this connection; Courier has no way to say so but closing."""
-
-    reason = "device_rejected"
-
-
 class _Batch:
     __slots__ = ("n", "done")
 
@@ -259,7 +253,8 @@ class _Session:
         except DeviceRejected as e:
             self.metrics.device_rejected.inc(e.rejected)
             log.error("%s: device rejected %d of %d events; closing without acking them", self.conn.peer, e.rejected, e.total)
-            self._fail(DeviceRefused(str(e)))
+            # Courier has no way to say so but closing.
+            self._fail(e)
             return
         finally:
             self.slots.release()

@@ -32,6 +32,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from bridges.host.native_link import ACCEPTED, OK, UNEXPECTED, NativeWire, PyWire, wire
+from logjam.errors import DeviceRejected
 from logjam.message import Message, MessageBatch
 
 __all__ = ["ACCEPTED", "DeviceLink", "DeviceRejected"]
@@ -39,15 +40,6 @@ __all__ = ["ACCEPTED", "DeviceLink", "DeviceRejected"]
 log = logging.getLogger(__name__)
 
 _POLLIN = zmq.POLLIN
-
-
-class DeviceRejected(Exception):
-    """The device answered "400 Bad Request" for some of the messages."""
-
-    def __init__(self, rejected: int, total: int) -> None:
-        super().__init__(f"device rejected {rejected} of {total} messages")
-        self.rejected = rejected
-        self.total = total
 
 
 class _Call:
