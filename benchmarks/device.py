@@ -200,7 +200,7 @@ def ours(rcv_hwm: int, snd_hwm: int, engine: str = "native", fsync: str | None =
 
 
 def journal_batch(rcv_hwm: int, snd_hwm: int) -> Target:
-    return ours(rcv_hwm, snd_hwm, fsync="batch")
+    return ours(rcv_hwm, snd_hwm, fsync="always")
 
 
 def journal_interval(rcv_hwm: int, snd_hwm: int) -> Target:
@@ -208,7 +208,7 @@ def journal_interval(rcv_hwm: int, snd_hwm: int) -> Target:
 
 
 def journal_os(rcv_hwm: int, snd_hwm: int) -> Target:
-    return ours(rcv_hwm, snd_hwm, fsync="os")
+    return ours(rcv_hwm, snd_hwm, fsync="never")
 
 
 def ours_python(rcv_hwm: int, snd_hwm: int) -> Target:
@@ -334,11 +334,11 @@ def report(best: dict[str, dict], rounds: list[dict[str, dict]]) -> None:
         print(f"      pure-Python fallback (LOGJAM_NATIVE=off): {best['device/python']['per_cpu_s']:,.0f} msgs/CPU-s, "
               f"ratio {py:.2f}x")
     off = best["logjam-device"]["per_cpu_s"]
-    for policy in ("os", "interval", "batch"):
+    for policy in ("never", "interval", "always"):
         r = best.get(f"journal/{policy}")
         if r is None:
             continue
-        target = "  (target >= 0.8x)" if policy == "os" else ""
+        target = "  (target >= 0.8x)" if policy == "never" else ""
         print(f"journal --journal-fsync {policy:8s} {r['per_cpu_s']:>10,.0f} msgs/CPU-s = {r['per_cpu_s'] / off:.2f}x "
               f"journal-off, {r['per_cpu_s'] / best['zmq.proxy']['per_cpu_s']:.2f}x zmq.proxy; "
               f"{r['sent'] / r['wall']:,.0f} msgs/s wall{target}")
@@ -347,7 +347,7 @@ def report(best: dict[str, dict], rounds: list[dict[str, dict]]) -> None:
         # runs made back to back in the same round is steadier. Median over the rounds.
         print("paired (same round) journal-on / journal-off, median of rounds: " + ", ".join(
             f"{policy} {statistics.median(rd[f'journal/{policy}']['per_cpu_s'] / rd['logjam-device']['per_cpu_s'] for rd in rounds):.2f}x"
-            for policy in ("os", "interval", "batch")))
+            for policy in ("never", "interval", "always")))
 
 
 def append_cost(batches: int = 150, size: int = 1000) -> dict[str, float]:
@@ -378,7 +378,7 @@ def append_cost(batches: int = 150, size: int = 1000) -> dict[str, float]:
     assert batch.drain(loaded[0].cast("void *", pull.underlying), size) == size
     batch.number(7, 1, 1)
     out = {}
-    for policy in ("os", "interval", "batch"):
+    for policy in ("never", "interval", "always"):
         d = tempfile.mkdtemp(prefix="bench-journal-", dir=REPO)
         try:
             journal = Journal(d, fsync=policy)

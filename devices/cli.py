@@ -9,11 +9,10 @@ from typing import Sequence
 
 from logjam import lifecycle, native
 from logjam.check import Checker
-from logjam.config import add_config_flag, parse_args, setup_logging
+from logjam.config import FSYNC_POLICIES, add_config_flag, fsync_policy, parse_args, setup_logging
 from logjam.meta import Compression
 from devices import native as devices_native
 from devices.device import Device, DeviceConfig
-from devices.journal import FSYNC_POLICIES
 
 
 def _compression(value: str) -> int:
@@ -80,9 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     j = p.add_argument_group("journal and replay (on with --data-dir)")
     j.add_argument("--data-dir", metavar="DIR", help="keep a durable journal of every accepted message in DIR/journal "
                    "and serve it on --replay-port (default: no journal)")
-    j.add_argument("--journal-fsync", choices=FSYNC_POLICIES, default="interval",
-                   help="batch: fsync every batch (survives power loss); interval: at most every "
-                   "--journal-fsync-interval-ms (power loss may lose that much); os: page cache only "
+    j.add_argument("--journal-fsync", type=fsync_policy, choices=FSYNC_POLICIES, default="interval",
+                   help="always: fsync every batch before its acks (survives power loss); interval: at most every "
+                   "--journal-fsync-interval-ms (power loss may lose that much); never: page cache only "
                    "(survives a process kill, not a power loss) (default interval)")
     j.add_argument("--journal-fsync-interval-ms", type=_positive_int, default=100, metavar="MS",
                    help="period of the interval policy's fsyncs and of retention checks (default 100)")

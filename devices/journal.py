@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from logjam.config import FSYNC_POLICIES
 from logjam.errors import CorruptStore
 
 log = logging.getLogger("logjam-device")
@@ -56,7 +57,6 @@ META_SIZE = 24
 SUFFIX = ".journal"
 # Index one batch per this many bytes of a segment; reads scan forward from there.
 INDEX_EVERY = 64 * 1024
-FSYNC_POLICIES = ("batch", "interval", "os")
 ID_FILE = "journal-id"
 _ID = re.compile(r"[0-9a-f]{16}")
 
@@ -148,7 +148,7 @@ class Journal:
         self,
         directory: str | Path,
         *,
-        fsync: str = "os",
+        fsync: str = "never",
         fsync_interval_ms: int = 100,
         segment_bytes: int = 64 * 1024 * 1024,
         retention_bytes: int | None = None,
@@ -232,14 +232,14 @@ class Journal:
             self._segments.append(_Segment(path, first_seq, first_seq - 1, 0, time.time()))
         if old >= 0:
             try:
-                if self.fsync != "os":
+                if self.fsync != "never":
                     os.fsync(old)
             finally:
                 os.close(old)
         self._sync_dir()
 
     def _sync_dir(self) -> None:
-        if self.fsync != "os":
+        if self.fsync != "never":
             _fsync_dir(self.dir)
 
     # -- state ----------------------------------------------------------------------
@@ -310,7 +310,7 @@ class Journal:
             # One writev per batch (no joined copy of a large payload); after a short write
             # (the disk filled up) the rest is tried, which then names the error.
             _write_all(self._fd, [header, payload])
-            sync_now = self.fsync == "batch" or (
+            sync_now = self.fsync == "always" or (
                 self.fsync == "interval" and time.monotonic() - self._last_sync >= self.fsync_interval
             )
             if sync_now:
@@ -388,7 +388,7 @@ class Journal:
     def close(self) -> None:
         if self._fd >= 0:
             try:
-                if self.fsync != "os":
+                if self.fsync != "never":
                     os.fsync(self._fd)
             except OSError as e:
                 log.error("journal: fsync at close failed: %s (%s)", e, self._segments[-1].path)

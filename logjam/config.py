@@ -71,3 +71,17 @@ def setup_logging(name: str, verbose: bool = False) -> logging.Logger:
         format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(message)s",
     )
     return logging.getLogger(name)
+
+
+# One fsync vocabulary for every store (the device journal, the segment and rustlog stores).
+FSYNC_POLICIES = ("always", "interval", "never")
+# Spellings the device journal used before, still accepted in flags and TOML.
+FSYNC_ALIASES = {"batch": "always", "os": "never"}
+
+
+def fsync_policy(text: str) -> str:
+    """An argparse `type`: one of FSYNC_POLICIES (or an old alias of one)."""
+    policy = FSYNC_ALIASES.get(text, text)
+    if policy not in FSYNC_POLICIES:
+        raise argparse.ArgumentTypeError(f"fsync policy must be one of {', '.join(FSYNC_POLICIES)}, not {text!r}")
+    return policy

@@ -189,7 +189,7 @@ def assert_resumed(dev: DeviceProcess, sender: Sender, published: Published, met
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_full_tmpfs_holds_then_resumes_when_space_returns(tmp_path, engine):
     with small_tmpfs(tmp_path / "disk", "8m") as disk:
-        dev, replay, metrics = start_journaled(disk / "data", engine, "--journal-fsync", "batch")
+        dev, replay, metrics = start_journaled(disk / "data", engine, "--journal-fsync", "always")
         published = Published(dev.pub)
         sender = Sender(dev.router, "full")
         try:

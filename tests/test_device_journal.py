@@ -183,8 +183,8 @@ def test_every_accepted_message_is_replayable_as_published(journaled):
     assert j.stop() == 0
 
 
-def test_batch_fsync_policy_counts_fsyncs(journaled):
-    j = journaled(["--journal-fsync", "batch"])
+def test_always_fsync_policy_counts_fsyncs(journaled):
+    j = journaled(["--journal-fsync", "always"])
     dev = j.start()
     assert len(send_acked(dev.router, "f", 50, window=1)) == 50
     metrics = scrape(j.metrics_port)
@@ -217,7 +217,7 @@ def test_sequence_continues_after_sigterm_restart_with_a_toml_config(journaled, 
     assert bodies(replayed) == first + second + third
 
 
-@pytest.mark.parametrize("policy", ["os", "interval"])
+@pytest.mark.parametrize("policy", ["never", "interval"])
 def test_every_acknowledged_message_survives_sigkill(journaled, policy):
     j = journaled(["--journal-fsync", policy])
     dev = j.start()

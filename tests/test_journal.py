@@ -88,7 +88,7 @@ def test_corruption_before_the_last_segment_is_an_error(tmp_path):
         Journal(tmp_path)
 
 
-@pytest.mark.parametrize("policy", ["batch", "interval", "os"])
+@pytest.mark.parametrize("policy", ["always", "interval", "never"])
 def test_fsync_policies(tmp_path, policy):
     j = Journal(tmp_path, fsync=policy, fsync_interval_ms=1)
     for first in range(1, 101, 10):
@@ -167,7 +167,7 @@ def test_append_encoded_writes_what_append_writes(tmp_path):
 
 
 def test_counters_for_metrics(tmp_path):
-    j = Journal(tmp_path, fsync="batch", segment_bytes=1024, retention_bytes=2048)
+    j = Journal(tmp_path, fsync="always", segment_bytes=1024, retention_bytes=2048)
     for first in range(1, 201, 20):
         j.append(first, records(first, 20))
         j.enforce_retention()
@@ -209,7 +209,7 @@ def test_a_failed_write_leaves_whole_batches_and_the_same_batch_can_be_written_l
     from tests.disk_support import fill, small_tmpfs
 
     with small_tmpfs(tmp_path / "disk", "1m") as disk:
-        j = Journal(disk / "j", fsync="batch")
+        j = Journal(disk / "j", fsync="always")
         j.append(1, records(1, 10))
         filler = fill(disk, leave=32 * 1024)
         batch = records(11, 400, size=200)  # ~100 KiB

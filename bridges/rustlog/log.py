@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from bridges.host.files import fsync_dir, store_id, write_all
+from logjam.config import FSYNC_POLICIES
 
 HEADER = struct.Struct(">IIQQ")  # crc32, payload length, offset, timestamp µs
 HEADER_SIZE = HEADER.size
@@ -39,7 +40,6 @@ INDEX_ENTRY = struct.Struct(">II")
 WATERMARK = struct.Struct(">QQ")
 _WATERMARK_CHECK = 0x5A5A_A5A5_5A5A_A5A5
 _SEGMENT_NAME = re.compile(r"(\d{20})\.log\Z")
-FSYNC_POLICIES = ("always", "interval", "never")
 
 
 class LogError(Exception):

@@ -40,6 +40,7 @@ from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Ho
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
+from logjam.config import FSYNC_POLICIES
 from logjam.meta import now_ms
 
 log = logging.getLogger("logjam-bridge.segment")
@@ -58,7 +59,7 @@ class Bridge(BridgeProtocol):
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--data-dir", default="./data/segment", help="where segments are stored (default %(default)s)")
         parser.add_argument(
-            "--fsync", default="always", choices=["always", "interval", "never"],
+            "--fsync", default="always", choices=FSYNC_POLICIES,
             help="always: fsync before every ack (group commit); interval: every --fsync-interval s; never: leave it to the OS",
         )
         parser.add_argument("--fsync-interval", type=float, default=1.0, metavar="SECONDS")

@@ -46,11 +46,11 @@ from typing import Iterator, NamedTuple
 from urllib.parse import quote
 
 from bridges.host.files import fsync_dir, store_id, write_all
+from logjam.config import FSYNC_POLICIES
 
 log = logging.getLogger(__name__)
 
 NULL_EVENT_NUMBER = -(2**63)
-FSYNC_POLICIES = ("always", "interval", "never")
 
 _RECORD = struct.Struct(">QQ16sqiI")  # start, end, writer, last event number, events, data crc
 RECORD_SIZE = _RECORD.size + 4
