@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import struct
 
-from logjam.meta import META_SIZE, META_TAG, META_TAG_SWAPPED, META_VERSION, Compression, now_ms
+from logjam.meta import META_SIZE, META_STRUCT, META_TAG, META_TAG_SWAPPED, META_VERSION, Compression, now_ms
 from logjam.validation import is_valid_app_env, is_valid_topic
 
 # Every acceptable first four bytes of a meta frame, mapped to what we publish: the
 # byte-swapped tag is accepted (the reference device does) but normalised on output.
+def _head(tag: int, compression: int) -> bytes:
+    """The first four bytes of a meta frame, from the one layout in logjam.meta."""
+    return META_STRUCT.pack(tag, compression, META_VERSION, 0, 0, 0)[:4]
+
+
 HEADS: dict[bytes, bytes] = {
-    struct.pack(">HBB", tag, comp, META_VERSION): struct.pack(">HBB", META_TAG, comp, META_VERSION)
-    for tag in (META_TAG, META_TAG_SWAPPED)
-    for comp in Compression
+    _head(tag, comp): _head(META_TAG, comp) for tag in (META_TAG, META_TAG_SWAPPED) for comp in Compression
 }
-HEAD_FOR: dict[int, bytes] = {c: struct.pack(">HBB", META_TAG, c, META_VERSION) for c in Compression}
+HEAD_FOR: dict[int, bytes] = {c: _head(META_TAG, c) for c in Compression}
 
 # A meta for clients that sent none (3-frame PULL messages) and for the device's own
 # heartbeats: created_ms 0 makes `stamp` fill in the current time.

@@ -18,7 +18,8 @@ from logjam.errors import MetaError
 
 SEQ_MAX = 2**64 - 1
 
-_META = struct.Struct(">HBBIQQ")
+META_STRUCT = struct.Struct(">HBBIQQ")  # tag, compression, version, device, created_ms, seq
+_META = META_STRUCT
 
 
 class Compression(enum.IntEnum):

@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import array
 import logging
-import struct
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from logjam import native as _native
-from logjam.meta import META_SIZE, META_TAG, META_TAG_SWAPPED, META_VERSION, Compression
+from logjam.meta import META_SIZE, META_STRUCT, META_TAG, META_TAG_SWAPPED, META_VERSION, Compression
 
 log = logging.getLogger(__name__)
 
 BUFFER_BYTES = 8 * 1024 * 1024
-_META = struct.Struct(">HBBIQQ")
+_META = META_STRUCT  # the one layout, from logjam.meta
 
 MODULE = "logjam._native_sub"
 
