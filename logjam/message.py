@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+import base64
+
 import orjson
 
 from logjam.compression import DEFAULT_MAX_DECOMPRESSED, compress, decompress
@@ -128,3 +130,25 @@ class MessageBatch:
                 out.append(cur)
             cur.append(m.body, m.meta.created_ms)
         return out
+
+
+def body_from_bytes(data: bytes | memoryview, tags: Sequence[str] = ()) -> dict[str, Any]:
+    """One event body from a client's bytes, the same in every bridge and tool.
+
+    A JSON object stays itself; anything else becomes {"message": text} when it is UTF-8,
+    else {"message_base64": ...}; `tags` (e.g. Courier's "_unmarshal_failure") are added
+    to such a wrapper only.
+    """
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        value = None
+    if value.__class__ is dict:
+        return value
+    try:
+        body: dict[str, Any] = {"message": bytes(data).decode("utf-8")}
+    except UnicodeDecodeError:
+        body = {"message_base64": base64.b64encode(data).decode("ascii")}
+    if tags:
+        body["tags"] = list(tags)
+    return body

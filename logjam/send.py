@@ -19,11 +19,11 @@ import threading
 import time
 from typing import Any, Iterator, Sequence
 
-import orjson
 
 from logjam import lifecycle
 from logjam.check import Checker
 from logjam.config import add_config_flag, parse_args
+from logjam.message import body_from_bytes
 from logjam.send_clients import DEFAULT_PORTS, SENDERS, Options, Sender, SendFailed, tls_context
 from logjam.validation import is_valid_app_env
 
@@ -120,15 +120,8 @@ def parse_target(to: str | None, default_port: int) -> tuple[str, int]:
 
 
 def event_of(line: str) -> dict[str, Any]:
-    """A JSON object line is the event itself; any other line is its message."""
-    if line.startswith("{"):
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            value = None
-        if isinstance(value, dict):
-            return value
-    return {"message": line}
+    """A JSON object line is the event itself; any other line is its message (as every bridge maps bytes)."""
+    return body_from_bytes(line.encode())
 
 
 def _decode(raw: bytes) -> str:

@@ -37,7 +37,6 @@ downstream is slow, without the engine inflating ahead.
 
 from __future__ import annotations
 
-import base64
 import enum
 import struct
 import zlib
@@ -54,6 +53,7 @@ from logjam.errors import (
     LocalProtocolError,
     RemoteProtocolError,
 )
+from logjam.message import body_from_bytes
 
 HEADER = struct.Struct(">4sI")
 U32 = struct.Struct(">I")
@@ -210,16 +210,7 @@ def _check_nonce(nonce: bytes) -> None:
 
 def event_body(raw: bytes) -> dict[str, Any]:
     """Parse one record: a JSON object, or the unmarshal-failure wrapper Courier servers use."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        obj = None
-    if isinstance(obj, dict):
-        return obj
-    try:
-        return {"message": raw.decode("utf-8"), "tags": [UNMARSHAL_FAILURE]}
-    except UnicodeDecodeError:
-        return {"message_base64": base64.b64encode(raw).decode("ascii"), "tags": [UNMARSHAL_FAILURE]}
+    return body_from_bytes(raw, (UNMARSHAL_FAILURE,))
 
 
 # ------------------------------------------------------------------ server engine

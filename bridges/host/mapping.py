@@ -10,7 +10,6 @@ and the importer drops the copies (docs/reliability.md).
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime
 import secrets
@@ -21,23 +20,9 @@ from typing import Any, Sequence
 import orjson
 
 from logjam.compression import compress
-from logjam.message import Message, MessageBatch
+from logjam.message import Message, MessageBatch, body_from_bytes
 from logjam.meta import Compression, now_ms
 from logjam.validation import is_valid_app_env
-
-
-def body_from_bytes(data: bytes) -> dict[str, Any]:
-    """A JSON object stays itself; anything else becomes {"message": text} or {"message_base64": ...}."""
-    try:
-        value = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        value = None
-    if isinstance(value, dict):
-        return value
-    try:
-        return {"message": bytes(data).decode("utf-8")}
-    except UnicodeDecodeError:
-        return {"message_base64": base64.b64encode(data).decode("ascii")}
 
 
 _UTC = datetime.timezone.utc
