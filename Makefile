@@ -51,17 +51,17 @@ test-native: $(STAMP) node-clients
 	LOGJAM_NATIVE=off $(BIN)/python -m pytest -m native $(PYTEST_ARGS)
 
 up: java $(STAMP)
-	$(BIN)/python -m logjam.mesh up
+	$(BIN)/python -m tools.mesh up
 
 down:
-	$(BIN)/python -m logjam.mesh down
+	$(BIN)/python -m tools.mesh down
 
 status:
-	$(BIN)/python -m logjam.mesh status
+	$(BIN)/python -m tools.mesh status
 
 # Every program of supervisord.conf with --check: flags, TOML, TLS files, writable dirs.
 check: $(STAMP)
-	$(BIN)/python -m logjam.mesh check
+	$(BIN)/python -m tools.mesh check
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

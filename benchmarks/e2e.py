@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
-from logjam.mesh import DEFAULTS, mesh_environment  # noqa: E402
+from tools.mesh import DEFAULTS, mesh_environment  # noqa: E402
 from tests.helpers import REPO, command, free_port, port_open, wait_for  # noqa: E402
 
 WINDOW = 2048

@@ -12,8 +12,8 @@ from typing import Sequence
 
 from bridges.host.protocol import BridgeProtocol
 from logjam import native
-from logjam.check import Checker
-from logjam.config import add_config_flag, parse_args, setup_logging
+from runtime.check import Checker
+from runtime.config import add_config_flag, parse_args, setup_logging
 
 PROTOCOLS = {
     "lumberjack": "bridges.lumberjack.bridge:Bridge",

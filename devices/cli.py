@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Sequence
 
 from logjam import lifecycle, native
-from logjam.check import Checker
-from logjam.config import FSYNC_POLICIES, add_config_flag, fsync_policy, parse_args, setup_logging
+from runtime.check import Checker
+from runtime.config import FSYNC_POLICIES, add_config_flag, fsync_policy, parse_args, setup_logging
 from logjam.meta import Compression
 from devices import native as devices_native
 from devices.device import Device, DeviceConfig

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from logjam.config import FSYNC_POLICIES
+from runtime.config import FSYNC_POLICIES
 from logjam.errors import CorruptStore
 
 log = logging.getLogger("logjam-device")

@@ -1,4 +1,4 @@
-"""Prometheus exposition and /healthz for --metrics-port, built on prometheus_client and logjam.health.
+"""Prometheus exposition and /healthz for --metrics-port, built on prometheus_client and runtime.health.
 
 The hot loop keeps plain integer counters; a custom collector turns a snapshot of
 them into metric families at scrape time, so counting costs the loop nothing.
@@ -14,8 +14,8 @@ from prometheus_client.registry import Collector
 
 from devices.device import Device
 from devices.stamp import REASONS
-from logjam.health import Check, MetricsServer
-from logjam.health import serve as serve_http
+from runtime.health import Check, MetricsServer
+from runtime.health import serve as serve_http
 
 
 class DeviceCollector(Collector):
@@ -112,7 +112,7 @@ def health(device: Device) -> list[Check]:
 
 
 def serve(device: Device, port: int, address: str = "0.0.0.0") -> MetricsServer:
-    """Serve /metrics and /healthz from a daemon thread (logjam.health)."""
+    """Serve /metrics and /healthz from a daemon thread (runtime.health)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DeviceCollector(device))
     return serve_http(registry, port, address, health=lambda: health(device))

@@ -1,4 +1,4 @@
-"""`--check` of logjam-importer, logjam-spark and logjam-sql (logjam/check.py): what each would
+"""`--check` of logjam-importer, logjam-spark and logjam-sql (runtime/check.py): what each would
 connect to, read and write, without starting Spark or connecting to anything."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from logjam.check import Checker
+from runtime.check import Checker
 
 _SPARK_URL = re.compile(r"sc://[^/:]+(:\d+)?(/.*)?|local(\[(\d+|\*)(,\d+)?\])?|spark://\S+|yarn|k8s://\S+|mesos://\S+")
 

@@ -27,7 +27,7 @@ from importer.session import DEFAULT_SPARK
 from importer.split import StreamFilter
 from importer.worker import DEFAULT_SUB, Worker
 from logjam import lifecycle
-from logjam.config import add_config_flag, parse_args, setup_logging
+from runtime.config import add_config_flag, parse_args, setup_logging
 
 DEFAULT_REPLAY_PORT = 9607
 

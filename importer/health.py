@@ -11,7 +11,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
-from logjam.health import Check
+from runtime.health import Check
 
 if TYPE_CHECKING:
     from importer.worker import Worker

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from logjam.health import HealthCheck, MetricsServer
-from logjam.health import serve as serve_http
+from runtime.health import HealthCheck, MetricsServer
+from runtime.health import serve as serve_http
 
 
 class ImporterMetrics:
@@ -76,5 +76,5 @@ class ImporterMetrics:
         self.worker = str(worker)
 
     def serve(self, port: int, addr: str = "0.0.0.0", health: HealthCheck | None = None) -> MetricsServer:
-        """/metrics and /healthz (logjam.health)."""
+        """/metrics and /healthz (runtime.health)."""
         return serve_http(self.registry, port, addr, health=health)

@@ -32,7 +32,7 @@ from importer.maintenance import TableMetrics, add_maintenance_flags, run_mainte
 from importer.paths import data_dir, default_warehouse, normalise_warehouse, table_path
 from importer.schema import DEFAULT_DATABASE
 from importer.session import driver_address
-from logjam.config import add_config_flag, parse_args, setup_logging
+from runtime.config import add_config_flag, parse_args, setup_logging
 
 log = logging.getLogger("logjam-spark")
 
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = TableMetrics()
     if args.metrics_port:
         from importer.health import spark_server_health
-        from logjam.health import serve as serve_http
+        from runtime.health import serve as serve_http
 
         serve_http(metrics.registry, args.metrics_port, "0.0.0.0" if args.bind in ("0.0.0.0", "::") else args.bind,
                    health=lambda: spark_server_health(proc, args))

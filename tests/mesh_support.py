@@ -13,7 +13,7 @@ import orjson
 from pylogbeat import PyLogBeatClient
 
 from logjam.compression import decompress
-from logjam.mesh import DEFAULTS, mesh_environment
+from tools.mesh import DEFAULTS, mesh_environment
 from logjam.message import Message
 from logjam.producer import Producer
 from logjam.replay import ReplayClient

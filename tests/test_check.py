@@ -1,6 +1,6 @@
 """`--check` through the real commands: good configs exit 0 and say what would run, broken
 ones exit 1 and say what is wrong; nothing is started or left behind. `make check`
-(`python -m logjam.mesh check`) runs it for every program of supervisord.conf.
+(`python -m tools.mesh check`) runs it for every program of supervisord.conf.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from logjam.mesh import DEFAULTS
+from tools.mesh import DEFAULTS
 from tests.helpers import REPO, command
 
 pytestmark = pytest.mark.timeout(120)
@@ -122,7 +122,7 @@ def test_make_check_good_and_broken_mesh(tmp_path: Path) -> None:
     assert "mesh check ok: 8 programs" in good.stdout
 
     # Two programs on one port, and a device id the device refuses.
-    bad = subprocess.run([command("python"), "-m", "logjam.mesh", "check"], cwd=REPO,
+    bad = subprocess.run([command("python"), "-m", "tools.mesh", "check"], cwd=REPO,
                          env=mesh_env(tmp_path, LOGJAM_COURIER_PORT="5044", LOGJAM_DEVICE_ID="-1"),
                          capture_output=True, text=True, timeout=110)
     assert bad.returncode == 1, bad.stdout

@@ -2,7 +2,7 @@
 `logjam-spark --conf KEY=VALUE` is `--conf`, not an abbreviation of `--config` (issue 17).
 
 The flags come from each real command's `--help` output; each is then parsed on its own
-(with a value its type accepts) through the same `logjam.config.parse_args` the entry
+(with a value its type accepts) through the same `runtime.config.parse_args` the entry
 points use, which is where the TOML pre-parser took `--conf` for `--config`.
 """
 
@@ -21,9 +21,9 @@ from devices.cli import build_parser as device_parser
 from importer.cli import build_parser as importer_parser
 from importer.spark_server import build_parser as spark_parser
 from importer.sql import build_parser as sql_parser
-from logjam.config import parse_args
-from logjam.send import build_parser as send_parser
-from logjam.tail import build_parser as tail_parser
+from runtime.config import parse_args
+from tools.send import build_parser as send_parser
+from tools.tail import build_parser as tail_parser
 from tests.helpers import command
 
 # command line prefix, parser factory, positional arguments a parse needs

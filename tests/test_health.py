@@ -1,4 +1,4 @@
-"""/metrics and /healthz on --metrics-port (logjam.health), through real processes.
+"""/metrics and /healthz on --metrics-port (runtime.health), through real processes.
 
 A device says it is publishing and its journal is writable; a bridge says whether its
 device link is up, following the device as it goes away and comes back; the importer's

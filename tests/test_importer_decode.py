@@ -165,7 +165,7 @@ def test_build_on_empty_builder_gives_empty_table() -> None:
 
 def test_importer_flags_and_config_file(tmp_path) -> None:
     from importer.cli import build_parser, main
-    from logjam.config import parse_args
+    from runtime.config import parse_args
 
     for bad in (["--worker", "1"], ["--worker", "2", "--workers", "2"], ["--batch-rows", "0"]):
         with pytest.raises(SystemExit) as e:

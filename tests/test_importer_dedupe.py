@@ -132,7 +132,7 @@ def test_without_a_dedupe_memory_every_copy_is_a_row() -> None:
 
 def test_importer_dedupe_flag_and_config_key(tmp_path) -> None:
     from importer.cli import build_parser, main
-    from logjam.config import parse_args
+    from runtime.config import parse_args
 
     assert parse_args(build_parser(), []).dedupe_keys == DEFAULT_CAPACITY
     cfg = tmp_path / "importer.toml"

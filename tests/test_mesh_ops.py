@@ -1,6 +1,6 @@
-"""Operations on a mesh started the way `make up` starts it (`python -m logjam.mesh up`) on
+"""Operations on a mesh started the way `make up` starts it (`python -m tools.mesh up`) on
 test ports: every process serves Prometheus /metrics and /healthz on its documented
-variable's port, `make status` (`python -m logjam.mesh status`) shows the verdicts, and a
+variable's port, `make status` (`python -m tools.mesh status`) shows the verdicts, and a
 bridge's /healthz follows its device going away and coming back.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from logjam.health import fetch
-from logjam.mesh import DEFAULTS, METRICS_PORTS, mesh_environment
+from runtime.health import fetch
+from tools.mesh import DEFAULTS, METRICS_PORTS, mesh_environment
 from tests.helpers import REPO, command, free_port, free_port_pair, wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -26,7 +26,7 @@ PREFIX = {"logjam-spark": "logjam_table_", "logjam-device": "logjam_device_", "b
 
 
 def mesh_cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "logjam.mesh", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tools.mesh", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -40,7 +40,7 @@ def mesh(tmp_path_factory):
     env = mesh_environment(REPO / "supervisord.conf", env)
     out = data / "mesh-up.out"
     with open(out, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "logjam.mesh", "up"], cwd=REPO, env=env, stdout=f,
+        proc = subprocess.Popen([sys.executable, "-m", "tools.mesh", "up"], cwd=REPO, env=env, stdout=f,
                                 stderr=subprocess.STDOUT)
     try:
         def up() -> bool:
@@ -49,7 +49,7 @@ def mesh(tmp_path_factory):
             assert "mesh not fully up" not in text, text
             return "logjam-mesh is up" in text
 
-        wait_for(up, timeout=300, interval=1, what="python -m logjam.mesh up to announce the mesh")
+        wait_for(up, timeout=300, interval=1, what="python -m tools.mesh up to announce the mesh")
         yield env
     finally:
         mesh_cli(env, "down")

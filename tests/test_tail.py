@@ -37,7 +37,7 @@ from logjam import Message, Meta
 from logjam.compression import compress
 from logjam.meta import Compression
 from logjam.producer import Producer
-from logjam.tail_render import Palette, Renderer, escape_bytes
+from tools.tail_render import Palette, Renderer, escape_bytes
 from tests.helpers import command, wait_for
 
 pytestmark = pytest.mark.timeout(60)

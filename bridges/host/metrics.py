@@ -1,11 +1,11 @@
-"""Prometheus metrics every bridge exposes on --metrics-port (with /healthz, logjam.health)."""
+"""Prometheus metrics every bridge exposes on --metrics-port (with /healthz, runtime.health)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from logjam.health import HealthCheck, MetricsServer
-from logjam.health import serve as serve_http
+from runtime.health import HealthCheck, MetricsServer
+from runtime.health import serve as serve_http
 
 
 class BridgeMetrics:

@@ -22,7 +22,7 @@ from bridges.host.mapping import EventMapper
 from bridges.host.metrics import BridgeMetrics
 from bridges.host.protocol import BridgeProtocol, Host
 from bridges.host.tls import ReloadableTLS
-from logjam.health import Check
+from runtime.health import Check
 from logjam.errors import ProtocolError
 from logjam.meta import Compression
 

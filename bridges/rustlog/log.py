@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from bridges.host.files import fsync_dir, store_id, write_all
-from logjam.config import FSYNC_POLICIES
+from runtime.config import FSYNC_POLICIES
 
 HEADER = struct.Struct(">IIQQ")  # crc32, payload length, offset, timestamp µs
 HEADER_SIZE = HEADER.size

@@ -40,7 +40,7 @@ from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Ho
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
-from logjam.config import FSYNC_POLICIES
+from runtime.config import FSYNC_POLICIES
 from logjam.meta import now_ms
 
 log = logging.getLogger("logjam-bridge.segment")

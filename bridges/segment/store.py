@@ -46,7 +46,7 @@ from typing import Iterator, NamedTuple
 from urllib.parse import quote
 
 from bridges.host.files import fsync_dir, store_id, write_all
-from logjam.config import FSYNC_POLICIES
+from runtime.config import FSYNC_POLICIES
 
 log = logging.getLogger(__name__)
 

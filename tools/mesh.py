@@ -39,7 +39,7 @@ DEFAULTS = {
     "LOGJAM_SEGMENT_PORT": "12345",
     "LOGJAM_RUSTLOG_PORT": "9092",
     "LOGJAM_IMPORTERS": "2",
-    # Prometheus /metrics and /healthz of every process (logjam.health); importer I serves
+    # Prometheus /metrics and /healthz of every process (runtime.health); importer I serves
     # LOGJAM_IMPORTER_METRICS_PORT + I. logjam-spark's is LOGJAM_TABLE_METRICS_PORT.
     "LOGJAM_DEVICE_METRICS_PORT": "9631",
     "LOGJAM_LUMBERJACK_METRICS_PORT": "9632",
@@ -177,7 +177,7 @@ def metrics_ports(env: dict[str, str]) -> dict[str, int]:
 
 def health_report(env: dict[str, str]) -> tuple[bool, list[str]]:
     """(all healthy, one line per process: port, verdict, each check's detail)."""
-    from logjam.health import fetch
+    from runtime.health import fetch
 
     host = env["LOGJAM_BIND"] if env["LOGJAM_BIND"] not in ("0.0.0.0", "*", "::") else "127.0.0.1"
     healthy, lines = True, []
@@ -274,7 +274,7 @@ def ctl(config: Path, args: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m logjam.mesh", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.mesh", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("action", choices=["up", "down", "status", "check"])
     p.add_argument("--config", default="supervisord.conf", type=Path)

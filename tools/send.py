@@ -4,7 +4,7 @@ Each line (from the arguments, or from stdin when there are none or one is `-`) 
 one event: a line holding a JSON object is sent as that object, any other line as
 {"message": line}. Lines are sent in batches; each batch must be acknowledged by the
 peer within --timeout, else the command stops and exits 1. The protocol work happens
-in the project's own client engines, driven by logjam.send_clients.
+in the project's own client engines, driven by tools.send_clients.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any, Iterator, Sequence
 
 
 from logjam import lifecycle
-from logjam.check import Checker
-from logjam.config import add_config_flag, parse_args
+from runtime.check import Checker
+from runtime.config import add_config_flag, parse_args
 from logjam.message import body_from_bytes
-from logjam.send_clients import DEFAULT_PORTS, SENDERS, Options, Sender, SendFailed, tls_context
+from tools.send_clients import DEFAULT_PORTS, SENDERS, Options, Sender, SendFailed, tls_context
 from logjam.validation import is_valid_app_env
 
 PROG = "logjam-send"

@@ -1,8 +1,8 @@
 """`logjam-tail`: watch live traffic on one or more device PUB sockets, like `tail -f`.
 
 This is the process entry point: flags and TOML, the SUB loop, stop on SIGTERM or
-Ctrl-C, and writing to stdout. Formatting lives in `logjam.tail_render` and the
---stats tables in `logjam.tail_stats`.
+Ctrl-C, and writing to stdout. Formatting lives in `tools.tail_render` and the
+--stats tables in `tools.tail_stats`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from rich.console import Console
 from rich.live import Live
 
 from logjam import lifecycle
-from logjam.check import Checker
-from logjam.config import add_config_flag, parse_args, setup_logging
+from runtime.check import Checker
+from runtime.config import add_config_flag, parse_args, setup_logging
 from logjam.message import Message
 from logjam.subscriber import Gap, Subscriber
-from logjam.tail_render import Palette, Renderer
-from logjam.tail_stats import StatsBoard
+from tools.tail_render import Palette, Renderer
+from tools.tail_stats import StatsBoard
 
 DEFAULT_SUB = "tcp://127.0.0.1:9606"
 MODES = ("lines", "json", "pretty", "raw", "stats")

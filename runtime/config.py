@@ -3,7 +3,7 @@
 TOML keys are the long flag names (dashes or underscores). Values from the file
 become argparse defaults, so a flag on the command line always wins. Abbreviated flags
 are refused everywhere (`--conf` is a flag of its own, not `--config`): build parsers
-with `allow_abbrev=False`, which `parse_args` checks. `--check` (logjam/check.py) rides
+with `allow_abbrev=False`, which `parse_args` checks. `--check` (runtime/check.py) rides
 along with `--config`; under it a bad flag or file exits 1 instead of argparse's 2.
 """
 

@@ -1,6 +1,6 @@
 """`--check` of every entry point: validate what a start would need, print what would run, exit 0 or 1.
 
-Flags and the TOML file are validated by parsing them (logjam/config.py makes a parse
+Flags and the TOML file are validated by parsing them (runtime/config.py makes a parse
 error exit 1 under --check). Each entry point then hands a `Checker` the files it would
 read and the directories it would write, and the lines saying what it would start; the
 checker prints `ok`/`error` per item on stdout and the verdict is the exit status.

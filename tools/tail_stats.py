@@ -1,6 +1,6 @@
 """`logjam-tail --stats`: message and byte rates per app-env and topic, and gaps per device.
 
-`StatsBoard` only counts and builds rich renderables; `logjam.tail` decides whether
+`StatsBoard` only counts and builds rich renderables; `tools.tail` decides whether
 they go to a live-refreshing screen (a terminal) or are printed as snapshots (a pipe).
 Rates are measured over a sliding window of recent snapshots, so they settle instead
 of jumping with every refresh.
