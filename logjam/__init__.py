@@ -1,8 +1,8 @@
-"""The Logjam wire format and the pieces every logjam-mesh process shares.
+"""The Logjam wire library: the ground floor, importing nothing above it (tests/test_layers.py).
 
 `Message` and `Meta` are the one representation of a Logjam message; `compression`
-holds the four body codecs; `validation` the stream-name and topic rules;
-`Producer` and `Subscriber` are the client and consumer ends of a device.
+holds the four body codecs; `validation` the stream-name and topic rules; `errors` the
+one error family; `Producer`, `Subscriber` and the replay client are the ends of a device.
 """
 
 from logjam.errors import (

@@ -1,4 +1,4 @@
-"""How a bridge turns one event into a Logjam message (the contract in docs/bridges.md).
+"""How a bridge turns one event into a Logjam message (the contract in docs/protocols/, one page per protocol).
 
 Every body gets `@metadata._id`, the event's idempotency key: the client's own when
 it sent one (Beats' fingerprint processor writes `@metadata._id`), else what the
