@@ -69,16 +69,16 @@ def records(seed: int) -> tuple[bytes, ...]:
 
 
 def frames(dialect: e.Dialect, partition: int) -> list[bytes]:
-    client = e.ClientConnection()
+    client = e.RustlogClient()
     return [client.send(e.Produce("bench", partition, records(k), dialect)) for k in range(BATCHES_PER_CONN)]
 
 
 def decode_only(all_frames: list[bytes]) -> tuple[float, float]:
-    """Records per second and per CPU-second of ServerConnection.feed on the same frames
+    """Records per second and per CPU-second of RustlogServer.feed on the same frames
     (fed in 64 KiB reads), best of 3."""
     best = best_cpu = 0.0
     for _ in range(3):
-        server = e.ServerConnection()
+        server = e.RustlogServer()
         n = 0
         start, cpu = time.perf_counter(), time.process_time()
         for f in all_frames:
@@ -102,7 +102,7 @@ def cpu_seconds(pid: int) -> float:
 class Client:
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))
-        self.engine = e.ClientConnection()
+        self.engine = e.RustlogClient()
         self.pending: list = []
 
     def call(self, request: e.Request):

@@ -10,6 +10,10 @@ Each error carries a short machine-readable `reason` used as a metrics label.
 
 from __future__ import annotations
 
+from typing import Iterable, TypeVar
+
+T = TypeVar("T")
+
 
 class ProtocolError(Exception):
     """Base of every protocol or codec error."""
@@ -85,3 +89,25 @@ class InvalidTopic(RemoteProtocolError):
     """A topic does not start with a known prefix."""
 
     reason = "bad_topic"
+
+
+def until_error(events: Iterable[T]) -> tuple[list[T], ProtocolError | None]:
+    """Every event up to the first ProtocolError, and that error: the engine contract's rule.
+
+    Every protocol engine's `feed(data)` returns a list of the events `data` completes.
+    A violation is raised as a ProtocolError by the call that meets it when no event came
+    before it in that call; otherwise the events before it are returned and the error is
+    raised by the next call (`feed(b"")` once they are handled), so that what a client sent
+    correctly is still answered before its connection is closed. Once raised, every later
+    call raises it again. (Lumberjack raises at once: its compressed frame is all or
+    nothing, so that no event of a refused frame is published; nothing of that read is
+    acknowledged, and the client sends it again.)
+    """
+    out: list[T] = []
+    try:
+        for event in events:
+            out.append(event)
+    except ProtocolError as e:
+        e.__traceback__ = None  # it may hold frames that held large buffers
+        return out, e
+    return out, None

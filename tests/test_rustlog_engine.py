@@ -62,27 +62,27 @@ def test_spec_example_frame() -> None:
 @pytest.mark.parametrize("payload,event", REQUESTS, ids=lambda v: type(v).__name__ if not isinstance(v, bytes) else None)
 def test_request_vectors_whole_bytewise_and_with_trailing_data(payload: bytes, event: e.Request) -> None:
     data = fr(payload)
-    assert e.ServerConnection().feed(data) == [event]
+    assert e.RustlogServer().feed(data) == [event]
 
-    conn = e.ServerConnection()
+    conn = e.RustlogServer()
     got = []
     for i in range(len(data)):
         got += conn.feed(data[i:i + 1])
     assert got == [event]
 
-    conn = e.ServerConnection()
+    conn = e.RustlogServer()
     nxt = fr(b'{"type":"Ping"}')
     assert conn.feed(data + nxt[:3]) == [event]
     assert conn.feed(nxt[3:]) == [e.Ping(J)]
 
 
 def test_client_encodes_the_same_vectors() -> None:
-    client = e.ClientConnection()
+    client = e.RustlogClient()
     for payload, event in REQUESTS:
         if event.dialect is B:
             assert client.send(event) == fr(payload)
         else:
-            assert e.ServerConnection().feed(client.send(event)) == [event]
+            assert e.RustlogServer().feed(client.send(event)) == [event]
 
 
 # Binary response vectors from the interop table.
@@ -106,12 +106,12 @@ BINARY_RESPONSES: list[tuple[e.Response, bytes]] = [
 
 @pytest.mark.parametrize("response,payload", BINARY_RESPONSES, ids=lambda v: type(v).__name__ if not isinstance(v, bytes) else None)
 def test_binary_responses(response: e.Response, payload: bytes) -> None:
-    server = e.ServerConnection()
+    server = e.RustlogServer()
     server.feed(fr(b"\xff"))
     assert server.send(response) == fr(payload)
     # The client half reads it whole and byte by byte.
-    decoded = e.ClientConnection().feed(fr(payload))
-    client = e.ClientConnection()
+    decoded = e.RustlogClient().feed(fr(payload))
+    client = e.RustlogClient()
     bytewise = []
     for i, b in enumerate(fr(payload)):
         bytewise += client.feed(bytes([b]))
@@ -139,16 +139,16 @@ JSON_RESPONSES: list[tuple[e.Response, dict]] = [
 
 @pytest.mark.parametrize("response,obj", JSON_RESPONSES, ids=lambda v: type(v).__name__ if not isinstance(v, dict) else None)
 def test_json_responses(response: e.Response, obj: dict) -> None:
-    server = e.ServerConnection()
+    server = e.RustlogServer()
     server.feed(fr(b'{"type":"Ping"}'))
     data = server.send(response)
     assert struct.unpack(">I", data[:4])[0] == len(data) - 4
     assert json.loads(data[4:]) == obj
-    assert len(e.ClientConnection().feed(data)) == 1
+    assert len(e.RustlogClient().feed(data)) == 1
 
 
 def test_answers_follow_the_dialect_of_each_request_in_order() -> None:
-    server = e.ServerConnection()
+    server = e.RustlogServer()
     events = server.feed(fr(b'{"type":"Ping"}') + fr(b"\xff") + fr(b'{"type":"Ping"}'))
     assert [ev.dialect for ev in events] == [J, B, J]
     assert server.send(e.Pong()) == fr(b'{"type":"Pong"}')
@@ -188,7 +188,7 @@ def test_error_codes_per_dialect() -> None:
     (b"\x01" + s("t") + b"\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x09abc", e.ErrorKind.INVALID_REQUEST),
 ])
 def test_bad_requests_become_events_and_the_connection_goes_on(payload: bytes, kind: e.ErrorKind) -> None:
-    server = e.ServerConnection()
+    server = e.RustlogServer()
     events = server.feed(fr(payload) + fr(b"\xff"))
     assert len(events) == 2
     bad, ping = events
@@ -199,14 +199,14 @@ def test_bad_requests_become_events_and_the_connection_goes_on(payload: bytes, k
 
 def test_too_many_json_records_and_too_large_records() -> None:
     many = json.dumps({"type": "Produce", "topic": "t", "partition": 0, "records": ["QQ=="] * 1001}).encode()
-    [bad] = e.ServerConnection().feed(fr(many))
+    [bad] = e.RustlogServer().feed(fr(many))
     assert isinstance(bad, e.BadRequest) and "1001" in bad.message
-    big = e.ClientConnection().send(e.Produce("t", 0, (b"x" * (e.MAX_RECORD_SIZE + 1),), J))
-    [bad] = e.ServerConnection(max_frame=len(big)).feed(big)
+    big = e.RustlogClient().send(e.Produce("t", 0, (b"x" * (e.MAX_RECORD_SIZE + 1),), J))
+    [bad] = e.RustlogServer(max_frame=len(big)).feed(big)
     assert isinstance(bad, e.BadRequest) and bad.kind is e.ErrorKind.RECORD_TOO_LARGE
     assert e.Error(bad.kind, "").kind.json_code == 413
     ok = [b"y" * 10] * 1000
-    [good] = e.ServerConnection().feed(e.ClientConnection().send(e.Produce("t", 0, tuple(ok), B)))
+    [good] = e.RustlogServer().feed(e.RustlogClient().send(e.Produce("t", 0, tuple(ok), B)))
     assert good == e.Produce("t", 0, tuple(ok), B)
 
 
@@ -214,14 +214,14 @@ def test_too_many_json_records_and_too_large_records() -> None:
 
 
 def test_oversized_frame_is_refused_from_the_header_alone() -> None:
-    server = e.ServerConnection()
+    server = e.RustlogServer()
     with pytest.raises(FrameTooLarge):
         server.feed(struct.pack(">I", e.MAX_FRAME_SIZE + 1))
     reply = server.fatal_reply(FrameTooLarge("x"))
     assert reply[4:5] == b"\xfe" and struct.unpack(">H", reply[5:7])[0] == 1
     # Exactly the maximum is fine (only the header is fed: nothing is allocated for it yet).
-    assert e.ServerConnection().feed(struct.pack(">I", e.MAX_FRAME_SIZE)) == []
-    small = e.ServerConnection(max_frame=100)
+    assert e.RustlogServer().feed(struct.pack(">I", e.MAX_FRAME_SIZE)) == []
+    small = e.RustlogServer(max_frame=100)
     with pytest.raises(FrameTooLarge):
         small.feed(struct.pack(">I", 101) + b"{")
     reply = small.fatal_reply(FrameTooLarge("x"))
@@ -230,7 +230,7 @@ def test_oversized_frame_is_refused_from_the_header_alone() -> None:
 
 def test_zero_length_frame_closes() -> None:
     with pytest.raises(e.EmptyFrame):
-        e.ServerConnection().feed(b"\x00\x00\x00\x00")
+        e.RustlogServer().feed(b"\x00\x00\x00\x00")
 
 
 @pytest.mark.parametrize("payload,error", [
@@ -241,7 +241,7 @@ def test_zero_length_frame_closes() -> None:
     (b'{"type":"\xed\xa0\x80"}', e.InvalidUtf8),
 ])
 def test_malformed_json_and_invalid_utf8_are_fatal(payload: bytes, error: type[Exception]) -> None:
-    server = e.ServerConnection()
+    server = e.RustlogServer()
     with pytest.raises(error):
         server.feed(fr(payload))
     err = error("x")
@@ -250,7 +250,7 @@ def test_malformed_json_and_invalid_utf8_are_fatal(payload: bytes, error: type[E
 
 
 def test_good_requests_before_a_fatal_frame_are_still_served() -> None:
-    server = e.ServerConnection()
+    server = e.RustlogServer()
     events = server.feed(fr(b"\xff") + fr(b'{"type":"Ping"}') + b"\x00\x00\x00\x00")
     assert events == [e.Ping(B), e.Ping(J)]
     server.send(e.Pong())
@@ -264,9 +264,9 @@ def test_good_requests_before_a_fatal_frame_are_still_served() -> None:
 def test_client_rejects_bad_responses() -> None:
     for payload in (b"\x42", b"\x01\x00", b'{"type":"Weird"}', b'{"type":"ProduceResponse"}', b"\xfe\x00"):
         with pytest.raises(RemoteProtocolError):
-            e.ClientConnection().feed(fr(payload))
+            e.RustlogClient().feed(fr(payload))
     with pytest.raises(LocalProtocolError):
-        e.ClientConnection().send("not a request")  # type: ignore[arg-type]
+        e.RustlogClient().send("not a request")  # type: ignore[arg-type]
 
 
 def test_render_prometheus() -> None:
@@ -278,7 +278,7 @@ def test_render_prometheus() -> None:
 # ---------------------------------------------------------------- properties
 
 
-def _feed_all(conn: e.ServerConnection | e.ClientConnection, chunks: list[bytes]) -> None:
+def _feed_all(conn: e.RustlogServer | e.RustlogClient, chunks: list[bytes]) -> None:
     try:
         for chunk in chunks:
             conn.feed(chunk)
@@ -290,8 +290,8 @@ def _feed_all(conn: e.ServerConnection | e.ClientConnection, chunks: list[bytes]
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=64), max_size=8))
 def test_arbitrary_bytes_give_events_or_protocol_errors(chunks: list[bytes]) -> None:
-    _feed_all(e.ServerConnection(max_frame=1 << 16), chunks)
-    _feed_all(e.ClientConnection(max_frame=1 << 16), chunks)
+    _feed_all(e.RustlogServer(max_frame=1 << 16), chunks)
+    _feed_all(e.RustlogClient(max_frame=1 << 16), chunks)
 
 
 _payloads = st.one_of(
@@ -312,7 +312,7 @@ _payloads = st.one_of(
 @given(st.lists(_payloads, min_size=1, max_size=5))
 def test_arbitrary_frames_give_events_or_protocol_errors(payloads: list[bytes]) -> None:
     data = b"".join(fr(p) for p in payloads)
-    server = e.ServerConnection()
+    server = e.RustlogServer()
     try:
         events = server.feed(data)
         for ev in events:
@@ -321,4 +321,4 @@ def test_arbitrary_frames_give_events_or_protocol_errors(payloads: list[bytes]) 
         server.feed(b"")
     except ProtocolError:
         pass
-    _feed_all(e.ClientConnection(), [data])
+    _feed_all(e.RustlogClient(), [data])

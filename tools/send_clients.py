@@ -333,7 +333,7 @@ class RustlogSender(Sender):
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.dialect = rl.Dialect(opts.dialect)
-        self.client = rl.ClientConnection()
+        self.client = rl.RustlogClient()
         self.stream = _Stream(opts)
         described = self._call(rl.DescribeTopic(opts.rustlog_topic, self.dialect), "DescribeTopicResponse")
         if isinstance(described, rl.ErrorReply):

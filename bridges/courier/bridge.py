@@ -167,13 +167,17 @@ class _Session:
                 return
             # A ProtocolError propagates: the host logs and counts it, and Courier's answer
             # to bad data is the close (nothing of the payload is acked, so nothing is lost).
-            for ev in engine.feed(data):
-                if type(ev) is EventReceived:
-                    self._add_event(ev)
-                    if self.batch.n + len(self.run_raws) >= self.args.batch_size:
-                        await self._flush()
-                else:
-                    await self._on_control(ev)
+            # feed(b"") raises an error the engine held back behind good events.
+            events = engine.feed(data)
+            while events:
+                for ev in events:
+                    if type(ev) is EventReceived:
+                        self._add_event(ev)
+                        if self.batch.n + len(self.run_raws) >= self.args.batch_size:
+                            await self._flush()
+                    else:
+                        await self._on_control(ev)
+                events = engine.feed(b"")
             # Don't hold events while waiting for more bytes of a slow stream.
             await self._flush()
             await conn.drain()

@@ -53,6 +53,7 @@ from logjam.errors import (
     LocalProtocolError,
     RemoteProtocolError,
 )
+from logjam.errors import until_error
 from logjam.message import body_from_bytes
 
 HEADER = struct.Struct(">4sI")
@@ -273,12 +274,17 @@ class CourierServer:
         (the host's --frame-timeout runs)."""
         return self._state is not _State.HEADER or len(self._buf) > 0
 
-    def feed(self, data: bytes) -> Iterator[ServerEvent]:
-        """Append `data`; the returned iterator yields events and raises RemoteProtocolError."""
+    def feed(self, data: bytes) -> list[ServerEvent]:
+        """Append `data`; the events it completes (the engine contract: logjam.errors.until_error)."""
         if self._error is not None:
             raise self._error
         self._buf += data
-        return self._run()
+        events, error = until_error(self._run())
+        if error is not None:
+            self._error = error
+            if not events:
+                raise error
+        return events
 
     def send(self, reply: ServerReply) -> bytes:
         if isinstance(reply, Ack):
@@ -582,5 +588,6 @@ class CourierClient:
                     out.append(UnknownReceived())
         except RemoteProtocolError as e:
             self._error = e
-            raise
+            if not out:
+                raise
         return out

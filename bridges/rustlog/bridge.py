@@ -1,6 +1,6 @@
 """`logjam-bridge rustlog`: a RustLog broker (both dialects) whose produced records also go to a device.
 
-Each connection runs one sans-IO `ServerConnection`; requests are served strictly
+Each connection runs one sans-IO `RustlogServer`; requests are served strictly
 in order, one at a time, and nothing more is read from the client while a request
 waits for the disk or the device (that is the back-pressure). A Produce is
 answered only after its records are in the durable log AND the device accepted
@@ -279,7 +279,7 @@ class Bridge(BridgeProtocol):
     # -- the session
 
     async def serve(self, conn: Connection) -> None:
-        engine = e.ServerConnection(self.args.max_frame_size)
+        engine = e.RustlogServer(self.args.max_frame_size)
         conn.partial = lambda: engine.mid_frame
         self.stats.connections_total += 1
         self.stats.connections_active += 1

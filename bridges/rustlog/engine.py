@@ -828,7 +828,7 @@ def _parse_prometheus(text: str) -> dict[str, float]:
 # ---------------------------------------------------------------- the two halves
 
 
-class ServerConnection:
+class RustlogServer:
     """The broker side: `feed` yields requests (or BadRequest); `send` answers the oldest one."""
 
     def __init__(self, max_frame: int = MAX_FRAME_SIZE) -> None:
@@ -899,7 +899,7 @@ class ServerConnection:
         return frame(_encode_json_response(resp) if dialect is Dialect.JSON else _encode_binary_response(resp))
 
 
-class ClientConnection:
+class RustlogClient:
     """The client side (tests, tools): `send(request)` in the request's dialect; `feed` yields responses."""
 
     def __init__(self, max_frame: int = MAX_FRAME_SIZE) -> None:

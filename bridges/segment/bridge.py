@@ -202,10 +202,14 @@ class Session:
                     data = await self.conn.read()
                     if not data:
                         break
-                    for request in self.engine.feed(data):
-                        await self._dispatch(request)
-                        if self.ending:
-                            break
+                    requests = self.engine.feed(data)
+                    while requests and not self.ending:
+                        for request in requests:
+                            await self._dispatch(request)
+                            if self.ending:
+                                break
+                        # An error the engine held back behind good requests is raised here.
+                        requests = self.engine.feed(b"") if not self.ending else []
             except wire.EventNumberWentBackwards as e:
                 await self.queue.put(self.done([wire.InvalidEventNumber(e.writer_id, e.request_id, "", e.event_number)], True))
                 error = e

@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Union
 
-from logjam.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
+from logjam.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError, until_error
 
 WIRE_VERSION = 17
 OLDEST_COMPATIBLE_VERSION = 5
@@ -802,6 +802,7 @@ class SegmentServer:
 
     def __init__(self, max_command: int = MAX_COMMAND_SIZE) -> None:
         self._framer = _Framer(max_command, COMMAND_NAMES)
+        self._error: RemoteProtocolError | None = None
         self.max_command = max_command
         # Per writer on this connection: its segment and the last event number it sent.
         self._writers: dict[uuid.UUID, list] = {}
@@ -813,10 +814,17 @@ class SegmentServer:
         (the host's --frame-timeout runs)."""
         return self._framer.buffered > 0 or self._block is not None
 
-    def feed(self, data: bytes) -> Iterator[Request]:
-        """Add bytes; the returned iterator yields requests lazily. Exhaust it before feeding again."""
+    def feed(self, data: bytes) -> list[Request]:
+        """Add bytes; the requests they complete (the engine contract: logjam.errors.until_error)."""
+        if self._error is not None:
+            raise self._error
         self._framer.add(data)
-        return self._requests()
+        events, error = until_error(self._requests())
+        if error is not None:
+            self._error = error
+            if not events:
+                raise error
+        return events
 
     def _requests(self) -> Iterator[Request]:
         for code, body in self._framer.commands():
@@ -947,14 +955,23 @@ class SegmentClient:
 
     def __init__(self, max_command: int = MAX_COMMAND_SIZE) -> None:
         self._framer = _Framer(max_command, COMMAND_NAMES)
+        self._error: RemoteProtocolError | None = None
         self.max_command = max_command
 
     def send(self, request: Command) -> bytes:
         return encode(request, self.max_command)
 
-    def feed(self, data: bytes) -> Iterator[Reply]:
+    def feed(self, data: bytes) -> list[Reply]:
+        """Add bytes; the replies they complete (the engine contract: logjam.errors.until_error)."""
+        if self._error is not None:
+            raise self._error
         self._framer.add(data)
-        return self._replies()
+        events, error = until_error(self._replies())
+        if error is not None:
+            self._error = error
+            if not events:
+                raise error
+        return events
 
     def _replies(self) -> Iterator[Reply]:
         for code, body in self._framer.commands():

@@ -1,0 +1,64 @@
+"""The one engine contract (docs/architecture.md, logjam.errors.until_error), checked on all four engines.
+
+Each protocol has an `XServer` and an `XClient`; `feed(bytes)` returns a list; good input
+followed by a violation in one read gives the good events first and raises the
+ProtocolError on the next call (Lumberjack at once: its compressed frame is all or
+nothing); and once raised, every later call raises again.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bridges.courier import engine as courier
+from bridges.lumberjack import engine as lumberjack
+from bridges.rustlog import engine as rustlog
+from bridges.segment import engine as segment
+from logjam.errors import ProtocolError
+from tests.test_courier_engine import RUBY_HELO, helo
+from tests.test_segment_engine import SETUP
+
+PING = b"PING\0\0\0\0"
+RUSTLOG_PRODUCE = rustlog.frame(b'{"type":"Produce","topic":"logs","partition":0,"records":["x"]}')
+
+# (server factory, one good request, bytes that violate the protocol)
+ENGINES = {
+    "courier": (courier.CourierServer, helo(RUBY_HELO) + PING, helo(RUBY_HELO)),  # a second HELO
+    "segment": (segment.SegmentServer, SETUP, b"\0\0\0\x63\x7f\xff\xff\xff"),
+    "rustlog": (rustlog.RustlogServer, RUSTLOG_PRODUCE, b"\0\0\0\0"),
+}
+
+
+@pytest.mark.parametrize("protocol", ["courier", "lumberjack", "rustlog", "segment"])
+def test_every_protocol_has_a_server_and_a_client(protocol: str) -> None:
+    module = {"courier": courier, "lumberjack": lumberjack, "rustlog": rustlog, "segment": segment}[protocol]
+    name = protocol.capitalize()
+    assert hasattr(module, f"{name}Server") and hasattr(module, f"{name}Client")
+
+
+@pytest.mark.parametrize("protocol", sorted(ENGINES))
+def test_good_events_first_then_the_error_on_the_next_call(protocol: str) -> None:
+    make, good, bad = ENGINES[protocol]
+    alone = make().feed(good)
+    assert isinstance(alone, list) and alone, "a list of events"
+    server = make()
+    events = server.feed(good + bad)
+    assert isinstance(events, list) and events, "the good events of the read come first"
+    with pytest.raises(ProtocolError):
+        server.feed(b"")
+    with pytest.raises(ProtocolError):
+        server.feed(good)  # failed for good
+
+
+def test_lumberjack_raises_at_once_and_stays_failed() -> None:
+    client = lumberjack.LumberjackClient()
+    good = client.send([{"message": "a"}])
+    server = lumberjack.LumberjackServer()
+    assert isinstance(server.feed(good), list)
+    with pytest.raises(ProtocolError):
+        lumberjack.LumberjackServer().feed(good + b"2Z")
+    failed = lumberjack.LumberjackServer()
+    with pytest.raises(ProtocolError):
+        failed.feed(b"9Z")
+    with pytest.raises(ProtocolError):
+        failed.feed(good)
