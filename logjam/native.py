@@ -10,9 +10,13 @@ path in a process at once:
   which every entry point does at start (`announce`).
 
 `load(name)` imports a built module, checks it was built from today's
-logjam/constants.py, and binds the modules that call libzmq to the libzmq pyzmq loaded
-(lj_zmq.h says why no module links one). Every path has a Python twin that the tests run
-against the C one.
+logjam/constants.py, and binds a module that calls libzmq (it exports `lj_zmq_bind`) to
+the libzmq pyzmq loaded (lj_zmq.h says why no module links one). Every path has a Python
+twin that the tests run against the C one.
+
+The loader names no module itself: each caller passes its own (`devices._native`,
+`bridges.host._native_link`, ...), so the wire library knows nothing of the layers above
+it. native/build.py is the one list of what is built.
 """
 
 from __future__ import annotations
@@ -28,15 +32,6 @@ log = logging.getLogger(__name__)
 
 ENV = "LOGJAM_NATIVE"
 MODES = ("auto", "off", "require")
-
-# The built modules, and whether each calls libzmq (then lj_zmq_bind must run first).
-MODULES = {
-    "devices._native": True,
-    "bridges.host._native_link": True,
-    "bridges.lumberjack._native_scan": False,
-    "logjam._native_sub": True,
-}
-
 
 class NativeUnavailable(RuntimeError):
     """LOGJAM_NATIVE=require, and a C module cannot be loaded."""
@@ -55,7 +50,7 @@ _loaded: dict[str, tuple[Any, Any] | str] = {}
 
 
 def load(name: str) -> tuple[Any, Any] | None:
-    """(ffi, lib) of the built module `name` (a key of MODULES), or None for the Python path.
+    """(ffi, lib) of the built module `name` (a dotted module name), or None for the Python path.
 
     Raises NativeUnavailable under LOGJAM_NATIVE=require when it cannot be loaded."""
     current = mode()
@@ -82,7 +77,7 @@ def _import(name: str) -> tuple[Any, Any] | str:
     ffi, lib = module.ffi, module.lib
     if lib.LJ_CONSTANTS_ID != constants_id():
         return "was built from other logjam/constants.py values (a stale build); reinstall: pip install -e ."
-    if MODULES[name]:
+    if hasattr(lib, "lj_zmq_bind"):  # only the modules that call libzmq export it (native/build.py)
         path = _libzmq_path()
         if path is None or lib.lj_zmq_bind(path.encode()) != 0:
             return f"cannot bind to pyzmq's libzmq ({path or 'not found among the mapped libraries'})"

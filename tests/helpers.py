@@ -114,7 +114,7 @@ def stop(proc: subprocess.Popen, timeout: float = 15.0) -> int:
 
 
 def c_module(name: str) -> tuple:
-    """(ffi, lib) of the built C module `name` (logjam.native.MODULES), for a test of the C path.
+    """(ffi, lib) of the built C module `name` (one native/build.py builds), for a test of the C path.
 
     Skips under LOGJAM_NATIVE=off (that run tests the Python twin) and, under auto, when the
     module was not built; under require a missing build raises, so CI cannot skip it."""
