@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from logjam import lifecycle, native
+from logjam import native
+from runtime import lifecycle
 from runtime.check import Checker
 from runtime.config import FSYNC_POLICIES, add_config_flag, fsync_policy, parse_args, setup_logging
 from logjam.meta import Compression

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from logjam import lifecycle
+from logjam import sockets
 from logjam.meta import Compression
 
 
@@ -20,7 +20,7 @@ class DeviceConfig:
     rcv_hwm: int = 100_000
     snd_hwm: int = 1_000_000
     heartbeat_interval: float = 5.0
-    linger_ms: int = lifecycle.DEFAULT_LINGER_MS
+    linger_ms: int = sockets.DEFAULT_LINGER_MS
     # The journal: off without a data directory.
     data_dir: str | None = None
     journal_fsync: str = "interval"

@@ -41,7 +41,7 @@ from typing import Callable
 import zmq
 from zmq.backend import Socket as _RawSocket
 
-from logjam import lifecycle
+from logjam import sockets
 from logjam.compression import compress
 from logjam.meta import now_ms
 from devices import stamp
@@ -97,11 +97,11 @@ class Device(Counters):
         Counters.__init__(self)
 
         linger = config.linger_ms
-        self.router = lifecycle.socket(self.ctx, zmq.ROUTER, linger_ms=linger, rcvhwm=config.rcv_hwm, sndhwm=config.rcv_hwm)
-        self.pull = lifecycle.socket(self.ctx, zmq.PULL, linger_ms=linger, rcvhwm=config.rcv_hwm)
+        self.router = sockets.socket(self.ctx, zmq.ROUTER, linger_ms=linger, rcvhwm=config.rcv_hwm, sndhwm=config.rcv_hwm)
+        self.pull = sockets.socket(self.ctx, zmq.PULL, linger_ms=linger, rcvhwm=config.rcv_hwm)
         # XPUB in manual mode: a subscription counts only once `_welcome` applied it.
-        self.pub = lifecycle.socket(self.ctx, zmq.XPUB, linger_ms=linger, sndhwm=config.snd_hwm, xpub_manual=1)
-        self.stats = lifecycle.socket(self.ctx, zmq.PUB, linger_ms=linger)
+        self.pub = sockets.socket(self.ctx, zmq.XPUB, linger_ms=linger, sndhwm=config.snd_hwm, xpub_manual=1)
+        self.stats = sockets.socket(self.ctx, zmq.PUB, linger_ms=linger)
         self._native: NativeBatch | None = None
         # LOGJAM_NATIVE picks the loop (logjam.native); `require` raises here without a build.
         # Loaded even with --compress, so that `require` checks the build in every device.
@@ -492,7 +492,7 @@ class Device(Counters):
         monotonic = time.monotonic
         drain_pull = self._drain_pull_native if self._native is not None else self._drain_pull
         drain_router = self._drain_router_native if self._native is not None else self._drain_router
-        with lifecycle.eterm_is_clean():
+        with sockets.eterm_is_clean():
             self.heartbeat()  # the journal id, before anything else is published or journaled
             while not stop.is_set():
                 busy = 0

@@ -16,7 +16,7 @@ from typing import Callable
 import zmq
 
 from devices.journal import Gone, Journal
-from logjam import lifecycle
+from logjam import sockets
 from logjam.errors import ProtocolError
 from logjam.replay import BATCH, END, GONE, INFO, PROGRESS, REPLAY, read_journal_id, read_u64, u64
 
@@ -54,8 +54,8 @@ class ReplayServer(threading.Thread):
         self.error: Exception | None = None
 
     def run(self) -> None:
-        with lifecycle.eterm_is_clean():
-            sock = lifecycle.socket(self.ctx, zmq.ROUTER, linger_ms=0)
+        with sockets.eterm_is_clean():
+            sock = sockets.socket(self.ctx, zmq.ROUTER, linger_ms=0)
             try:
                 try:
                     sock.bind(self.endpoint)

@@ -26,7 +26,7 @@ from importer.schema import DEFAULT_DATABASE
 from importer.session import DEFAULT_SPARK
 from importer.split import StreamFilter
 from importer.worker import DEFAULT_SUB, Worker
-from logjam import lifecycle
+from runtime import lifecycle
 from runtime.config import add_config_flag, parse_args, setup_logging
 
 DEFAULT_REPLAY_PORT = 9607

@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return check_spark_server(args)
     setup_logging("logjam-spark", args.verbose)
-    from logjam import lifecycle
+    from runtime import lifecycle
 
     lifecycle.exit_skipping_atexit(run(args))
 

@@ -25,7 +25,7 @@ from importer.maintenance import maintenance_pass
 from importer.paths import table_path
 from importer.schema import DEFAULT_DATABASE
 from importer.session import DEFAULT_SPARK, is_connect, open_session, resolve_warehouse
-from logjam import lifecycle
+from runtime import lifecycle
 from runtime.config import add_config_flag, parse_args, setup_logging
 
 log = logging.getLogger("logjam-sql")

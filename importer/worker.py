@@ -38,7 +38,7 @@ from importer.session import (is_connect, open_session, quiesce_previous_session
 from importer.split import StreamFilter
 from importer.compaction import settle_root
 from importer.write import BackgroundWriter, TableWriter, WriteFailed
-from logjam import lifecycle
+from logjam import sockets
 from logjam.subscriber import Subscriber
 
 log = logging.getLogger("logjam-importer")
@@ -189,7 +189,7 @@ class Worker:
                  f", prefixes {', '.join(args.app_env)}" if args.app_env else "")
         status = 0
         try:
-            with lifecycle.eterm_is_clean():
+            with sockets.eterm_is_clean():
                 self._loop()
             log.info("stopping: flushing %d buffered rows", self.batch.rows)
             self.flush()

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import zmq
 
-from logjam import lifecycle
+from logjam import sockets
 from logjam.message import Message
 from logjam.meta import Compression, Meta, now_ms
 
@@ -47,7 +47,7 @@ class Producer:
         timeout: float = 5.0,
         context: zmq.Context | None = None,
         sndhwm: int = 100_000,
-        linger_ms: int = lifecycle.DEFAULT_LINGER_MS,
+        linger_ms: int = sockets.DEFAULT_LINGER_MS,
     ) -> None:
         if mode not in ("dealer", "push"):
             raise ValueError(f"mode must be 'dealer' or 'push', not {mode!r}")
@@ -56,7 +56,7 @@ class Producer:
         self.timeout = timeout
         self._ctx = context or zmq.Context.instance()
         kind = zmq.DEALER if mode == "dealer" else zmq.PUSH
-        self._sock = lifecycle.socket(self._ctx, kind, linger_ms=linger_ms, sndhwm=sndhwm)
+        self._sock = sockets.socket(self._ctx, kind, linger_ms=linger_ms, sndhwm=sndhwm)
         for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
             self._sock.connect(ep)
         self._seq = 0

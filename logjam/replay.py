@@ -35,7 +35,7 @@ from typing import Iterator
 
 import zmq
 
-from logjam import lifecycle
+from logjam import sockets
 from logjam.errors import RemoteProtocolError
 from logjam.message import Message
 
@@ -117,7 +117,7 @@ class ReplayClient:
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
-            self._sock = lifecycle.socket(self._ctx, zmq.DEALER, linger_ms=0)
+            self._sock = sockets.socket(self._ctx, zmq.DEALER, linger_ms=0)
             self._sock.connect(self.endpoint)
         return self._sock
 

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 
 import zmq
 
-from logjam import lifecycle
+from logjam import sockets
 from logjam.errors import RemoteProtocolError
 from logjam.message import HEARTBEAT, Message
 from logjam.raw import Drain, RawBatch
@@ -113,7 +113,7 @@ class Subscriber:
         self._pending: list[Message | Gap] = []
 
     def _open(self, endpoint: str) -> _Link:
-        sock = lifecycle.socket(self._ctx, zmq.SUB, linger_ms=0, rcvhwm=self._rcvhwm)
+        sock = sockets.socket(self._ctx, zmq.SUB, linger_ms=0, rcvhwm=self._rcvhwm)
         for prefix in self._prefixes:
             sock.setsockopt(zmq.SUBSCRIBE, prefix)
         sock.connect(endpoint)

@@ -20,7 +20,7 @@ import time
 from typing import Any, Iterator, Sequence
 
 
-from logjam import lifecycle
+from runtime import lifecycle
 from runtime.check import Checker
 from runtime.config import add_config_flag, parse_args
 from logjam.message import body_from_bytes

@@ -19,7 +19,8 @@ from rich.color import ColorSystem
 from rich.console import Console
 from rich.live import Live
 
-from logjam import lifecycle
+from logjam import sockets
+from runtime import lifecycle
 from runtime.check import Checker
 from runtime.config import add_config_flag, parse_args, setup_logging
 from logjam.message import Message
@@ -287,7 +288,7 @@ def _run(args: argparse.Namespace, stop: Any) -> int:
         log.debug("subscribed to %s (app-env prefixes: %s)", ", ".join(args.sub), args.app_env or "all")
         tail = _Tail(args, sub, stop)
         try:
-            with lifecycle.eterm_is_clean():
+            with sockets.eterm_is_clean():
                 if args.mode == "stats":
                     tail.run_stats(console)
                 else:
