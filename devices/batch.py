@@ -9,6 +9,7 @@ from __future__ import annotations
 import zmq
 from zmq.backend import Socket as _RawSocket
 
+from logjam.meta import META_CREATED, META_HEAD
 from devices import stamp
 from devices.journal import Journal
 from devices.stamp import HEADS, ZERO_MS
@@ -27,13 +28,14 @@ class TupleBatch(list):
         now_b = now.to_bytes(8, "big")
         pack = stamp.pack_meta
         heads = HEADS
+        created_at, head_at = META_CREATED, META_HEAD
         seq = first_seq - 1
         metas = []
         add = metas.append
         for _, _, _, meta in self:
             seq += 1
-            created = meta[8:16]
-            add(pack(heads[meta[:4]], dev, now_b if created == ZERO_MS else created, seq))
+            created = meta[created_at]
+            add(pack(heads[meta[head_at]], dev, now_b if created == ZERO_MS else created, seq))
         self.metas = metas
         return len(metas)
 

@@ -43,7 +43,7 @@ from zmq.backend import Socket as _RawSocket
 
 from logjam import sockets
 from logjam.compression import compress
-from logjam.meta import now_ms
+from logjam.meta import META_COMPRESSION_AT, META_HEAD, META_SIZE, now_ms
 from devices import stamp
 from devices import native
 from devices.batch import TupleBatch
@@ -246,7 +246,7 @@ class Device(Counters):
                             self._drop("frame_count", f1.bytes)
                             continue
                         meta = f4.bytes
-                        if len(meta) != 24 or meta[:4] not in heads:
+                        if len(meta) != META_SIZE or meta[META_HEAD] not in heads:
                             self._drop("broken_meta", f1.bytes)
                             continue
                     else:
@@ -264,7 +264,7 @@ class Device(Counters):
                         self._count_app_env(app)
                     else:
                         per_app[app] = c + 1
-                    if compress_to and meta[2] == 0:
+                    if compress_to and meta[META_COMPRESSION_AT] == 0:
                         add((app, topic, compress(compress_to, f3.bytes), stamp.with_compression(meta, compress_to)))
                     else:
                         add((app, topic, f3, meta))
@@ -373,7 +373,7 @@ class Device(Counters):
                     answer((rid, app, BAD_REQUEST))
                 continue
             meta = parts[first + 3].bytes
-            if len(meta) != 24 or meta[:4] not in heads:
+            if len(meta) != META_SIZE or meta[META_HEAD] not in heads:
                 self._drop("broken_meta", app)
                 if request:
                     answer((rid, app, BAD_REQUEST))
@@ -395,7 +395,7 @@ class Device(Counters):
             else:
                 per_app[app] = c + 1
             body = parts[first + 2]
-            if compress_to and meta[2] == 0:
+            if compress_to and meta[META_COMPRESSION_AT] == 0:
                 body = compress(compress_to, body.bytes)
                 meta = stamp.with_compression(meta, compress_to)
             add((app, topic, body, meta))

@@ -48,12 +48,12 @@ from typing import Any, Sequence
 
 from runtime.config import FSYNC_POLICIES
 from logjam.errors import CorruptStore
+from logjam.meta import META_SIZE
 
 log = logging.getLogger("logjam-device")
 
 _BATCH = struct.Struct(">IIQI")
 _RECORD = struct.Struct(">HHI")
-META_SIZE = 24
 SUFFIX = ".journal"
 # Index one batch per this many bytes of a segment; reads scan forward from there.
 INDEX_EVERY = 64 * 1024

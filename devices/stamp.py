@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import struct
 
-from logjam.meta import META_SIZE, META_STRUCT, META_TAG, META_TAG_SWAPPED, META_VERSION, Compression, now_ms
+from logjam.meta import (META_CREATED, META_HEAD, META_RENUMBER, META_SIZE, META_STRUCT, META_TAG,
+                         META_TAG_SWAPPED, META_VERSION, Compression, now_ms)
 from logjam.validation import is_valid_app_env, is_valid_topic
 
 # Every acceptable first four bytes of a meta frame, mapped to what we publish: the
 # byte-swapped tag is accepted (the reference device does) but normalised on output.
 def _head(tag: int, compression: int) -> bytes:
     """The first four bytes of a meta frame, from the one layout in logjam.meta."""
-    return META_STRUCT.pack(tag, compression, META_VERSION, 0, 0, 0)[:4]
+    return META_STRUCT.pack(tag, compression, META_VERSION, 0, 0, 0)[META_HEAD]
 
 
 HEADS: dict[bytes, bytes] = {
@@ -28,12 +29,11 @@ HEAD_FOR: dict[int, bytes] = {c: _head(META_TAG, c) for c in Compression}
 
 # A meta for clients that sent none (3-frame PULL messages) and for the device's own
 # heartbeats: created_ms 0 makes `stamp` fill in the current time.
-FRESH_META = HEAD_FOR[Compression.NONE] + bytes(META_SIZE - 4)
+FRESH_META = HEAD_FOR[Compression.NONE] + bytes(META_SIZE - META_HEAD.stop)
 ZERO_MS = bytes(8)
 
-_STAMP = struct.Struct(">4s4s8sQ")
-# (normalised head, device, created_ms, seq) -> the published meta, in one call.
-pack_meta = _STAMP.pack
+# (normalised head, device, created_ms, seq) -> the published meta, in one call (logjam.meta's layout).
+pack_meta = META_RENUMBER.pack
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
@@ -44,7 +44,7 @@ OTHER_LABEL = "<other>"
 
 def meta_ok(meta: bytes) -> bool:
     """The checks the reference device makes: length 24, known tag, version 1, known compression."""
-    return len(meta) == META_SIZE and meta[:4] in HEADS
+    return len(meta) == META_SIZE and meta[META_HEAD] in HEADS
 
 
 def device_bytes(device_id: int) -> bytes:
@@ -63,13 +63,13 @@ def stamp(meta: bytes, device: bytes, seq: int, now: bytes) -> bytes:
     `meta` must have passed `meta_ok`. (`TupleBatch.number` inlines this for speed,
     and the native engine does the same in C.)
     """
-    created = meta[8:16]
-    return pack_meta(HEADS[meta[:4]], device, now if created == ZERO_MS else created, seq)
+    created = meta[META_CREATED]
+    return pack_meta(HEADS[meta[META_HEAD]], device, now if created == ZERO_MS else created, seq)
 
 
 def with_compression(meta: bytes, method: int) -> bytes:
     """`meta` with its compression byte replaced (used by --compress)."""
-    return HEAD_FOR[method] + meta[4:]
+    return HEAD_FOR[method] + meta[META_HEAD.stop:]
 
 
 def app_env_ok(name: bytes) -> bool:

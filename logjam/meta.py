@@ -18,8 +18,32 @@ from logjam.errors import MetaError
 
 SEQ_MAX = 2**64 - 1
 
-META_STRUCT = struct.Struct(">HBBIQQ")  # tag, compression, version, device, created_ms, seq
+# The one layout: tag, compression, version, device, created_ms, seq.
+_FIELDS = (("tag", "H"), ("compression", "B"), ("version", "B"), ("device", "I"), ("created_ms", "Q"), ("seq", "Q"))
+META_STRUCT = struct.Struct(">" + "".join(code for _, code in _FIELDS))
 _META = META_STRUCT
+
+
+def _span(name: str) -> slice:
+    """Where field `name` lies in the frame, computed from the layout above."""
+    names = [n for n, _ in _FIELDS]
+    at = names.index(name)
+    start = struct.calcsize(">" + "".join(code for _, code in _FIELDS[:at]))
+    return slice(start, start + struct.calcsize(">" + _FIELDS[at][1]))
+
+
+# The same layout seen as raw bytes, for the device's hot path, which renumbers a client's
+# meta without decoding it: the head (tag, compression, version: what identifies a valid
+# meta), device, created_ms, and where the compression byte is.
+META_HEAD = slice(0, _span("device").start)
+META_DEVICE = _span("device")
+META_CREATED = _span("created_ms")
+META_COMPRESSION_AT = _span("compression").start
+# (head, device, created_ms as bytes, seq) -> the 24 bytes, in one call.
+META_RENUMBER = struct.Struct(
+    f">{META_HEAD.stop}s{META_DEVICE.stop - META_DEVICE.start}s{META_CREATED.stop - META_CREATED.start}s"
+    + _FIELDS[-1][1])
+assert META_STRUCT.size == META_RENUMBER.size == META_SIZE, "logjam/constants.py META_SIZE disagrees with the layout"
 
 
 class Compression(enum.IntEnum):

@@ -72,3 +72,15 @@ def test_round_trip_property(c, d, t, s):
     m = Meta(c, d, t, s)
     assert Meta.unpack(m.pack()) == m
     assert struct.unpack(">H", m.pack()[:2])[0] == 0xCABD
+
+
+def test_the_raw_byte_view_is_the_same_layout():
+    """The device renumbers metas as bytes (META_RENUMBER, META_HEAD, META_CREATED): the same 24 bytes Meta packs."""
+    from logjam.meta import META_COMPRESSION_AT, META_CREATED, META_DEVICE, META_HEAD, META_RENUMBER
+
+    m = Meta(Compression.LZ4, device=7, created_ms=1_700_000_000_123, seq=42)
+    raw = m.pack()
+    assert META_RENUMBER.pack(raw[META_HEAD], (7).to_bytes(4, "big"), (1_700_000_000_123).to_bytes(8, "big"), 42) == raw
+    assert raw[META_COMPRESSION_AT] == Compression.LZ4
+    assert int.from_bytes(raw[META_DEVICE], "big") == 7
+    assert int.from_bytes(raw[META_CREATED], "big") == 1_700_000_000_123
