@@ -16,7 +16,7 @@ import zmq
 
 from logjam import sockets
 from logjam.message import Message
-from logjam.meta import Compression, Meta, now_ms
+from logjam.meta import Compression, Meta
 
 # Ruby and Java clients keep sequence numbers in a signed 64-bit integer, and so does
 # Spark; wrapping at 2**63 - 1 keeps every consumer's arithmetic exact.
