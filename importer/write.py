@@ -69,7 +69,6 @@ class TableWriter:
     def __init__(self, database: str, importer: int, location: str, *, staging: bool = True) -> None:
         self.database = database
         self.importer = importer
-        self.location = location
         self.root = output_root(location, importer)
         self.root_dir = local_path(self.root)
         self.partitions = Partitions(database, importer)
