@@ -31,7 +31,6 @@ from bridges.host.admission import raise_open_file_limit
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.rustlog import engine as e
 from bridges.rustlog.log import (
-    FSYNC_POLICIES,
     BadPartitionCount,
     Log,
     LogConfig,
@@ -44,6 +43,7 @@ from bridges.rustlog.log import (
     now_us,
 )
 from logjam.errors import RemoteProtocolError
+from runtime.config import FSYNC_POLICIES
 from logjam.validation import is_valid_app_env
 
 log = logging.getLogger("logjam-bridge.rustlog")

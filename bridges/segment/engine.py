@@ -45,9 +45,8 @@ from logjam.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
 
 # The vocabulary lives in commands.py and fields.py; importing it here keeps
 # `bridges.segment.engine` the one name the bridge, tools and tests use.
-from bridges.segment.commands import *  # noqa: F403
-from bridges.segment.commands import (
-    CLIENT_PARSES, COMMAND_NAMES, CONDITIONAL_BLOCK_END, MAX_COMMAND_SIZE, NULL_EVENT_NUMBER, PADDING, PARTIAL_EVENT,
+from bridges.segment.commands import (  # noqa: F401 (re-exported)
+    OLDEST_COMPATIBLE_VERSION, WIRE_VERSION, Schema, CLIENT_PARSES, COMMAND_NAMES, CONDITIONAL_BLOCK_END, MAX_COMMAND_SIZE, NULL_EVENT_NUMBER, PADDING, PARTIAL_EVENT,
     SERVER_PARSES, AppendBlock, AppendBlockEnd, Command, ConditionalAppend, ConditionalCheckFailed, CreateSegment,
     DataAppended, ErrorMessage, GetStreamSegmentInfo, Hello, InvalidEventNumber, KeepAlive, NoSuchSegment,
     OperationUnsupported, Padding, PartialEvent, ReadSegment, SealSegment, SegmentAlreadyExists, SegmentCreated,
