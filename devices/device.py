@@ -359,12 +359,7 @@ class Device(Counters):
 
             if request and count >= 1 and app == PING:
                 pings += 1
-                # ["", "ping", app-env, body, meta]: never published, answered at once.
-                if count == 4 and stamp.meta_ok(parts[5].bytes):
-                    answer((rid, PING, PONG))
-                else:
-                    self._drop("frame_count" if count != 4 else "broken_meta", parts[3].bytes if count > 1 else None)
-                    answer((rid, PING, None))
+                answer(self._ping(rid, parts))
                 continue
 
             if count != 4:
@@ -409,6 +404,14 @@ class Device(Counters):
         elif then is not None:
             then()
         return n
+
+    def _ping(self, rid: bytes, parts: list) -> tuple[bytes, bytes, bytes | None]:
+        """["", "ping", app-env, body, meta]: never published, answered at once."""
+        count = len(parts) - 2
+        if count == 4 and stamp.meta_ok(parts[5].bytes):
+            return (rid, PING, PONG)
+        self._drop("frame_count" if count != 4 else "broken_meta", parts[3].bytes if count > 1 else None)
+        return (rid, PING, None)
 
     def _reply(self, replies: list[tuple[bytes, bytes, bytes | None]]) -> None:
         """Answers go out after the publish; ROUTER drops them for peers that are gone."""

@@ -16,6 +16,7 @@
 
 #include "device.h"
 #include "lj_constants.h"
+#include "lj_meta.h"
 #include "lj_zmq_calls.h"
 
 typedef lj_zmq_msg_t lj_msg_t;
@@ -23,12 +24,7 @@ typedef lj_zmq_msg_t lj_msg_t;
 static const char *const topic_prefixes[] = {LJ_TOPIC_PREFIXES};
 
 static int meta_ok(lj_msg_t *m) {
-    const unsigned char *d = zmq_msg_data(m);
-    unsigned tag;
-    if (zmq_msg_size(m) != LJ_META_SIZE) return 0;
-    tag = (unsigned)d[0] << 8 | d[1];
-    if (tag != LJ_META_TAG && tag != LJ_META_TAG_SWAPPED) return 0;
-    return d[2] <= LJ_COMPRESSION_MAX && d[3] == LJ_META_VERSION;
+    return lj_meta_ok(zmq_msg_data(m), zmq_msg_size(m));
 }
 
 static int app_env_ok(lj_msg_t *m) {

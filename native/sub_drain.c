@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "lj_constants.h"
+#include "lj_meta.h"
 #include "lj_zmq_calls.h"
 #include "sub_drain.h"
 
@@ -26,12 +27,7 @@ static uint64_t be(const unsigned char *d, int n) {
 }
 
 static int meta_ok(lj_zmq_msg_t *m) {
-    const unsigned char *d = zmq_msg_data(m);
-    unsigned tag;
-    if (zmq_msg_size(m) != LJ_META_SIZE) return 0;
-    tag = (unsigned)d[0] << 8 | d[1];
-    if (tag != LJ_META_TAG && tag != LJ_META_TAG_SWAPPED) return 0;
-    return d[2] <= LJ_COMPRESSION_MAX && d[3] == LJ_META_VERSION;
+    return lj_meta_ok(zmq_msg_data(m), zmq_msg_size(m));
 }
 
 static void close_frames(lj_zmq_msg_t *f, int n) {
