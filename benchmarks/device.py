@@ -5,9 +5,9 @@ device under test while a subscriber counts what comes out. The figure of merit 
 messages per CPU-second of the device process (all its threads, from /proc schedstat,
 so the machine's other load does not distort it), printed for both devices with the
 ratio. The device runs with the journal off and with `--data-dir` under each fsync
-policy (batch, interval, os), reported against journal-off. A second phase offers 10x the device's receive high-water mark of messages
-and samples the device's RSS to show that a backlog blocks clients instead of
-growing the device.
+policy (always, interval, never), reported against journal-off. A second phase offers
+10x the device's receive high-water mark of messages and samples the device's RSS to
+show that a backlog blocks clients instead of growing the device.
 
 Run: .venv/bin/python benchmarks/device.py [--messages N] [--producers K]
 """
@@ -199,7 +199,7 @@ def ours(rcv_hwm: int, snd_hwm: int, engine: str = "native", fsync: str | None =
                   env={"LOGJAM_NATIVE": "require" if engine == "native" else "off"})
 
 
-def journal_batch(rcv_hwm: int, snd_hwm: int) -> Target:
+def journal_always(rcv_hwm: int, snd_hwm: int) -> Target:
     return ours(rcv_hwm, snd_hwm, fsync="always")
 
 
@@ -291,7 +291,7 @@ def main() -> None:
 
     best: dict[str, dict] = {}
     rounds: list[dict[str, dict]] = []
-    journals = () if args.no_journal else (journal_os, journal_interval, journal_batch)
+    journals = () if args.no_journal else (journal_os, journal_interval, journal_always)
     for rnd in range(args.rounds):
         # The pure-Python loop is measured once, for comparison (it is the fallback).
         rounds.append({})
