@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridges.host.mapping import EventMapper, Positions, body_from_bytes, parse_timestamp
+from bridges.host.mapping import EventMapper, Positions, body_and_raw, body_from_bytes, parse_timestamp
 from logjam.meta import Compression
 
 
@@ -226,3 +226,31 @@ def test_add_run_without_the_splice_gives_the_same_events():
         {"protocol": "p", "seq": s, "_id": f"i:{k}"} for s, k in ((4, 1), (5, 2), (6, 3))
     ]
     assert [created for _, created in outs[1]] == [1704164645678, 9, 9]
+
+
+_pool_timestamps = st.sampled_from([True, 1, 1.0, 0, "2024-05-01T12:00:00Z", "2024-05-01T12:00:00.5Z", "x", None])
+_texts = st.one_of(
+    st.tuples(st.dictionaries(st.sampled_from("abc"), st.integers(0, 9), min_size=1, max_size=2), _pool_timestamps,
+              st.sampled_from([b"", b" \n"])).map(
+        lambda t: orjson.dumps({**t[0], **({} if t[1] is None else {"@timestamp": t[1]})}) + t[2]),
+    st.sampled_from([b"plain text", b"{}", b"[1]", b"\xff", b'{"@metadata":{"_id":"own"},"x":1}',
+                     b'{"@metadata":{"k":1},"@timestamp":1}']),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(payloads=st.lists(_texts, min_size=1, max_size=10))
+def test_add_payloads_without_positions_is_add_per_event(payloads):
+    """The splice numbers its events from the mapper's counter and reuses a repeated text
+    timestamp (never a 1 after a True): byte for byte what `add` gives each payload in turn."""
+    common = {"protocol": "p"}
+    fast, slow = EventMapper(app_env="a-b", topic="t", instance="i"), EventMapper(app_env="a-b", topic="t", instance="i")
+    out_fast, out_slow = fast.batches(), slow.batches()
+    fast.add_payloads(out_fast, payloads, common, created_ms=9)
+    for raw in payloads:
+        body, same = body_and_raw(raw)
+        slow.add(out_slow, body, dict(common), created_ms=9, raw=same)
+    got, want = out_fast.messages(), out_slow.messages()
+    assert [m.body for m in got] == [orjson.dumps(orjson.loads(m.body)) for m in want]
+    assert [m.meta.created_ms for m in got] == [m.meta.created_ms for m in want]
+    assert fast._next_n == slow._next_n

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import operator
 import secrets
 from dataclasses import dataclass
 from array import array
@@ -275,9 +276,8 @@ class EventMapper:
         """Map n raw event payloads, event i being `data[offsets[i] : offsets[i] + lengths[i]]`:
         exactly what `add_payloads` gives for those slices. Without `positions.keys` events
         are numbered from this mapper's counter in order, as `add` would number them."""
-        view = memoryview(data)
-        self.add_payloads(out, [view[offsets[i]:offsets[i] + lengths[i]] for i in range(len(lengths))], common,
-                          positions, created_ms=created_ms, app_env=app_env)
+        views = list(map(memoryview(data).__getitem__, map(slice, offsets, map(operator.add, offsets, lengths))))
+        self.add_payloads(out, views, common, positions, created_ms=created_ms, app_env=app_env)
 
     def add_payloads(
         self,
@@ -314,27 +314,38 @@ class EventMapper:
         f1, f2, keys = bool(p.field1), bool(p.field2), p.keys
         v1, v2 = p.values1, p.values2
         app = app_env or self.app_env
-        loads, decode_error = orjson.loads, orjson.JSONDecodeError
-        parts: list[bytes] = []
+        loads, decode_error, timestamp = orjson.loads, orjson.JSONDecodeError, parse_timestamp
+        parts: list[bytes | memoryview] = []
         lens, stamps = array("I"), array("q")
+        # The mapper's key counter, held in a local for the run (`add` reads and moves it).
+        next_key = self._next_n
+        last_ts: Any = None
+        last_stamp = created_ms
         for i, raw in enumerate(texts):
-            if bodies is not None:
-                body = bodies[i]
-            else:
+            if bodies is None:
                 try:
                     body = loads(raw)
                 except decode_error:
                     body = None
-            # As `add` does, whitespace after the closing brace goes; a slice of a memoryview copies nothing.
-            text = raw[:-1] if raw[-1:] == b"}" else bytes(raw).rstrip()[:-1]
+            else:
+                body = bodies[i]
             if body.__class__ is not dict or not body or "@metadata" in body:
                 if lens:
                     out.add_packed(app, b"".join(parts), lens, stamps)
                     parts, lens, stamps = [], array("I"), array("q")
                 single, single_raw = body_and_raw(raw) if bodies is None else (body, raw)
+                self._next_n = next_key
                 self.add(out, single, p.metadata(common, i), created_ms=created_ms, app_env=app_env, raw=single_raw)
+                next_key = self._next_n
                 continue
-            key = keys[i] if keys is not None else self._take_keys(1)
+            # As `add` does, whitespace after the closing brace goes; a slice of a memoryview
+            # copies nothing. (A dict came from it, so `raw` is not empty; 125 is "}".)
+            text = raw[:-1] if raw[-1] == 125 else bytes(raw).rstrip()[:-1]
+            if keys is None:
+                key = next_key
+                next_key += 1
+            else:
+                key = keys[i]
             if f1:
                 meta = template % ((v1[i], v2[i], key) if f2 else (v1[i], key))
             else:
@@ -342,7 +353,12 @@ class EventMapper:
             parts.append(text)
             parts.append(meta)
             lens.append(len(text) + len(meta))
-            stamps.append(parse_timestamp(body.get("@timestamp")) or created_ms)
+            # A shipper stamps a burst of lines read together with the same time: parse it once.
+            ts = body.get("@timestamp")
+            if ts != last_ts or ts.__class__ is not str:  # (1 == True: only text is reused)
+                last_ts, last_stamp = ts, timestamp(ts) or created_ms
+            stamps.append(last_stamp)
+        self._next_n = next_key
         if lens:
             out.add_packed(app, b"".join(parts), lens, stamps)
 
