@@ -111,3 +111,25 @@ def until_error(events: Iterable[T]) -> tuple[list[T], ProtocolError | None]:
         e.__traceback__ = None  # it may hold frames that held large buffers
         return out, e
     return out, None
+
+
+class HeldErrors:
+    """Mixin for an engine whose `feed` walks a generator of events: the `until_error` rule,
+    with the error held in `self._error` (which the engine sets to None in __init__)."""
+
+    __slots__ = ()
+    _error: ProtocolError | None
+
+    def _raise_held(self) -> None:
+        """First thing in `feed`: a connection that broke the protocol stays broken."""
+        if self._error is not None:
+            raise self._error
+
+    def _until_error(self, events: Iterable[T]) -> list[T]:
+        """The events, or the error when none came before it (else it is held for the next call)."""
+        out, error = until_error(events)
+        if error is not None:
+            self._error = error
+            if not out:
+                raise error
+        return out

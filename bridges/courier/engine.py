@@ -53,7 +53,7 @@ from logjam.errors import (
     LocalProtocolError,
     RemoteProtocolError,
 )
-from logjam.errors import until_error
+from logjam.errors import HeldErrors
 from logjam.message import body_from_bytes
 
 HEADER = struct.Struct(">4sI")
@@ -225,7 +225,7 @@ class _State(enum.Enum):
     ERROR = 6
 
 
-class CourierServer:
+class CourierServer(HeldErrors):
     """The server side of one Courier connection."""
 
     def __init__(
@@ -276,15 +276,9 @@ class CourierServer:
 
     def feed(self, data: bytes) -> list[ServerEvent]:
         """Append `data`; the events it completes (the engine contract: logjam.errors.until_error)."""
-        if self._error is not None:
-            raise self._error
+        self._raise_held()
         self._buf += data
-        events, error = until_error(self._run())
-        if error is not None:
-            self._error = error
-            if not events:
-                raise error
-        return events
+        return self._until_error(self._run())
 
     def send(self, reply: ServerReply) -> bytes:
         if isinstance(reply, Ack):

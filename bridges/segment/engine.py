@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Union
 
-from logjam.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError, until_error
+from logjam.errors import FrameTooLarge, HeldErrors, LocalProtocolError, RemoteProtocolError
 
 # The vocabulary lives in commands.py and fields.py; importing it here keeps
 # `bridges.segment.engine` the one name the bridge, tools and tests use.
@@ -143,7 +143,7 @@ class _Framer:
         return len(self._buf) - self._pos
 
 
-class SegmentServer:
+class SegmentServer(HeldErrors):
     """The server side of one connection: bytes in, requests out; replies in, bytes out."""
 
     def __init__(self, max_command: int = MAX_COMMAND_SIZE) -> None:
@@ -162,15 +162,9 @@ class SegmentServer:
 
     def feed(self, data: bytes) -> list[Request]:
         """Add bytes; the requests they complete (the engine contract: logjam.errors.until_error)."""
-        if self._error is not None:
-            raise self._error
+        self._raise_held()
         self._framer.add(data)
-        events, error = until_error(self._requests())
-        if error is not None:
-            self._error = error
-            if not events:
-                raise error
-        return events
+        return self._until_error(self._requests())
 
     def _requests(self) -> Iterator[Request]:
         for code, body in self._framer.commands():
@@ -290,7 +284,7 @@ class SegmentServer:
         )
 
 
-class SegmentClient:
+class SegmentClient(HeldErrors):
     """The client half: requests in, bytes out; bytes in, replies out."""
 
     def __init__(self, max_command: int = MAX_COMMAND_SIZE) -> None:
@@ -303,15 +297,9 @@ class SegmentClient:
 
     def feed(self, data: bytes) -> list[Reply]:
         """Add bytes; the replies they complete (the engine contract: logjam.errors.until_error)."""
-        if self._error is not None:
-            raise self._error
+        self._raise_held()
         self._framer.add(data)
-        events, error = until_error(self._replies())
-        if error is not None:
-            self._error = error
-            if not events:
-                raise error
-        return events
+        return self._until_error(self._replies())
 
     def _replies(self) -> Iterator[Reply]:
         for code, body in self._framer.commands():
