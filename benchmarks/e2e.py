@@ -23,7 +23,6 @@ import random
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
+from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
 from tools.mesh import DEFAULTS, mesh_environment  # noqa: E402
 from tests.helpers import REPO, command, free_port, port_open, wait_for  # noqa: E402
 
@@ -260,4 +260,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Spark Connect's atexit hook would call the server stopped above and retry for minutes.
+    exit_skipping_atexit(main())
