@@ -32,9 +32,10 @@ def deflate_stream(block: bytes, repeat: int) -> bytes:
 def courier_events(server: CourierServer, wire: bytes) -> tuple[int, RemoteProtocolError | None]:
     count = 0
     try:
-        for ev in server.feed(wire):
-            count += isinstance(ev, EventReceived)
-        server.feed(b"")  # the engine contract: an error held back behind good events comes now
+        events = server.feed(wire)
+        while events:  # the engine contract: feed(b"") until nothing comes, or the held error
+            count += sum(isinstance(ev, EventReceived) for ev in events)
+            events = server.feed(b"")
     except RemoteProtocolError as e:
         return count, e
     return count, None

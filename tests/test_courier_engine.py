@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridges.courier.engine import (
+    FEED_EVENTS,
     Ack,
     AckReceived,
     CourierClient,
@@ -90,8 +91,12 @@ IDS = [v[0] for v in VECTORS]
 def feed_all(server: CourierServer, chunks: list[bytes]) -> list:
     out: list = []
     for c in chunks:
-        out.extend(server.feed(c))
-    # The engine contract: an error held back behind good events is raised by the next call.
+        events = server.feed(c)
+        # The engine contract: feed(b"") hands over the events a call held back (at most
+        # FEED_EVENTS come per call), and raises an error held back behind good events.
+        while events:
+            out.extend(events)
+            events = server.feed(b"")
     out.extend(server.feed(b""))
     return out
 
@@ -275,11 +280,15 @@ def test_inflated_total_is_bounded() -> None:
     rec = encode_records([b'{"m":"' + b"y" * 1000 + b'"}'])
     bomb = b"".join(c.compress(rec * 1000) for _ in range(20)) + c.flush()
     server = CourierServer(max_decompressed=4 << 20)
-    # The records before the limit come out first, the error with the next call (the engine contract).
+    # The records before the limit come out first, FEED_EVENTS at a time, then the error
+    # (the engine contract: feed(b"") until it returns nothing or raises).
     events = server.feed(b"EVNT\xff\xff\xff\xff" + NONCE + bomb)
-    count = sum(isinstance(ev, EventReceived) for ev in events)
+    count = 0
     with pytest.raises(DecompressedTooLarge):
-        server.feed(b"")
+        while True:
+            assert len(events) <= FEED_EVENTS
+            count += sum(isinstance(ev, EventReceived) for ev in events)
+            events = server.feed(b"")
     assert 0 < count <= (4 << 20) // len(rec)
 
 
@@ -291,11 +300,14 @@ def test_evnt_is_streamed_not_held_whole() -> None:
     server = CourierServer(max_decompressed=64 << 20)
     count, worst = 0, 0
     for i in range(0, len(wire), 65536):
-        for ev in server.feed(wire[i : i + 65536]):
-            if isinstance(ev, EventReceived):
-                assert ev.index == count
-                count += 1
-            worst = max(worst, len(server._buf), len(server._plain))
+        events = server.feed(wire[i : i + 65536])
+        while events:  # as the adapters do: feed(b"") until the piece is used up
+            for ev in events:
+                if isinstance(ev, EventReceived):
+                    assert ev.index == count
+                    count += 1
+                worst = max(worst, len(server._buf), len(server._plain))
+            events = server.feed(b"")
     assert count == len(big)
     assert worst < 65536 + 256 * 1024 + 4096
 
@@ -360,3 +372,49 @@ def test_encoded_payloads_round_trip(events: list[dict], evnt: bool, piece: int)
     server = CourierServer()
     got = feed_all(server, [wire[i : i + piece] for i in range(0, len(wire), piece)])
     assert got == expected_payload(NONCE, "EVNT" if evnt else "JDAT", raw)
+
+
+@pytest.mark.parametrize("kind", ["JDAT", "EVNT"])
+def test_feed_hands_over_at_most_feed_events_and_resumes_with_later_bytes(kind: str) -> None:
+    # 1000 events; the second half of the bytes arrives while the state machine is suspended
+    # in the middle of the first: every event comes out once, in order, FEED_EVENTS at most per call.
+    records = [orjson.dumps({"i": i}) for i in range(1000)]
+    wire = encode_jdat(NONCE, records) if kind == "JDAT" else encode_evnt(NONCE, records, level=1)
+    server = CourierServer()
+    half = len(wire) // 2
+    first = server.feed(wire[:half])
+    assert 0 < len(first) <= FEED_EVENTS
+    batches = [first, server.feed(wire[half:])]
+    while batches[-1]:
+        batches.append(server.feed(b""))
+    assert all(len(b) <= FEED_EVENTS for b in batches)
+    indices = [ev.index for b in batches for ev in b if isinstance(ev, EventReceived)]
+    assert indices == list(range(1000))
+    assert isinstance(batches[0][0], PayloadStarted) and isinstance([ev for b in batches for ev in b][-1], PayloadEnded)
+
+
+def test_a_run_suspended_at_the_end_of_its_bytes_still_sees_bytes_fed_later() -> None:
+    # The first piece completes exactly FEED_EVENTS events (PayloadStarted and 255 records), so
+    # the state machine is suspended with nothing left of it; the second piece must not be lost.
+    records = [orjson.dumps({"i": i}) for i in range(600)]
+    wire = encode_jdat(NONCE, records, level=0)  # stored blocks: every byte inflates as it arrives
+
+    def completed(prefix: int) -> int:
+        server, n = CourierServer(), 0
+        events = server.feed(wire[:prefix])
+        while events:
+            n += len(events)
+            events = server.feed(b"")
+        return n
+
+    lo, hi = 0, len(wire)
+    while lo < hi:  # the shortest prefix that completes FEED_EVENTS events
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if completed(mid) < FEED_EVENTS else (lo, mid)
+    assert completed(lo) == FEED_EVENTS
+    server = CourierServer()
+    assert len(server.feed(wire[:lo])) == FEED_EVENTS
+    batches = [server.feed(wire[lo:])]
+    while batches[-1]:
+        batches.append(server.feed(b""))
+    assert [ev.index for b in batches for ev in b if isinstance(ev, EventReceived)] == list(range(255, 600))
