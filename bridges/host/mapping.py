@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import operator
 import secrets
 from dataclasses import dataclass
 from array import array
@@ -276,7 +275,8 @@ class EventMapper:
         """Map n raw event payloads, event i being `data[offsets[i] : offsets[i] + lengths[i]]`:
         exactly what `add_payloads` gives for those slices. Without `positions.keys` events
         are numbered from this mapper's counter in order, as `add` would number them."""
-        views = list(map(memoryview(data).__getitem__, map(slice, offsets, map(operator.add, offsets, lengths))))
+        view = memoryview(data)
+        views = [view[o:o + n] for o, n in zip(offsets, lengths)]
         self.add_payloads(out, views, common, positions, created_ms=created_ms, app_env=app_env)
 
     def add_payloads(
