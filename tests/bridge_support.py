@@ -10,7 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Sequence
 
 import zmq
 
@@ -47,18 +47,22 @@ class BridgeProcess:
 
 def start_bridge(protocol: str, device_router: str, *extra: str, data_dir: Path | None = None,
                  app_env: str | None = None, port: int | None = None,
-                 preexec_fn: Callable[[], None] | None = None) -> BridgeProcess:
-    """Start `logjam-bridge <protocol>` on a free port (or `port`) and wait until it accepts."""
+                 prefix: Sequence[str] = ()) -> BridgeProcess:
+    """Start `logjam-bridge <protocol>` on a free port (or `port`) and wait until it accepts.
+
+    `prefix` runs before the bridge's own argv (a wrapper that sets a limit, then execs):
+    a preexec_fn would run in a fork of this process, whose other threads (gRPC's, once a
+    test used Spark Connect) do not survive a fork, and it once killed the child before exec."""
     port = port or free_port()
     app_env = app_env or f"{protocol}test-{uuid.uuid4().hex[:8]}"
     argv = [
-        command("logjam-bridge"), protocol, "--listen", f"127.0.0.1:{port}", "--device", device_router,
+        *prefix, command("logjam-bridge"), protocol, "--listen", f"127.0.0.1:{port}", "--device", device_router,
         "--app-env", app_env,
     ]
     if data_dir is not None:
         argv += ["--data-dir", str(data_dir)]
     argv += extra
-    proc = start(argv, preexec_fn=preexec_fn)
+    proc = start(argv)
 
     def up() -> bool:
         if proc.poll() is not None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import base64
 import json
 import os
-import resource
 import signal
 import ssl
 import struct
+import sys
 import threading
 import time
 from pathlib import Path
@@ -386,10 +386,9 @@ def test_storage_errors_503_and_507(device, tmp_path) -> None:
         stop_bridge(b)
 
     # 503: a file-size limit makes writes fail with EFBIG (Python ignores SIGXFSZ).
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
-
-    b = start_rustlog(device, tmp_path / "fsize", preexec_fn=limit)
+    limit = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536)); "
+             "os.execv(sys.argv[1], sys.argv[1:])")
+    b = start_rustlog(device, tmp_path / "fsize", prefix=(sys.executable, "-c", limit))
     try:
         with RawConn(b.port) as c:
             j = JsonClient(c)
