@@ -22,6 +22,8 @@ from typing import Sequence
 from importer.batch import DEFAULT_BATCH_BYTES
 from importer.dedupe import DEFAULT_CAPACITY
 from importer.metrics import ImporterMetrics
+from importer.partitioning import DEFAULT_MAX_NEW_APP_ENVS
+from importer.paths import OVERFLOW
 from importer.schema import DEFAULT_DATABASE
 from importer.session import DEFAULT_SPARK
 from importer.split import StreamFilter
@@ -52,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-rows", type=int, default=None, help="also cut a batch at this many rows (default: no limit)")
     p.add_argument("--write-timeout", type=float, default=120.0,
                    help="a Spark write pending this long is reported as stalled and retried (default 120 s)")
+    p.add_argument("--max-new-app-envs", type=int, default=DEFAULT_MAX_NEW_APP_ENVS, metavar="N",
+                   help="partitions one worker makes per date; further new streams that day go to app_env "
+                        f"'{OVERFLOW}' with their name in original_app_env (default {DEFAULT_MAX_NEW_APP_ENVS})")
     p.add_argument("--no-staging", action="store_true",
                    help="send batches inside the Spark request instead of staging them as Parquet files")
     p.add_argument("--metrics-port", type=int, metavar="PORT",

@@ -1,22 +1,25 @@
-"""Compaction: rewrite a closed partition's many small files into a few large ones, swapped in atomically.
+"""Compaction: merge a partition's small files into fewer, larger ones, and swap them in atomically.
 
-Every group commit adds one file per partition it touches, so a quiet stream's day is
-thousands of small files. A partition is *closed* once its day ended `older_than` ago.
-Compacting one (`compact_partition`):
-1. its current files (in the partition dir, or in `_compacted-<k>/` if compacted before) are read by
-   Spark and written again into `<partition dir>/_compacted-<gen>/`, zstd with dictionaries, as
-   ceil(bytes / target) files; the row counts in the Parquet footers must match;
-2. under the importer root's lock (importer/partition_files.py), files the importer added
-   meanwhile are hard-linked in too, `_compaction.json` is written in state "swapping",
-   the catalog's location of the partition is set to `_compacted-<gen>/` (the atomic swap: one
-   metastore update), and the marker is set to "done" with the replaced files listed;
-3. the replaced files are deleted after `grace` seconds, so a query planned before the
-   swap can still read them.
-A compaction killed at any point leaves the table correct: before the swap readers see
-the old files; a marker left "swapping" is settled by `recover` from the catalog (done
-if the location moved, rolled back otherwise), which runs first on every partition the
-next compaction or importer start looks at. `_compacted-<n>/` dirs that no marker names are the
-remains of a killed run and are deleted.
+Every group commit adds one file per partition it touches (43,200 a day at one commit every
+2 s), so partitions are compacted while their day is still being written. Which files are
+merged is the tier policy's choice (importer/tiers.py): a bounded number of rewrites per
+row, a bounded number of files per partition. One compaction pass (`compact_table`):
+1. plans one merge per partition that needs one, after settling what a killed run left;
+2. has Spark read each merge's files and write them again, zstd with dictionaries: the
+   merges that become one file each share one Spark job (the job's fixed cost is paid once
+   per pass, not per partition); a merge into several target-size files has a job of its own.
+   Row counts in the Parquet footers must match, or nothing is swapped;
+3. per partition, under the importer root's lock (importer/partition_files.py), builds
+   `<partition dir>/_compacted-<gen>/`: the merged files plus hard links to every file of the
+   current location it did not merge (including files the importer added meanwhile), writes
+   `_compaction.json` in state "swapping", sets the catalog's location of the partition to the
+   new directory (the atomic swap: one metastore update), and marks it "done";
+4. the replaced files and directories are deleted `grace` seconds later, so a query
+   planned before the swap can still read them.
+Readers see either the old set of files or the new one, never a row missing or doubled.
+A compaction killed at any point leaves the table correct: a marker left "swapping" is
+settled by `recover` from the catalog (done if the location moved, rolled back otherwise),
+and `_compacted-<n>/` dirs no marker names are the remains of a killed run and are deleted.
 """
 
 from __future__ import annotations
@@ -25,21 +28,24 @@ import contextlib
 import datetime
 import fcntl
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import uuid
+
 import pyarrow.parquet as pq
 
 from importer.catalog import partition_clause
 from importer.partition_files import (
     COMPACTED_PREFIX,
+    MARKER,
     Marker,
     data_files,
     importer_roots,
+    marker_from_dict,
     partition_dirs,
     read_marker,
     relocate_strays,
@@ -48,12 +54,16 @@ from importer.partition_files import (
     strays,
     write_marker,
 )
-from importer.paths import local_path, unescape_partition_value
+from importer.paths import NAME_FILE, local_path, unescape_partition_value
+from importer.tiers import TARGET_BYTES, FileInfo, Pick, TierPolicy, leveled_name
 from importer.schema import COMPACT_OPTIONS, DATA_COLUMNS, qualified, spark_read_ddl, sql_string
 
 log = logging.getLogger(__name__)
 
-TARGET_BYTES = 128 * 2**20
+# Merges into one file that share one Spark job.
+MERGES_PER_JOB = 256
+# Where a shared job writes before its files move to their partitions (skipped by readers: `_`).
+SCRATCH = "_compaction"
 DEFAULT_GRACE_S = 300.0
 COMPACTION_LOCK = "_compaction_lock"
 
@@ -94,7 +104,15 @@ def local_partitions(table_location: str) -> Iterator[PartitionRef]:
         return
     for importer, root in importer_roots(table_dir):
         for escaped, date, pdir in partition_dirs(root):
-            yield PartitionRef(importer, unescape_partition_value(escaped), date, pdir, root)
+            yield PartitionRef(importer, _value(escaped, pdir.parent), date, pdir, root)
+
+
+def _value(escaped: str, app_dir: Path) -> str:
+    """The partition value a directory holds: its unescaped name, or for a hash-named one what `_app_env` says."""
+    try:
+        return (app_dir / NAME_FILE).read_bytes().decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return unescape_partition_value(escaped)
 
 
 def is_closed(date: str, older_than: float, now: float | None = None) -> bool:
@@ -159,11 +177,11 @@ def recover(spark: Any, database: str, part: PartitionRef, grace: float = DEFAUL
 def _settle_swap(spark: Any, database: str, part: PartitionRef, marker: Marker, grace: float) -> None:
     location = partition_location(spark, database, part)
     if location is not None and location.resolve() == (part.dir / marker.location).resolve():
-        marker.state, marker.previous, marker.retire_at = "done", None, time.time() + grace
+        marker.state, marker.previous = "done", None
         write_marker(part.dir, marker)
         log.info("finished the swap of %s to %s, which a killed compaction had made", part.dir, marker.location)
     else:
-        write_marker(part.dir, Marker(**marker.previous) if marker.previous else None)
+        write_marker(part.dir, marker_from_dict(marker.previous) if marker.previous else None)
         log.info("rolled back a compaction of %s that was killed before its swap", part.dir)
 
 
@@ -171,33 +189,112 @@ def _rows(files: list[Path]) -> int:
     return sum(pq.read_metadata(p).num_rows for p in files)
 
 
-def compact_partition(spark: Any, database: str, part: PartitionRef, *, target_bytes: int = TARGET_BYTES,
-                      grace: float = DEFAULT_GRACE_S) -> Compacted | None:
-    """Compact one partition unless it already has as few files as its size needs. Returns what was done."""
-    started = time.monotonic()
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """One planned merge: which files of a partition's current location become which generation."""
+
+    part: PartitionRef
+    marker: Marker | None
+    pick: Pick
+    sources: tuple[Path, ...]
+    gen: int
+    rows: int
+
+    @property
+    def out(self) -> Path:
+        return self.part.dir / f"{COMPACTED_PREFIX}{self.gen}"
+
+
+def plan(spark: Any, database: str, part: PartitionRef, policy: TierPolicy, *, closed: bool,
+         grace: float = DEFAULT_GRACE_S) -> Merge | None:
+    """Settle what a killed run left, then the merge the tier policy wants for this partition (None: none)."""
     recover(spark, database, part, grace)
-    with root_lock(part.root):
-        relocate_strays(part.dir)
+    if (part.dir / MARKER).exists():
+        with root_lock(part.root):
+            relocate_strays(part.dir)
     marker = read_marker(part.dir)
     current = part.dir / marker.location if marker else part.dir
-    sources = data_files(current)
-    size = sum(p.stat().st_size for p in sources)
-    want = max(1, math.ceil(size / target_bytes))
-    if len(sources) <= want:
+    sizes = {}
+    for path in data_files(current):
+        with contextlib.suppress(FileNotFoundError):
+            sizes[path.name] = path.stat().st_size
+    pick = policy.pick([FileInfo(n, b) for n, b in sizes.items()], closed=closed)
+    if pick is None:
         return None
     gen = max([marker.gen if marker else 0, *_generations(part.dir)]) + 1
-    out = part.dir / f"{COMPACTED_PREFIX}{gen}"
-    rows = _rows(sources)
-    df = spark.read.schema(spark_read_ddl(data_only=True)).parquet(*[f"file://{p}" for p in sources])
-    df.select(*DATA_COLUMNS).coalesce(want).write.options(**COMPACT_OPTIONS).mode("overwrite").parquet(f"file://{out}")
-    written = data_files(out)
-    if _rows(written) != rows:
-        remove_tree(out)
-        raise CompactionError(f"compacting {part.dir}: {rows} rows in, {_rows(written)} out; nothing swapped")
-    with root_lock(part.root):
-        _swap(spark, database, part, marker, out, {p.name for p in sources}, gen, grace)
-    return Compacted(part, len(sources), len(written), rows, size, sum(p.stat().st_size for p in written),
-                     time.monotonic() - started)
+    sources = tuple(current / n for n in pick.names)
+    return Merge(part, marker, pick, sources, gen, _rows(list(sources)))
+
+
+def write_merges(spark: Any, merges: list[Merge], scratch: Path) -> None:
+    """Have Spark write every merge's output into its `_compacted-<gen>/` dir.
+
+    Merges into one file share one job: each partition's rows are tagged, hashed to one task
+    by the tag, and written under `<scratch>/_k=<tag>/`, whence they move to their partition.
+    """
+    for merge in merges:
+        if merge.pick.files > 1:
+            df = _read(spark, merge).coalesce(merge.pick.files)
+            df.write.options(**COMPACT_OPTIONS).mode("overwrite").parquet(f"file://{merge.out}")
+            _adopt_output(merge.out, merge.out, merge.pick.level)
+    shared = [m for m in merges if m.pick.files == 1]
+    for i in range(0, len(shared), MERGES_PER_JOB):
+        chunk = shared[i : i + MERGES_PER_JOB]
+        job = scratch / uuid.uuid4().hex
+        frames = [_read(spark, m).selectExpr("*", f"{k} AS _k") for k, m in enumerate(chunk)]
+        df = _union(frames).repartition(min(len(chunk), 4), "_k")
+        df.write.options(**COMPACT_OPTIONS).mode("overwrite").partitionBy("_k").parquet(f"file://{job}")
+        for k, merge in enumerate(chunk):
+            merge.out.mkdir(parents=True, exist_ok=True)
+            _adopt_output(job / f"_k={k}", merge.out, merge.pick.level)
+        remove_tree(job)
+
+
+def _read(spark: Any, merge: Merge) -> Any:
+    return spark.read.schema(spark_read_ddl(data_only=True)).parquet(*[f"file://{p}" for p in merge.sources]) \
+        .select(*DATA_COLUMNS)
+
+
+def _union(frames: list[Any]) -> Any:
+    # Pairwise, so that the plan is a balanced tree and not a chain hundreds deep.
+    while len(frames) > 1:
+        frames = [frames[i].unionByName(frames[i + 1]) if i + 1 < len(frames) else frames[i]
+                  for i in range(0, len(frames), 2)]
+    return frames[0]
+
+
+def _adopt_output(src: Path, out: Path, level: int) -> None:
+    """Give Spark's output files in `src` their level (importer/tiers.py) and move them into `out`."""
+    for path in data_files(src):
+        os.rename(path, out / leveled_name(path.name, level))
+    for name in ("_SUCCESS",):
+        (out / name).unlink(missing_ok=True)
+
+
+def finish(spark: Any, database: str, merge: Merge, grace: float = DEFAULT_GRACE_S) -> Compacted:
+    """Check the merge's output row count, then swap it in under the root's lock."""
+    started = time.monotonic()
+    written = data_files(merge.out)
+    rows = _rows(written)
+    if rows != merge.rows:
+        remove_tree(merge.out)
+        raise CompactionError(f"compacting {merge.part.dir}: {merge.rows} rows in, {rows} out; nothing swapped")
+    size_before = sum(p.stat().st_size for p in merge.sources)
+    with root_lock(merge.part.root):
+        _swap(spark, database, merge.part, merge.marker, merge.out, {p.name for p in merge.sources}, merge.gen, grace)
+    return Compacted(merge.part, len(merge.sources), len(written), rows, size_before,
+                     sum(p.stat().st_size for p in written), time.monotonic() - started)
+
+
+def compact_partition(spark: Any, database: str, part: PartitionRef, *, target_bytes: int = TARGET_BYTES,
+                      grace: float = DEFAULT_GRACE_S, closed: bool = True,
+                      policy: TierPolicy | None = None) -> Compacted | None:
+    """Compact one partition now (as a closed day, unless told otherwise). Returns what was done."""
+    merge = plan(spark, database, part, policy or TierPolicy(target_bytes=target_bytes), closed=closed, grace=grace)
+    if merge is None:
+        return None
+    write_merges(spark, [merge], merge.part.root.parent / SCRATCH)
+    return finish(spark, database, merge, grace)
 
 
 def _generations(pdir: Path) -> list[int]:
@@ -210,19 +307,22 @@ def _generations(pdir: Path) -> list[int]:
 
 def _swap(spark: Any, database: str, part: PartitionRef, marker: Marker | None, out: Path, sources: set[str],
           gen: int, grace: float) -> None:
-    """The locked step: take in late files, mark, move the catalog's location, mark done."""
+    """The locked step: link in every file not merged, mark, move the catalog's location, mark done."""
     current = part.dir / marker.location if marker else part.dir
-    late = [p for p in data_files(current) if p.name not in sources]
+    kept = [p for p in data_files(current) if p.name not in sources]
     if marker is not None:
-        late += strays(part.dir, marker)
-    for path in late:
+        kept += strays(part.dir, marker)
+    for path in kept:
         os.link(path, out / path.name)  # a link, not a move: the old location keeps showing it until the swap
-    swapping = Marker(gen=gen, state="swapping", retire=[p.name for p in data_files(part.dir)],
-                      retire_dirs=([marker.location, *marker.retire_dirs] if marker else []),
+    deadline = time.time() + grace
+    retire = dict(marker.retire) if marker else {}
+    retire.update({p.name: deadline for p in data_files(part.dir) if p.name not in retire})
+    retire_dirs = {**marker.retire_dirs, marker.location: deadline} if marker else {}
+    swapping = Marker(gen=gen, state="swapping", retire=retire, retire_dirs=retire_dirs,
                       previous=dict(marker.__dict__) if marker else None)
     write_marker(part.dir, swapping)
     set_location(spark, database, part, out)
-    swapping.state, swapping.previous, swapping.retire_at = "done", None, time.time() + grace
+    swapping.state, swapping.previous = "done", None
     write_marker(part.dir, swapping)
 
 

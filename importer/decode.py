@@ -286,6 +286,7 @@ class BatchBuilder:
             "request_id": pa.array(self._request_id, pa.string()),
             "protocol": pa.array(self._protocol, pa.string()),
             "event_id": pa.array(self._event_id, pa.string()),
+            "original_app_env": pa.nulls(len(self._seq), pa.string()),
             "date": pa.array(self._date, pa.int32()).cast(pa.date32()),
         }
         self._reset()

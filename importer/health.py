@@ -13,6 +13,11 @@ from typing import TYPE_CHECKING
 
 from runtime.health import Check
 
+# Writes failing this long in a row (or --write-timeout, if shorter) make the worker unhealthy.
+FAILING_FOR = 10.0
+# A quarantine keeps /healthz unhealthy this long, so that a person or an alert sees it.
+QUARANTINE_WINDOW = 600.0
+
 if TYPE_CHECKING:
     from importer.worker import Worker
 
@@ -32,13 +37,23 @@ def worker_health(worker: "Worker") -> list[Check]:
     since = now - (last if last is not None else ready_at)
     last_text = f"last write {now - last:.1f}s ago" if last is not None else "no write yet"
     waiting = (batch.rows if batch is not None else 0) + (writer.pending if writer is not None else 0)
-    if started is not None and now - started > limit:
+    failing = writer.failing_since if writer is not None else None
+    if failing is not None and (now - failing > min(limit, FAILING_FOR) or writer.last_error is None):
+        checks.append(Check("writes", False, f"writes failing for {now - failing:.0f}s: {writer.last_error}; "
+                                             f"{last_text}"))
+    elif started is not None and now - started > limit:
         checks.append(Check("writes", False, f"a Spark write has been pending {now - started:.0f}s "
                                              f"(--write-timeout {limit:g}s); {last_text}"))
     elif waiting and since > limit:
         checks.append(Check("writes", False, f"rows waiting and {last_text} (--write-timeout {limit:g}s)"))
     else:
         checks.append(Check("writes", True, last_text if waiting or last is not None else "idle: nothing to write"))
+    quarantined = worker.last_quarantine
+    if quarantined is not None and now - quarantined < QUARANTINE_WINDOW:
+        checks.append(Check("quarantine", False, f"rows were quarantined {now - quarantined:.0f}s ago "
+                                                 "(their writes kept failing; see the log and app_env '~quarantine')"))
+    else:
+        checks.append(Check("quarantine", True, "no rows quarantined recently"))
     return checks
 
 

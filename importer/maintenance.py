@@ -1,16 +1,18 @@
 """Table maintenance in `logjam-spark`: compaction and retention on a schedule, and the table's metrics.
 
-Every `--maintenance-interval` seconds: retention (with `--retention-days`), then
-compaction of closed partitions (unless `--no-compact`), then deletion of files that
-compaction replaced more than `--compact-grace` seconds ago, then a census of the table's
-partitions, files and bytes for `--metrics-port`. `logjam-sql --compact` runs the same
-pass once. Both need the table on a disk this process can see (a `file:` warehouse);
-for a table elsewhere they log once and do nothing.
+Every `--compact-interval` seconds (unless `--no-compact`): a compaction pass over every
+partition, today's included (importer/compaction.py, importer/tiers.py), then deletion of
+files that compaction replaced more than `--compact-grace` seconds ago. Every
+`--maintenance-interval` seconds, retention (with `--retention-days`) first. In between, a
+census of the table's partitions, files and bytes for `--metrics-port`. `logjam-sql
+--compact` runs one pass. Both need the table on a disk this process can see (a `file:`
+warehouse); for a table elsewhere they log once and do nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import threading
 import time
@@ -22,14 +24,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from importer.catalog import table_location
 from importer.compaction import (
     DEFAULT_GRACE_S,
-    TARGET_BYTES,
+    SCRATCH,
     CompactionError,
-    compact_partition,
     compaction_lock,
+    finish,
     is_closed,
     local_partitions,
+    plan,
+    write_merges,
 )
-from importer.partition_files import delete_retired, live_files
+from importer.tiers import FANIN, MAX_LEVEL, TARGET_BYTES, TierPolicy, level_of
+from importer.partition_files import data_files, delete_retired, live_files, remove_tree
 from importer.paths import local_path
 from importer.retention import expire
 from importer.session import first_line
@@ -43,10 +48,17 @@ def add_maintenance_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retention-days", type=int, default=0, metavar="N",
                    help="drop partitions whose date is more than N days before today (default 0: keep everything)")
     p.add_argument("--no-compact", dest="compact", action="store_false", help="do not compact on a schedule")
+    p.add_argument("--compact-interval", type=float, default=15.0, metavar="SECONDS",
+                   help="seconds between compaction passes, which keep today's partitions few-filed too (default 15)")
+    p.add_argument("--compact-fanin", type=int, default=FANIN, metavar="N",
+                   help=f"while a day is open, merge N files of one level into one of the next (default {FANIN})")
+    p.add_argument("--compact-max-level", type=int, default=MAX_LEVEL, metavar="N",
+                   help=f"while a day is open, rewrite a row at most N times (default {MAX_LEVEL})")
     p.add_argument("--compact-older-than", type=float, default=3600.0, metavar="SECONDS",
-                   help="compact a partition once its day ended this long ago (default 3600)")
+                   help="a day is closed this long after it ended: its small files are merged into "
+                        "--compact-target-bytes files once (default 3600)")
     p.add_argument("--compact-target-bytes", type=int, default=TARGET_BYTES, metavar="BYTES",
-                   help="size of a compacted file (default 128 MiB); smaller partitions become one file")
+                   help="size of a compacted file (default 128 MiB); files of 3/4 of it are never rewritten")
     p.add_argument("--compact-grace", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
                    help="keep replaced files this long for queries planned before the swap (default 300)")
     p.add_argument("--maintenance-interval", type=float, default=600.0, metavar="SECONDS",
@@ -67,6 +79,12 @@ class TableMetrics:
         self.bytes_per_partition = Histogram(
             "logjam_table_partition_bytes", "Bytes per partition (at the last census)",
             buckets=(2**20, 2**24, 2**27, 2**30, 2**33), registry=r)
+        self.bytes_read = Counter("logjam_compaction_bytes_read",
+                                  "Bytes of files merged by compaction, by who wrote them (importer, compaction)",
+                                  ["writer"], registry=r)
+        self.bytes_written = Counter("logjam_compaction_bytes_written", "Bytes of files compaction wrote", registry=r)
+        self.importer_bytes = Gauge("logjam_table_importer_bytes",
+                                    "Bytes of files importers wrote that compaction has not merged yet", registry=r)
         self.compaction_runs = Counter("logjam_compaction_runs", "Maintenance passes that compacted", registry=r)
         self.compacted = Counter("logjam_compaction_partitions", "Partitions compacted", registry=r)
         self.compaction_failures = Counter("logjam_compaction_failures", "Partitions whose compaction failed",
@@ -80,11 +98,12 @@ class TableMetrics:
 
     def census(self, location: str) -> None:
         """Reset the per-partition histograms and gauges from the table's files now."""
-        parts = files = size = biggest = 0
+        parts = files = size = biggest = fresh = 0
         per_files, per_bytes = [], []
         for part in local_partitions(location):
             live = live_files(part.dir)
             n, b = len(live), sum(_size(p) for p in live)
+            fresh += sum(_size(p) for p in live if level_of(p.name) == 0)
             parts, files, size, biggest = parts + 1, files + n, size + b, max(biggest, n)
             per_files.append(n)
             per_bytes.append(b)
@@ -92,6 +111,7 @@ class TableMetrics:
         self.files.set(files)
         self.bytes.set(size)
         self.max_files.set(biggest)
+        self.importer_bytes.set(fresh)
         _refill(self.files_per_partition, per_files)
         _refill(self.bytes_per_partition, per_bytes)
 
@@ -120,7 +140,7 @@ class PassResult:
 
 
 def maintenance_pass(spark: Any, database: str, args: argparse.Namespace, metrics: TableMetrics | None = None,
-                     *, compact: bool = True, older_than: float | None = None) -> PassResult:
+                     *, compact: bool = True, older_than: float | None = None, retention: bool = True) -> PassResult:
     """One pass of retention, compaction and cleanup over the table. Returns counts."""
     location = table_location(spark, database)
     table_dir = local_path(location)
@@ -128,7 +148,7 @@ def maintenance_pass(spark: Any, database: str, args: argparse.Namespace, metric
     if table_dir is None:
         log.warning("the table is at %s, not on a local disk: no compaction or retention here", location)
         return result
-    if args.retention_days:
+    if args.retention_days and retention:
         gone = expire(spark, database, location, args.retention_days)
         result.dropped, result.rows_dropped, result.freed = len(gone.partitions), gone.rows, gone.bytes
         if metrics:
@@ -148,25 +168,41 @@ def maintenance_pass(spark: Any, database: str, args: argparse.Namespace, metric
 def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: str, table_dir: Any,
                  result: PassResult, metrics: TableMetrics | None, older_than: float) -> None:
     started = time.monotonic()
+    policy = TierPolicy(target_bytes=args.compact_target_bytes, fanin=getattr(args, "compact_fanin", FANIN),
+                        max_level=getattr(args, "compact_max_level", MAX_LEVEL))
     with compaction_lock(table_dir) as mine:
         if not mine:
             log.info("another compaction of %s is running; skipping this pass", location)
             return
+        remove_tree(table_dir / SCRATCH)  # what a killed pass left
+        merges = []
         for part in list(local_partitions(location)):
-            if not is_closed(part.date, older_than):
-                continue
             try:
-                done = compact_partition(spark, database, part, target_bytes=args.compact_target_bytes,
-                                         grace=args.compact_grace)
+                merge = plan(spark, database, part, policy, closed=is_closed(part.date, older_than),
+                             grace=args.compact_grace)
             except (CompactionError, OSError) as e:
-                result.failed += 1
-                log.error("compacting %s failed: %s", part.dir, first_line(e))
+                _failed(result, part.dir, e)
                 continue
-            if done is not None:
-                result.compacted += 1
-                log.info("compacted importer=%d app_env=%s date=%s: %d files -> %d, %d rows, %.1f -> %.1f MiB in %.1fs",
-                         part.importer, part.app_env, part.date, done.files_before, done.files_after, done.rows,
-                         done.bytes_before / 2**20, done.bytes_after / 2**20, done.seconds)
+            if merge is not None:
+                merges.append(merge)
+        if merges:
+            write_merges(spark, merges, table_dir / SCRATCH)
+        for merge in merges:
+            try:
+                done = finish(spark, database, merge, args.compact_grace)
+            except (CompactionError, OSError) as e:
+                _failed(result, merge.part.dir, e)
+                continue
+            result.compacted += 1
+            _count(metrics, merge)
+            log.log(logging.INFO if merge.pick.level > policy.max_level else logging.DEBUG,
+                    "compacted importer=%d app_env=%s date=%s: %d files -> %d (level %d), %d rows, "
+                    "%.2f -> %.2f MiB", merge.part.importer, merge.part.app_env, merge.part.date,
+                    done.files_before, done.files_after, merge.pick.level, done.rows,
+                    done.bytes_before / 2**20, done.bytes_after / 2**20)
+        if merges:
+            log.info("compaction pass: %d merges (%d failed) in %.1fs", result.compacted, result.failed,
+                     time.monotonic() - started)
     if metrics:
         metrics.compaction_runs.inc()
         metrics.compacted.inc(result.compacted)
@@ -174,14 +210,37 @@ def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: 
         metrics.compaction_seconds.observe(time.monotonic() - started)
 
 
+def _failed(result: PassResult, where: Any, e: BaseException) -> None:
+    result.failed += 1
+    log.error("compacting %s failed: %s", where, first_line(e))
+
+
+def _count(metrics: TableMetrics | None, merge: Any) -> None:
+    """Bytes in and out, the importers' own files apart: write amplification is out over what they wrote."""
+    if metrics is None:
+        return
+    for path in merge.sources:
+        with contextlib.suppress(FileNotFoundError):
+            kind = "importer" if level_of(path.name) == 0 else "compaction"
+            metrics.bytes_read.labels(kind).inc(path.stat().st_size)
+    for path in data_files(merge.out):
+        metrics.bytes_written.inc(path.stat().st_size)
+
+
 def run_maintenance(spark: Any, args: argparse.Namespace, stopping: threading.Event,
                     metrics: TableMetrics | None = None) -> None:
-    """Maintenance passes every --maintenance-interval seconds until `stopping` is set; a census in between."""
+    """Compaction passes every --compact-interval seconds, retention every --maintenance-interval, until stopping."""
     location = None
+    next_retention = 0.0
+    interval = args.compact_interval if args.compact else args.maintenance_interval
     while not stopping.is_set():
-        next_pass = time.monotonic() + args.maintenance_interval
+        now = time.monotonic()
+        next_pass = now + interval
+        retention = now >= next_retention
+        if retention:
+            next_retention = now + args.maintenance_interval
         try:
-            maintenance_pass(spark, args.database, args, metrics, compact=args.compact)
+            maintenance_pass(spark, args.database, args, metrics, compact=args.compact, retention=retention)
             location = table_location(spark, args.database)
         except Exception as e:  # a failed pass (Spark restarting, a query error) must not end the schedule
             log.warning("maintenance pass failed: %s", first_line(e))

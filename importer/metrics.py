@@ -39,6 +39,12 @@ class ImporterMetrics:
                                       buckets=(0.5, 1, 2, 3, 5, 8, 13, 21, 34, 60), registry=r).labels(**labels)
         self.last_write = Gauge("logjam_importer_last_write_timestamp_seconds", "Unix time of the last committed batch",
                                 ["worker"], registry=r).labels(**labels)
+        self.quarantined_rows = Counter("logjam_importer_rows_quarantined",
+                                        "Rows written to the quarantine partition because their writes kept failing",
+                                        ["worker"], registry=r).labels(**labels)
+        self.overflowed_app_envs = Counter("logjam_importer_app_envs_overflowed",
+                                           "New streams sent to a day's overflow partition (--max-new-app-envs)",
+                                           ["worker"], registry=r).labels(**labels)
         self.write_stalls = Counter("logjam_importer_write_stalls", "Spark writes pending longer than --write-timeout",
                                     ["worker"], registry=r).labels(**labels)
         self.write_stalled = Gauge("logjam_importer_write_stalled", "1 while a Spark write is pending too long",

@@ -35,18 +35,29 @@ COMPACTED_PREFIX = "_compacted-"
 
 @dataclass
 class Marker:
-    """What `_compaction.json` says. `state` is "swapping" from just before the catalog is changed until after."""
+    """What `_compaction.json` says. `state` is "swapping" from just before the catalog is changed until after.
+
+    What a compaction replaced is kept until its own time (epoch seconds) has passed, each
+    entry on its own clock: an open day's partition is compacted every few minutes, more
+    often than the grace period, so one shared deadline would never come.
+    """
 
     gen: int
     state: str = "done"
-    retire: list[str] = field(default_factory=list)  # files of the partition dir replaced by `_compacted-<gen>/`
-    retire_dirs: list[str] = field(default_factory=list)  # older `_compacted-<k>/` dirs replaced by `_compacted-<gen>/`
-    retire_at: float = 0.0  # when what is retired may be deleted (epoch seconds)
+    retire: dict[str, float] = field(default_factory=dict)  # files of the partition dir replaced by `_compacted-<gen>/`
+    retire_dirs: dict[str, float] = field(default_factory=dict)  # older `_compacted-<k>/` dirs replaced by it
     previous: dict | None = None  # while swapping: the marker to restore if the swap did not happen
 
     @property
     def location(self) -> str:
         return f"{COMPACTED_PREFIX}{self.gen}"
+
+
+def _deadlines(raw: dict | list | None, default: float) -> dict[str, float]:
+    # Markers written before per-entry deadlines held a list and one `retire_at`.
+    if isinstance(raw, dict):
+        return {str(k): float(v) for k, v in raw.items()}
+    return {str(name): default for name in raw or []}
 
 
 def is_data_file(path: Path) -> bool:
@@ -67,24 +78,38 @@ def read_marker(partition_dir: Path) -> Marker | None:
         raw = json.loads((partition_dir / MARKER).read_text())
     except FileNotFoundError:
         return None
-    return Marker(gen=int(raw["gen"]), state=raw.get("state", "done"), retire=list(raw.get("retire", [])),
-                  retire_dirs=list(raw.get("retire_dirs", [])), retire_at=float(raw.get("retire_at", 0.0)),
-                  previous=raw.get("previous"))
+    return marker_from_dict(raw)
+
+
+def marker_from_dict(raw: dict) -> Marker:
+    at = float(raw.get("retire_at", 0.0))
+    return Marker(gen=int(raw["gen"]), state=raw.get("state", "done"), retire=_deadlines(raw.get("retire"), at),
+                  retire_dirs=_deadlines(raw.get("retire_dirs"), at), previous=raw.get("previous"))
 
 
 def write_marker(partition_dir: Path, marker: Marker | None) -> None:
-    """Replace the marker atomically (write, fsync, rename, fsync the dir); None removes it."""
+    """Replace the marker atomically; None removes it."""
     path = partition_dir / MARKER
     if marker is None:
         path.unlink(missing_ok=True)
+        fsync_dir(partition_dir)
     else:
-        tmp = partition_dir / f"{MARKER}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(marker.__dict__, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    fd = os.open(partition_dir, os.O_RDONLY)
+        replace_file(path, json.dumps(marker.__dict__).encode())
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `data` to `path` durably and atomically: a temporary file, fsync, rename, fsync the directory."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -132,21 +157,30 @@ def relocate_strays(partition_dir: Path) -> int:
 
 
 def delete_retired(partition_dir: Path, now: float | None = None) -> int:
-    """Delete what a finished compaction replaced once its grace period is over. Returns bytes freed."""
+    """Delete what finished compactions replaced once each entry's grace period is over. Returns bytes freed."""
     marker = read_marker(partition_dir)
     now = time.time() if now is None else now
-    if marker is None or marker.state != "done" or not (marker.retire or marker.retire_dirs) or now < marker.retire_at:
+    if marker is None or marker.state != "done":
+        return 0
+    files = [name for name, at in marker.retire.items() if at <= now]
+    dirs = [name for name, at in marker.retire_dirs.items() if at <= now]
+    if not files and not dirs:
         return 0
     freed = 0
-    for name in marker.retire:
+    for name in files:
         path = partition_dir / name
         with contextlib.suppress(FileNotFoundError):
             freed += path.stat().st_size
             path.unlink()
-    for name in marker.retire_dirs:
+        del marker.retire[name]
+    for name in dirs:
         freed += remove_tree(partition_dir / name)
-    marker.retire, marker.retire_dirs = [], []
-    write_marker(partition_dir, marker)
+        del marker.retire_dirs[name]
+    # Under the lock: a compaction's swap of this partition rewrites the marker too.
+    with root_lock(partition_dir.parent.parent):
+        current = read_marker(partition_dir)
+        if current is not None and current.state == "done" and current.gen == marker.gen:
+            write_marker(partition_dir, marker)
     return freed
 
 

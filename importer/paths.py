@@ -12,6 +12,7 @@ readers skip like every name starting with `_`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -64,13 +65,51 @@ def staging_dir(table_location: str, importer: int) -> str:
     return f"{table_location.rstrip('/')}/_staging/importer={importer}"
 
 
+# A partition's directory name `app_env=<escaped value>` must fit NAME_MAX (255 bytes on every
+# common filesystem); longer ones get a directory named after a hash of the value instead.
+MAX_DIR_NAME = 200
+# The Hive metastore keeps a partition's name (`importer=I/app_env=<escaped>/date=D`) in a
+# VARCHAR(767): a value whose escaped name does not fit cannot be a partition value at all.
+MAX_PARTITION_NAME = 767
+# Stand-in partition values: no app-env the device accepts lacks a '-', and these have none,
+# so a stand-in never collides with a real stream name.
+STAND_IN = "~"
+OVERFLOW = "~overflow"
+QUARANTINE = "~quarantine"
+# The exact partition value of a hash-named directory, for anything that reads the tree.
+NAME_FILE = "_app_env"
+
+
+def is_stand_in(value: str) -> bool:
+    return value.startswith(STAND_IN) and "-" not in value
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def partition_value(importer: int, app_env: str) -> str:
+    """The catalog's `app_env` for a stream: its name, or a stand-in when the metastore cannot hold the name."""
+    name = f"importer={importer}/app_env={escape_partition_value(app_env)}/date=YYYY-MM-DD"
+    if len(name) <= MAX_PARTITION_NAME or is_stand_in(app_env):
+        return app_env
+    return f"{STAND_IN}{_digest(app_env)}"
+
+
+def dir_value(value: str) -> str:
+    """What the partition directory is named after (`app_env=<this>`): the value, or its hash when too long."""
+    if len(f"app_env={escape_partition_value(value)}".encode()) <= MAX_DIR_NAME:
+        return value
+    return f"{STAND_IN}d{_digest(value)}"
+
+
 def escape_partition_value(value: str) -> str:
     return "".join(f"%{ord(c):02X}" if ord(c) in _ESCAPED else c for c in value)
 
 
 def partition_dir(root: str, app_env: str, date: str) -> str:
-    """`<root>/app_env=<escaped>/date=<date>`: where Spark's partitioned write puts those rows."""
-    return f"{root.rstrip('/')}/app_env={escape_partition_value(app_env)}/date={date}"
+    """`<root>/app_env=<escaped>/date=<date>`: where the rows of partition value `app_env` live."""
+    return f"{root.rstrip('/')}/app_env={escape_partition_value(dir_value(app_env))}/date={date}"
 
 
 def unescape_partition_value(text: str) -> str:

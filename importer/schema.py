@@ -41,6 +41,9 @@ ARROW_SCHEMA = pa.schema([
     pa.field("request_id", pa.string()),
     pa.field("protocol", pa.string()),
     pa.field("event_id", pa.string()),
+    # The row's own app-env when the partition's `app_env` is a stand-in (paths.py): past the
+    # day's cap of new streams, or a name the metastore cannot hold. NULL otherwise.
+    pa.field("original_app_env", pa.string()),
     pa.field("date", pa.date32(), nullable=False),
 ])
 
@@ -81,6 +84,12 @@ def spark_read_ddl(data_only: bool = False) -> str:
     """
     data = [f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA if f.name not in PARTITION_COLUMNS]
     return ", ".join(data if data_only else data + ["`importer` INT", "`app_env` STRING", "`date` DATE"])
+
+
+def missing_columns(present: set[str]) -> list[str]:
+    """`col TYPE` of the data columns a table created by an older version lacks, in table order."""
+    return [f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA
+            if f.name not in PARTITION_COLUMNS and f.name not in present]
 
 
 def table_ddl(database: str, location: str) -> str:

@@ -29,7 +29,8 @@ from importer.checkpoint import Checkpoints, Position, default_state_dir, new_se
 from importer.decode import BatchBuilder, stream_key
 from importer.dedupe import RecentKeys
 from importer.metrics import ImporterMetrics
-from importer.paths import table_path
+from importer.partitioning import PartitionMap
+from importer.paths import OVERFLOW, QUARANTINE, table_path
 from importer.receive import Receiver
 from importer.report import GapReport, Tally
 from importer.sequence import Ledger, Sequencer
@@ -67,6 +68,7 @@ class Worker:
         self._next_report = 0.0
         self.ready_at: float | None = None  # monotonic end of start(): Spark and the table are there
         self.last_write: float | None = None  # monotonic end of the last committed batch (importer/health.py)
+        self.last_quarantine: float | None = None  # monotonic time rows were last quarantined (importer/health.py)
         self.name = f"{socket.gethostname()}/worker-{self.worker_id}"
 
     # -- start-up -----------------------------------------------------------------------------
@@ -87,7 +89,9 @@ class Worker:
         spark = self.connect()
         warehouse = resolve_warehouse(spark, args.warehouse)
         location = catalog.ensure_table(spark, args.database, table_path(warehouse))
-        self.table = TableWriter(args.database, self.worker_id, location, staging=not args.no_staging)
+        partition_map = PartitionMap(self.worker_id, max_new=args.max_new_app_envs, on_overflow=self._overflowed)
+        self.table = TableWriter(args.database, self.worker_id, location, staging=not args.no_staging,
+                                 partition_map=partition_map)
         staged = self.table.probe_staging(spark)
         log.info("spark %s ready in %.1fs; writing %s.messages under %s (%s)", args.spark,
                  time.monotonic() - started, args.database, self.table.root,
@@ -139,6 +143,22 @@ class Worker:
                  self.args.dedupe_keys, loaded, self.table.root, time.monotonic() - loading)
 
     # -- the stages' callbacks ------------------------------------------------------------------
+    def _overflowed(self, app_env: str, date: str) -> None:
+        self.metrics.overflowed_app_envs.inc()
+        overflowed = self.table.map.overflowed
+        if overflowed == 1 or overflowed % 1000 == 0:
+            log.warning("worker %d has %d partitions on %s (--max-new-app-envs): new streams that day, %r the "
+                        "latest (%d so far), land in app_env '%s' with their name in original_app_env",
+                        self.worker_id, self.args.max_new_app_envs, date, app_env, overflowed, OVERFLOW)
+
+    def quarantined(self, batch: Batch, pairs: frozenset[tuple[str, str]]) -> None:
+        self.last_quarantine = time.monotonic()
+        rows = sum(1 for a, d in zip(batch.table.column("app_env").to_pylist(), batch.table.column("date").to_pylist())
+                   if (a, d.isoformat()) in pairs)
+        self.metrics.quarantined_rows.inc(rows)
+        log.error("%d rows of %s landed in app_env '%s' (quarantine) instead of their own partitions", rows,
+                  ", ".join(f"{a}/{d}" for a, d in sorted(pairs)[:5]), QUARANTINE)
+
     def written(self, batch: Batch, seconds: float) -> None:
         m = self.metrics
         self.last_write = time.monotonic()
@@ -175,7 +195,7 @@ class Worker:
                                  batch_rows=args.batch_rows)
         self.writer = BackgroundWriter(self.connect, self.table, on_written=self.written,
                                        on_failure=lambda e: self.metrics.write_failures.inc(),
-                                       on_committed=self.committed, stop=self.stop)
+                                       on_committed=self.committed, on_quarantine=self.quarantined, stop=self.stop)
         self.writer.spark = self.spark
         ctx = zmq.Context()
         self.sub = Subscriber(args.sub or [DEFAULT_SUB], context=ctx, rcvhwm=args.rcvhwm)

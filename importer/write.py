@@ -16,7 +16,10 @@ are small enough that Spark splits it into one task per core.
 `BackgroundWriter` runs that in a thread while the main thread decodes the next batch.
 A failed attempt is retried with backoff on a new session: first whatever the old session
 still runs is interrupted, then the batch's last row is looked up, so a write that did
-commit although its client saw an error is not written twice. A write that runs longer
+commit although its client saw an error is not written twice. After every few failed
+attempts the writer looks for the rows that fail by themselves (a partition whose directory
+or registration is refused) while the others would succeed; those go to the quarantine
+partition and the rest lands. A failure of everything (disk full, Spark down) is waited out. A write that runs longer
 than `--write-timeout` is reported as stalled and interrupted, which makes it a failed
 attempt. After a batch has been given up (failed writes at shutdown) later batches are
 dropped too, so that the table is always a prefix of what was submitted.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import shutil
 import threading
 import time
 import uuid
@@ -37,12 +41,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from importer.batch import Batch
-from importer.catalog import Partitions, date_text
+from importer.catalog import Partitions
 from importer.compaction import PartitionRef, settle_locked
+from importer.failures import describe
 from importer.partition_files import MARKER, root_lock
-from importer.paths import local_path, output_root, partition_dir, staging_dir
+from importer.partitioning import PartitionMap, partitions_of
+from importer.paths import QUARANTINE, local_path, output_root, partition_dir, staging_dir
 from importer.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string
-from importer.session import first_line
 
 log = logging.getLogger(__name__)
 
@@ -55,23 +60,18 @@ class WriteFailed(RuntimeError):
     """A batch could not be written before shutdown; its rows are lost to this run."""
 
 
-def partitions_of(table: pa.Table) -> list[tuple[str, str]]:
-    """The (app_env, date) pairs a table's rows fall into."""
-    pairs = table.group_by(["app_env", "date"]).aggregate([])
-    app_envs = pairs.column("app_env").to_pylist()
-    days = pc.cast(pairs.column("date"), pa.int32()).to_pylist()
-    return [(a, date_text(d)) for a, d in zip(app_envs, days)]
-
-
 class TableWriter:
     """Writes batches of one importer into the catalog table, through Spark."""
 
-    def __init__(self, database: str, importer: int, location: str, *, staging: bool = True) -> None:
+    def __init__(self, database: str, importer: int, location: str, *, staging: bool = True,
+                 partition_map: PartitionMap | None = None) -> None:
         self.database = database
         self.importer = importer
         self.root = output_root(location, importer)
         self.root_dir = local_path(self.root)
-        self.partitions = Partitions(database, importer)
+        self.partitions = Partitions(database, importer, self.root)
+        self.map = partition_map or PartitionMap(importer)
+        self._map_loaded = False
         staged = local_path(staging_dir(location, importer)) if staging else None
         self.staging: Path | None = staged
 
@@ -90,7 +90,7 @@ class TableWriter:
             ok = len(rows) == 1 and rows[0][0] == token
         except Exception as e:  # an unreachable path fails in many ways on the server
             log.info("staging batches in %s is not possible (%s); sending them inside the Spark request",
-                     self.staging, first_line(e))
+                     self.staging, describe(e))
             ok = False
         finally:
             path.unlink(missing_ok=True)
@@ -98,9 +98,15 @@ class TableWriter:
             self.staging = None
         return ok
 
-    def write(self, spark: Any, table: pa.Table) -> None:
+    def write(self, spark: Any, table: pa.Table, quarantine: frozenset[tuple[str, str]] = frozenset()) -> None:
+        """Write one batch whole; rows of the (app_env, date) pairs in `quarantine` go to the quarantine partition."""
+        if not self._map_loaded:
+            self.map.load(spark, self.database)
+            self._map_loaded = True
+        if quarantine:
+            table = quarantined(table, quarantine)
+        table, specs = self.map.apply(table)
         table = table.sort_by(_SORT)
-        specs = partitions_of(table)
         self.partitions.register(spark, specs)
         # The lock keeps compaction from swapping a partition between this job's commit and
         # the move of its files into a compacted partition's location (partition_files.py).
@@ -109,12 +115,58 @@ class TableWriter:
             if self.root_dir is not None:
                 self._follow_compaction(spark, specs)
 
+    def isolate(self, spark: Any, table: pa.Table) -> frozenset[tuple[str, str]]:
+        """The (app_env, date) pairs whose rows fail by themselves while others succeed; empty when the
+        failure is general (disk full, Spark down), which waiting mends and quarantine would not.
+
+        Checked by halving, without committing anything: the partition's directory can be
+        written, its registration is accepted, and its rows can be written to a scratch directory.
+        """
+        pairs = partitions_of(table)
+        bad: list[tuple[str, str]] = []
+        todo = [pairs]
+        while todo:
+            group = todo.pop()
+            try:
+                self._probe(spark, table, group)
+                continue
+            except Exception as e:  # any failure marks the group for a closer look
+                log.debug("probe of %d partitions failed: %s", len(group), describe(e))
+            if len(group) == 1:
+                bad.append(group[0])
+            else:
+                todo += [group[: len(group) // 2], group[len(group) // 2 :]]
+        return frozenset() if len(bad) == len(pairs) else frozenset(bad)
+
+    def _probe(self, spark: Any, table: pa.Table, group: list[tuple[str, str]]) -> None:
+        wanted = set(group)
+        mask = [(a, d.isoformat()) in wanted for a, d in zip(table.column("app_env").to_pylist(),
+                                                             table.column("date").to_pylist())]
+        rows, specs = self.map.apply(table.filter(pa.array(mask)))
+        for value, date in specs:
+            path = local_path(partition_dir(self.root, value, date))
+            if path is not None:
+                path.mkdir(parents=True, exist_ok=True)
+                probe = path / f"_probe-{uuid.uuid4().hex}"
+                probe.write_bytes(b"")
+                probe.unlink()
+        self.partitions.forget()
+        self.partitions.register(spark, specs)
+        scratch = f"{self.root.rsplit('/', 1)[0]}/_staging/probe-{uuid.uuid4().hex}"
+        try:
+            spark.createDataFrame(rows).write.options(**WRITE_OPTIONS).mode("append") \
+                .partitionBy(*PARTITION_COLUMNS).parquet(scratch)
+        finally:
+            local = local_path(scratch)
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
+
     def _follow_compaction(self, spark: Any, specs: list[tuple[str, str]]) -> None:
         assert self.root_dir is not None
-        for app_env, date in specs:
-            pdir = Path(partition_dir(str(self.root_dir), app_env, date))
+        for value, date in specs:
+            pdir = Path(partition_dir(str(self.root_dir), value, date))
             if (pdir / MARKER).exists():
-                settle_locked(spark, self.database, PartitionRef(self.importer, app_env, date, pdir, self.root_dir))
+                settle_locked(spark, self.database, PartitionRef(self.importer, value, date, pdir, self.root_dir))
 
     def _write(self, spark: Any, table: pa.Table) -> None:
         staged: Path | None = None
@@ -140,11 +192,24 @@ class TableWriter:
             return False
         rows = table.filter(tracked)
         last = rows.slice(rows.num_rows - 1, 1).to_pylist()[0]
+        # Wherever its partition is: its own, a stand-in, or the quarantine.
         found = spark.sql(
             f"SELECT 1 FROM {qualified(self.database)} WHERE importer = {self.importer} "
-            f"AND app_env = '{sql_string(last['app_env'])}' AND date = DATE'{last['date'].isoformat()}' "
+            f"AND (app_env = '{sql_string(last['app_env'])}' OR original_app_env = '{sql_string(last['app_env'])}') "
+            f"AND date = DATE'{last['date'].isoformat()}' "
             f"AND device = {int(last['device'])} AND seq = {int(last['seq'])} LIMIT 1").collect()
         return bool(found)
+
+
+def quarantined(table: pa.Table, pairs: frozenset[tuple[str, str]]) -> pa.Table:
+    """The table with the rows of these (app_env, date) pairs moved to the quarantine partition, names kept."""
+    names = table.column("app_env").to_pylist()
+    moved = [(a, d.isoformat()) in pairs for a, d in zip(names, table.column("date").to_pylist())]
+    original = table.column("original_app_env").to_pylist()
+    table = table.set_column(table.schema.get_field_index("app_env"), "app_env",
+                             pa.array([QUARANTINE if m else a for a, m in zip(names, moved)], pa.string()))
+    return table.set_column(table.schema.get_field_index("original_app_env"), "original_app_env",
+                            pa.array([a if m else o for a, o, m in zip(names, original, moved)], pa.string()))
 
 
 class BackgroundWriter:
@@ -161,6 +226,8 @@ class BackgroundWriter:
         stop: threading.Event | None = None,
         max_backoff: float = 10.0,
         final_attempts: int = 3,
+        quarantine_after: int = 4,
+        on_quarantine: Callable[[Batch, frozenset[tuple[str, str]]], None] = lambda batch, pairs: None,
     ) -> None:
         self._connect = connect
         self.writer = writer
@@ -173,6 +240,10 @@ class BackgroundWriter:
         self._closing = threading.Event()
         self._max_backoff = max_backoff
         self._final_attempts = final_attempts
+        self._quarantine_after = quarantine_after
+        self._on_quarantine = on_quarantine
+        self.failing_since: float | None = None  # monotonic time of the first of the failures in a row
+        self.last_error: str | None = None  # what the last failed attempt was about (importer/failures.py)
         self.spark: Any = None
         self.lost_rows = 0
         self.written_rows = 0
@@ -250,6 +321,7 @@ class BackgroundWriter:
     def _write(self, batch: Batch) -> bool:
         attempt = 0
         backoff = 0.5
+        quarantine: frozenset[tuple[str, str]] = frozenset()
         while True:
             attempt += 1
             started = time.monotonic()
@@ -260,28 +332,52 @@ class BackgroundWriter:
                 if attempt > 1 and self.writer.landed(self.spark, batch.table):
                     log.warning("a batch of %d rows had committed although its write reported an error", batch.rows)
                 else:
-                    self.writer.write(self.spark, batch.table)
+                    self.writer.write(self.spark, batch.table, quarantine)
             except Exception as e:  # Spark reports server, network and data problems with many types
                 self.started = None
-                self._on_failure(e)
+                self._failed(e)
                 closing = self._closing.is_set() or self._stop.is_set()
                 if closing and attempt >= self._final_attempts:
-                    log.error("giving up on a batch of %d rows after %d attempts: %s", batch.rows, attempt,
-                              first_line(e))
+                    log.error("giving up on a batch of %d rows after %d attempts: %s", batch.rows, attempt, describe(e))
                     self.lost_rows += batch.rows
                     self.failed = True
                     return False
                 log.warning("writing %d rows to %s failed (attempt %d), retrying in %.1fs: %s",
-                            batch.rows, self.writer.root, attempt, backoff, first_line(e))
+                            batch.rows, self.writer.root, attempt, backoff, self.last_error)
                 # Whatever the old session still runs must not commit behind our retry.
                 self.interrupt()
                 # A restarted Connect server no longer knows our session: start a new one.
                 self.spark = None
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
+                if attempt % self._quarantine_after == 0 and not closing:
+                    quarantine = self._isolate(batch, quarantine)
                 continue
             self.started = None
+            self.failing_since, self.last_error = None, None
             self.written_rows += batch.rows
+            if quarantine:
+                self._on_quarantine(batch, quarantine)
             self._on_written(batch, time.monotonic() - started)
             return True
 
+    def _failed(self, e: BaseException) -> None:
+        self.last_error = describe(e)
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+        self._on_failure(e)
+
+    def _isolate(self, batch: Batch, known: frozenset[tuple[str, str]]) -> frozenset[tuple[str, str]]:
+        """After repeated failures: find the rows that fail by themselves, so the rest can land."""
+        try:
+            if self.spark is None:
+                self.spark = self._connect()
+            bad = self.writer.isolate(self.spark, batch.table)
+        except Exception as e:  # Spark itself is failing: nothing to single out
+            log.debug("could not look for failing partitions: %s", describe(e))
+            return known
+        if bad - known:
+            log.error("quarantining the rows of %d stream(s) whose writes keep failing while others succeed "
+                      "(%s); they land in app_env='%s' with their name in original_app_env",
+                      len(bad), ", ".join(f"{a}/{d}" for a, d in sorted(bad)[:5]), QUARANTINE)
+        return known | bad

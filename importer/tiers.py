@@ -1,0 +1,92 @@
+"""Which files of a partition compaction merges next: levels, so that a row is rewritten a bounded number of times.
+
+Every file has a *level*: how many merges its rows have been through. An importer's file
+is level 0; a merge of files up to level k writes level k+1 (the level is the file name's
+`L<k>-` prefix). While a partition's day is open, a level holding `fanin` files is merged,
+together with every smaller-level file, into one file of the next level, up to `max_level`.
+So a row is rewritten at most `max_level` times during its day, and at most
+`fanin - 1` files wait at each level. Files of `full_bytes` or more are never rewritten.
+
+Once the day is closed (the importers have moved on), every file below `full_bytes` is
+merged into as few files of `target_bytes` as their size needs: one more rewrite, once.
+
+This is size-tiered compaction keyed on merge count instead of file size: Parquet sizes
+shift with compression and load, merge counts do not, and the rewrite bound stays exact.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+TARGET_BYTES = 128 * 2**20
+FANIN = 10
+MAX_LEVEL = 4
+
+_LEVEL = re.compile(r"L(\d{1,3})-")
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    name: str
+    size: int
+
+    @property
+    def level(self) -> int:
+        return level_of(self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """One merge: these files become `files` files of level `level`."""
+
+    names: tuple[str, ...]
+    level: int
+    files: int
+    bytes: int
+
+
+def level_of(name: str) -> int:
+    m = _LEVEL.match(name)
+    return int(m.group(1)) if m else 0
+
+
+def leveled_name(name: str, level: int) -> str:
+    """The name a merged file of `level` gets (its Spark name, prefixed)."""
+    m = _LEVEL.match(name)
+    return f"L{level}-{name[m.end():] if m else name}"
+
+
+@dataclass(frozen=True, slots=True)
+class TierPolicy:
+    target_bytes: int = TARGET_BYTES
+    fanin: int = FANIN
+    max_level: int = MAX_LEVEL
+
+    @property
+    def full_bytes(self) -> int:
+        return self.target_bytes * 3 // 4
+
+    def pick(self, files: Sequence[FileInfo], *, closed: bool) -> Pick | None:
+        """The next merge for a partition holding `files`, or None if it has as few as it should."""
+        small = [f for f in files if f.size < self.full_bytes]
+        if closed:
+            return self._final(small)
+        eligible = [f for f in small if f.level < self.max_level]
+        for level in range(self.max_level - 1, -1, -1):
+            if sum(1 for f in eligible if f.level == level) >= self.fanin:
+                chosen = [f for f in eligible if f.level <= level]
+                return self._pick(chosen, level + 1)
+        return None
+
+    def _final(self, small: list[FileInfo]) -> Pick | None:
+        size = sum(f.size for f in small)
+        if len(small) <= max(1, math.ceil(size / self.target_bytes)):
+            return None
+        return self._pick(small, self.max_level + 1)
+
+    def _pick(self, chosen: list[FileInfo], level: int) -> Pick:
+        size = sum(f.size for f in chosen)
+        return Pick(tuple(sorted(f.name for f in chosen)), level, max(1, math.ceil(size / self.target_bytes)), size)
