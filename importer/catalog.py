@@ -164,7 +164,8 @@ def max_seqs(spark: Any, database: str, importer: int) -> dict[int, dict[str | N
 def recent_event_ids(spark: Any, database: str, importer: int, limit: int) -> list[tuple[str, str]]:
     """(app_env, event_id) of the newest `limit` rows with an id among this importer's rows, oldest first."""
     table = spark.sql(
-        f"SELECT app_env, event_id FROM {qualified(database)} WHERE importer = {int(importer)} "
+        f"SELECT coalesce(original_app_env, app_env) AS app_env, event_id FROM {qualified(database)} "
+        f"WHERE importer = {int(importer)} "
         f"AND event_id IS NOT NULL ORDER BY ingested_at DESC LIMIT {int(limit)}").toArrow()
     app_envs, ids = table.column("app_env").to_pylist(), table.column("event_id").to_pylist()
     return list(zip(reversed(app_envs), reversed(ids)))

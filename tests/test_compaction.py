@@ -209,3 +209,68 @@ def test_retention_drops_old_days_from_the_catalog_and_the_disk(spark_server, tm
     assert any(f"date={kept}" in p for p in parts) and any(f"date={today}" in p for p in parts)
     total = t.spark.sql(f"SELECT count(*) FROM {t.database}.messages").collect()[0][0]
     assert total == 11
+
+
+@pytest.mark.timeout(600)
+def test_todays_partition_is_compacted_in_levels_while_written_and_read(spark_server, tmp_path) -> None:
+    """The open day: an importer writes, a reader counts, compaction passes run; nothing missing or doubled."""
+    import argparse
+
+    from pyspark.sql import SparkSession
+
+    from importer.maintenance import maintenance_pass
+    from importer.partition_files import live_files
+    from importer.tiers import level_of
+
+    t = Table(spark_server, tmp_path / "wh")
+    today = datetime.datetime.now(datetime.timezone.utc).date()
+    landed = [0]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    seen: list[tuple[int, int, int]] = []  # (rows landed before the read began, count, distinct seqs)
+
+    def write() -> None:
+        try:
+            while not stop.is_set():
+                t.land(20, day=today)
+                landed[0] = t.seq
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    reader = SparkSession.builder.remote(spark_server.url).create()
+    compactor = SparkSession.builder.remote(spark_server.url).create()
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                before = landed[0]
+                seen.append((before, *t.count(day=today, spark=reader)))
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    args = argparse.Namespace(retention_days=0, compact_target_bytes=128 * 2**20, compact_fanin=3,
+                              compact_max_level=2, compact_grace=120.0, compact_older_than=3600.0)
+    threads = [threading.Thread(target=write, daemon=True), threading.Thread(target=read, daemon=True)]
+    for th in threads:
+        th.start()
+    merged = 0
+    try:
+        wait_for(lambda: landed[0] >= 60 or errors, timeout=120, what="the first writes")
+        for _ in range(8):
+            merged += maintenance_pass(compactor, t.database, args).compacted
+            wait_for(lambda n=landed[0]: landed[0] >= n + 40 or errors, timeout=120, what="more writes")
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(120)
+        reader.stop()
+    assert not errors, errors
+    assert merged >= 2, "today's partition was compacted"
+    assert t.count(day=today) == (landed[0], landed[0])
+    bad = [s for s in seen if s[1] != s[2] or s[1] < s[0]]
+    assert len(seen) >= 5 and not bad, f"a reader saw rows missing or doubled: {bad[:5]}"
+    live = live_files(t.pdir(today))
+    levels = [level_of(p.name) for p in live]
+    assert max(levels) >= 1 and all(v <= 2 for v in levels), levels
+    assert levels.count(0) < 3 + 8, "level-0 files were merged"
+    compactor.stop()

@@ -1,0 +1,172 @@
+"""No stream can wedge an importer: names at the device's limits, the day's cap of new streams, quarantine.
+
+Through a real logjam-device, the real Producer, a real logjam-importer and the session's
+real logjam-spark. Every name the device accepts lands, and `WHERE app_env = '<name>'` (or
+`original_app_env`, for a stand-in partition) finds its rows; a stream whose directory is in
+the way is quarantined while the others keep landing; a write that fails for every stream
+makes /healthz unhealthy with its cause and lands everything once the cause is gone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+
+import pytest
+
+from importer.paths import MAX_DIR_NAME, OVERFLOW, QUARANTINE, partition_dir
+from logjam.producer import Producer
+from tests.helpers import wait_for
+from tests.spark_fixture import database_for, table
+from tests.test_health import healthz
+from tests.test_importer import Importer
+
+NAMES = [
+    "a-" + "x" * 253,  # 255 bytes: `app_env=` plus the name is longer than a file name may be
+    "a-" + "%" * 253,  # escaped, longer than the metastore keeps a partition name: a stand-in value
+    "quo'te\"s-prod",
+    "back\\slash-prod",
+    "per%cent-prod",
+    "equ=als-prod",
+    "sla/sh-prod",
+    "sp ace-prod",
+    "plain-prod",
+]
+
+
+def sent_rows(device, names: list[str], per: int) -> int:
+    with Producer(device.router) as p:
+        for name in names:
+            for i in range(per):
+                p.submit(name, "logs.test", {"message": f"{name[:20]} {i}"})
+        assert p.flush().accepted == per * len(names)
+    return per * len(names)
+
+
+def where(spark_server, warehouse: Path, condition: str) -> int:
+    spark = spark_server.session()
+    return spark.sql(f"SELECT count(*) FROM {database_for(warehouse)}.messages WHERE {condition}").collect()[0][0]
+
+
+def sql_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+@pytest.mark.timeout(300)
+def test_every_name_the_device_accepts_lands_and_is_found_by_its_name(device, spark_server, tmp_path) -> None:
+    warehouse = tmp_path / "wh"
+    imp = Importer(device, spark_server.url, "--flush-interval", "0.5", warehouse=warehouse)
+    try:
+        imp.wait_ready(device)
+        # The device's own limit: it refuses a name with bytes beyond ASCII (400), so none reaches the table.
+        with Producer(device.router) as p:
+            p.submit("caf\u00e9-prod", "logs.test", {"message": "x"})
+            assert p.flush().accepted == 0
+        total = sent_rows(device, NAMES, 3)
+        df = table(spark_server, warehouse)
+        wait_for(lambda: df.where(df.topic == "logs.test").count() >= total, timeout=120, interval=0.5,
+                 what=f"{total} rows")
+        assert df.where(df.topic == "logs.test").count() == total
+        for name in NAMES:
+            found = where(spark_server, warehouse,
+                          f"app_env = '{sql_string(name)}' OR original_app_env = '{sql_string(name)}'")
+            assert found == 3, f"{name[:30]!r}: {found} rows found by name"
+        assert where(spark_server, warehouse, f"app_env = '{sql_string(NAMES[0])}'") == 3, \
+            "a name too long for a directory keeps its own partition value"
+        for top, _dirs, files in os.walk(warehouse):
+            for entry in [*_dirs, *files]:
+                assert len(entry.encode()) <= 255, entry
+        assert any(d.startswith("app_env=~d") for d in os.listdir(warehouse / "messages" / "importer=0"))
+    finally:
+        assert imp.stop() == 0, imp.output()
+
+
+@pytest.mark.timeout(300)
+def test_new_streams_past_the_days_cap_land_in_the_overflow_partition(device, spark_server, tmp_path) -> None:
+    warehouse = tmp_path / "wh"
+    imp = Importer(device, spark_server.url, "--flush-interval", "0.5", "--max-new-app-envs", "3",
+                   warehouse=warehouse)
+    try:
+        imp.wait_ready(device)  # the probe stream is the day's first partition
+        names = [f"burst{i}-prod" for i in range(6)]
+        total = sent_rows(device, names, 2)
+        df = table(spark_server, warehouse)
+        wait_for(lambda: df.where(df.topic == "logs.test").count() >= total, timeout=120, interval=0.5,
+                 what=f"{total} rows")
+        spark = spark_server.session()
+        parts = [r[0] for r in spark.sql(f"SHOW PARTITIONS {database_for(warehouse)}.messages").collect()]
+        own = [p for p in parts if "app_env=burst" in p]
+        assert len(own) == 2 and sum(f"app_env={OVERFLOW}" in p for p in parts) == 1, parts
+        assert where(spark_server, warehouse, f"app_env = '{OVERFLOW}'") == 8
+        for name in names:
+            assert where(spark_server, warehouse, f"app_env = '{name}' OR original_app_env = '{name}'") == 2
+        wait_for(lambda: imp.metric("logjam_importer_app_envs_overflowed_total") == 4, timeout=10,
+                 what="the overflow metric")
+    finally:
+        assert imp.stop() == 0, imp.output()
+    assert "--max-new-app-envs" in imp.output()
+
+
+@pytest.mark.timeout(420)
+def test_a_stream_that_cannot_be_written_is_quarantined_and_the_others_land(device, spark_server, tmp_path) -> None:
+    warehouse = tmp_path / "wh"
+    root = warehouse / "messages" / "importer=0"
+    imp = Importer(device, spark_server.url, "--flush-interval", "0.5", warehouse=warehouse)
+    try:
+        imp.wait_ready(device)
+        # A file where the stream's partition directory has to go: every write of it fails.
+        day = datetime.datetime.now(datetime.timezone.utc).date()  # the Producer stamps messages now
+        poison = Path(partition_dir(str(root), "poison-prod", day.isoformat())).parent
+        poison.parent.mkdir(parents=True, exist_ok=True)
+        poison.write_text("in the way")
+        total = sent_rows(device, ["poison-prod", "good-prod", "fine-prod"], 5)
+        df = table(spark_server, warehouse)
+        wait_for(lambda: df.where(df.topic == "logs.test").count() >= total, timeout=240, interval=1,
+                 what=f"{total} rows")
+        assert where(spark_server, warehouse, "app_env IN ('good-prod', 'fine-prod')") == 10
+        assert where(spark_server, warehouse, f"app_env = '{QUARANTINE}' AND original_app_env = 'poison-prod'") == 5
+        assert imp.metric("logjam_importer_rows_quarantined_total") == 5
+        status, doc = healthz(imp.metrics_port)
+        assert status == 503 and doc["checks"]["quarantine"]["ok"] is False, doc
+    finally:
+        assert imp.stop() == 0, imp.output()
+    out = imp.output()
+    assert "quarantin" in out and "poison-prod" in out
+    assert "path in the way" in out, out[-3000:]
+
+
+@pytest.mark.timeout(420)
+def test_writes_failing_for_every_stream_turn_healthz_unhealthy_and_land_once_mended(device, spark_server,
+                                                                                      tmp_path) -> None:
+    warehouse = tmp_path / "wh"
+    root = warehouse / "messages" / "importer=0"
+    imp = Importer(device, spark_server.url, "--flush-interval", "0.5", "--write-timeout", "30",
+                   warehouse=warehouse)
+    try:
+        imp.wait_ready(device)
+        df = table(spark_server, warehouse)
+        day = datetime.datetime.now(datetime.timezone.utc).date()  # the Producer stamps messages now
+        # Every new stream's directory is in the way: nothing can be singled out, so nothing is quarantined.
+        names = ["one-prod", "two-prod"]
+        root.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            Path(partition_dir(str(root), name, day.isoformat())).parent.write_text("in the way")
+        total = sent_rows(device, names, 4)
+        status, doc = wait_for(lambda: (r := healthz(imp.metrics_port))[0] == 503 and r, timeout=30,
+                               what="/healthz to say the writes fail")
+        assert "path in the way" in doc["checks"]["writes"]["detail"], doc
+        for name in names:
+            Path(partition_dir(str(root), name, day.isoformat())).parent.unlink()
+        wait_for(lambda: df.where(df.topic == "logs.test").count() >= total, timeout=120, interval=1,
+                 what="the rows once the paths are free")
+        assert df.where(df.topic == "logs.test").count() == total
+        assert where(spark_server, warehouse, f"app_env = '{QUARANTINE}'") == 0
+        wait_for(lambda: healthz(imp.metrics_port)[0] == 200, timeout=30, what="/healthz healthy again")
+    finally:
+        assert imp.stop() == 0, imp.output()
+
+
+def test_directory_names_stay_within_the_limit() -> None:
+    for name in NAMES:
+        assert len(Path(partition_dir("/r", name, "2026-01-01")).parent.name.encode()) <= MAX_DIR_NAME

@@ -1,0 +1,78 @@
+"""The tier policy (importer/tiers.py) over a simulated day, and failure descriptions (importer/failures.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from importer.failures import cause, describe
+from importer.tiers import FileInfo, TierPolicy, leveled_name, level_of
+
+
+def test_levels_are_read_from_names() -> None:
+    assert level_of("part-00000-abc.c000.snappy.parquet") == 0
+    assert level_of("L3-part-00000-abc.c000.zstd.parquet") == 3
+    assert leveled_name("L1-part-0.parquet", 2) == "L2-part-0.parquet"
+    assert leveled_name("part-0.parquet", 1) == "L1-part-0.parquet"
+
+
+def test_a_level_is_merged_with_everything_smaller_once_it_holds_fanin_files() -> None:
+    policy = TierPolicy(fanin=3, max_level=2)
+    files = [FileInfo(f"p{i}", 10) for i in range(2)]
+    assert policy.pick(files, closed=False) is None
+    files.append(FileInfo("p2", 10))
+    pick = policy.pick(files, closed=False)
+    assert pick is not None and pick.level == 1 and set(pick.names) == {"p0", "p1", "p2"} and pick.files == 1
+    ones = [FileInfo(f"L1-{i}", 30) for i in range(3)] + [FileInfo("p9", 10)]
+    pick = policy.pick(ones, closed=False)
+    assert pick.level == 2 and len(pick.names) == 4, "level 1 full: merged with the smaller level-0 file"
+    tops = [FileInfo(f"L2-{i}", 90) for i in range(5)]
+    assert policy.pick(tops, closed=False) is None, "the top level is not rewritten while the day is open"
+
+
+def test_full_files_are_never_rewritten_and_a_closed_day_is_merged_once() -> None:
+    policy = TierPolicy(target_bytes=400, fanin=3)
+    files = [FileInfo("L1-big", 300), FileInfo("L1-a", 50), FileInfo("L1-b", 50), FileInfo("c", 10)]
+    pick = policy.pick(files, closed=True)
+    assert pick is not None and "L1-big" not in pick.names and pick.files == 1
+    assert policy.pick([FileInfo("L1-big", 300), FileInfo("x", 10)], closed=True) is None
+
+
+@pytest.mark.parametrize("fanin,max_level", [(10, 4), (8, 4)])
+def test_a_day_of_two_second_commits_stays_under_50_files_with_bounded_rewrites(fanin: int, max_level: int) -> None:
+    """43,200 commits of 11 KiB, a pass every 15 s: files per partition and how often a row is rewritten."""
+    policy = TierPolicy(fanin=fanin, max_level=max_level)
+    files: dict[str, tuple[int, int]] = {}  # name -> (size, rewrites of its rows)
+    most = worst = 0
+    for t in range(2, 86_400 + 1, 2):
+        files[f"part-{uuid.uuid4().hex}"] = (11 * 1024, 0)
+        if t % 15 < 2:
+            pick = policy.pick([FileInfo(n, s) for n, (s, _) in files.items()], closed=False)
+            if pick is not None:
+                rewrites = max(files[n][1] for n in pick.names) + 1
+                for n in pick.names:
+                    del files[n]
+                for _ in range(pick.files):
+                    files[leveled_name(f"part-{uuid.uuid4().hex}", pick.level)] = (pick.bytes // pick.files, rewrites)
+                worst = max(worst, rewrites)
+        if t > 600:
+            most = max(most, len(files))
+    assert most <= 50, most
+    assert worst <= max_level
+
+
+def test_failures_are_named_by_their_cause() -> None:
+    class SparkError(Exception):
+        pass
+
+    e = SparkError("[TASK_WRITE_FAILED] Task failed while writing rows. SQLSTATE: 58030\n"
+                   "JVM stacktrace:\njava.io.IOException: No space left on device\n\tat ...")
+    assert cause(e) == "disk full"
+    assert describe(e).startswith("disk full: [TASK_WRITE_FAILED]")
+    assert cause(SparkError("java.io.FileNotFoundException: x (File name too long)")) == "name too long"
+    assert cause(SparkError("<_InactiveRpcError: StatusCode.UNAVAILABLE failed to connect")) == "Spark unreachable"
+    wrapped = RuntimeError("write failed")
+    wrapped.__cause__ = PermissionError("[Errno 13] Permission denied: '/x'")
+    assert cause(wrapped) == "permission denied"
+    assert describe(ValueError("something new")) == "something new"
