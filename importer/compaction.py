@@ -60,6 +60,8 @@ from importer.schema import COMPACT_OPTIONS, DATA_COLUMNS, qualified, spark_read
 
 log = logging.getLogger(__name__)
 
+# How long one hold of an importer root's lock may go on swapping partitions.
+SWAP_BUDGET_S = 0.5
 # Merges into one file that share one Spark job.
 MERGES_PER_JOB = 256
 # Where a shared job writes before its files move to their partitions (skipped by readers: `_`).
@@ -272,7 +274,45 @@ def _adopt_output(src: Path, out: Path, level: int) -> None:
 
 
 def finish(spark: Any, database: str, merge: Merge, grace: float = DEFAULT_GRACE_S) -> Compacted:
-    """Check the merge's output row count, then swap it in under the root's lock."""
+    """Check the merge's output, then swap it in under the root's lock."""
+    with root_lock(merge.part.root):
+        return _swap_one(spark, database, merge, grace)
+
+
+def swap_all(spark: Any, database: str, merges: list[Merge],
+             grace: float = DEFAULT_GRACE_S) -> Iterator[tuple[Merge, Compacted | BaseException]]:
+    """Swap every written merge in, root by root, holding each root's lock for about SWAP_BUDGET_S at a time.
+
+    An importer writes back to back under load, and flock is not fair: a compaction that
+    took the lock once per partition could wait behind write after write. So the swaps of
+    one root are taken several to a hold, and a hold ends after about SWAP_BUDGET_S, which
+    is the longest an importer's write waits for compaction.
+    """
+    by_root: dict[Path, list[Merge]] = {}
+    for merge in merges:
+        by_root.setdefault(merge.part.root, []).append(merge)
+    for group in by_root.values():
+        yield from _swap_checked(spark, database, group, grace, budget=SWAP_BUDGET_S)
+
+
+def _swap_checked(spark: Any, database: str, merges: list[Merge], grace: float,
+                  budget: float) -> Iterator[tuple[Merge, Compacted | BaseException]]:
+    todo = list(merges)
+    while todo:
+        with root_lock(todo[0].part.root):
+            held = time.monotonic()
+            while todo:
+                merge = todo.pop(0)
+                try:
+                    yield merge, _swap_one(spark, database, merge, grace)
+                except (CompactionError, OSError) as e:
+                    yield merge, e
+                if time.monotonic() - held >= budget:
+                    break
+
+
+def _swap_one(spark: Any, database: str, merge: Merge, grace: float) -> Compacted:
+    """With the root's lock held: check the output's row count, then swap."""
     started = time.monotonic()
     written = data_files(merge.out)
     rows = _rows(written)
@@ -280,8 +320,7 @@ def finish(spark: Any, database: str, merge: Merge, grace: float = DEFAULT_GRACE
         remove_tree(merge.out)
         raise CompactionError(f"compacting {merge.part.dir}: {merge.rows} rows in, {rows} out; nothing swapped")
     size_before = sum(p.stat().st_size for p in merge.sources)
-    with root_lock(merge.part.root):
-        _swap(spark, database, merge.part, merge.marker, merge.out, {p.name for p in merge.sources}, merge.gen, grace)
+    _swap(spark, database, merge.part, merge.marker, merge.out, {p.name for p in merge.sources}, merge.gen, grace)
     return Compacted(merge.part, len(merge.sources), len(written), rows, size_before,
                      sum(p.stat().st_size for p in written), time.monotonic() - started)
 

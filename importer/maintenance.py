@@ -27,10 +27,10 @@ from importer.compaction import (
     SCRATCH,
     CompactionError,
     compaction_lock,
-    finish,
     is_closed,
     local_partitions,
     plan,
+    swap_all,
     write_merges,
 )
 from importer.tiers import FANIN, MAX_LEVEL, TARGET_BYTES, TierPolicy, level_of
@@ -187,11 +187,9 @@ def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: 
                 merges.append(merge)
         if merges:
             write_merges(spark, merges, table_dir / SCRATCH)
-        for merge in merges:
-            try:
-                done = finish(spark, database, merge, args.compact_grace)
-            except (CompactionError, OSError) as e:
-                _failed(result, merge.part.dir, e)
+        for merge, done in swap_all(spark, database, merges, args.compact_grace):
+            if isinstance(done, BaseException):
+                _failed(result, merge.part.dir, done)
                 continue
             result.compacted += 1
             _count(metrics, merge)

@@ -1,0 +1,178 @@
+"""The table through time: files per partition, write amplification and today's query, through the real mesh.
+
+It starts the mesh as `make up` runs it (benchmarks/e2e.py's `Mesh`: supervisord, the
+repository's supervisord.conf and defaults, spare ports, a temporary data dir). Logjam
+agents (DEALER to the device) then send --rate events/s spread over --app-envs streams
+for --minutes, while the benchmark samples every partition's live files every 30 s. At
+the end it waits until every acknowledged event is queryable and prints, each against its
+target:
+- files per (app_env, date) partition over time, max and median: at most 50 after the
+  first 10 minutes, and not growing with the length of the run;
+- bytes written per byte landed (write amplification): (what the importers wrote + what
+  compaction wrote) / what the importers wrote, from logjam-spark's metrics;
+- the time of `SELECT count(*) FROM logjam.messages WHERE date = current_date()` at the
+  end (best of 3), against 2 s;
+- lost and duplicated events (acknowledged against rows and distinct (device, seq)).
+Usage: python benchmarks/table.py [--minutes 12] [--rate 1000] [--app-envs 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.e2e import Mesh  # noqa: E402
+from importer.compaction import local_partitions  # noqa: E402
+from importer.partition_files import live_files  # noqa: E402
+from importer.tiers import level_of  # noqa: E402
+from logjam.producer import Producer  # noqa: E402
+from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
+
+TARGETS = {"files": 50, "query": 2.0}
+SAMPLE_EVERY = 30.0
+
+
+def body(i: int, app_env: str) -> dict:
+    return {"action": f"Orders#show{i % 7}", "code": 200 if i % 50 else 500, "total_time": (i % 997) / 3.0,
+            "host": f"web-{i % 13}", "request_id": f"{app_env}-{i:012d}", "level": "info",
+            "message": f"GET /orders/{i} completed 200 OK in {(i % 997) / 3.0:.1f}ms",
+            "user": {"id": i % 5000, "plan": ("free", "pro", "team")[i % 3]}}
+
+
+class Sender(threading.Thread):
+    """Logjam agents at a steady rate, round-robin over the streams; counts what the device acknowledged."""
+
+    def __init__(self, endpoint: str, rate: float, app_envs: list[str], stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.endpoint, self.rate, self.app_envs, self.stop = endpoint, rate, app_envs, stop
+        self.acked = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            tick, i = 0.1, 0
+            with Producer(self.endpoint) as p:
+                next_at = time.perf_counter()
+                while not self.stop.is_set():
+                    for _ in range(int(self.rate * tick)):
+                        app_env = self.app_envs[i % len(self.app_envs)]
+                        p.submit(app_env, "logs.rails", body(i, app_env))
+                        i += 1
+                    self.acked += p.flush().accepted
+                    next_at += tick
+                    time.sleep(max(0.0, next_at - time.perf_counter()))
+        except BaseException as e:  # reported by the main thread
+            self.error = e
+
+
+def census(location: str) -> list[tuple[int, int]]:
+    """(live files, highest level) of every partition."""
+    out = []
+    for part in local_partitions(location):
+        live = live_files(part.dir)
+        out.append((len(live), max((level_of(p.name) for p in live), default=0)))
+    return out
+
+
+def metrics(port: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("logjam_compaction_bytes", "logjam_table_importer_bytes", "logjam_compaction_seconds_",
+                            "logjam_compaction_partitions_total")):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def query_seconds(mesh: Mesh) -> float:
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        mesh.spark.sql("SELECT count(*) FROM logjam.messages WHERE date = current_date()").collect()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def run(mesh: Mesh, args: argparse.Namespace) -> int:
+    location = f"{mesh.env['LOGJAM_DATA_DIR']}/warehouse/messages"
+    app_envs = [f"svc{i:03d}-prod" for i in range(args.app_envs)]
+    stop = threading.Event()
+    sender = Sender(f"tcp://127.0.0.1:{mesh.env['LOGJAM_ROUTER_PORT']}", args.rate, app_envs, stop)
+    started = time.monotonic()
+    sender.start()
+    samples: list[tuple[float, int, float, int]] = []
+    while time.monotonic() - started < args.minutes * 60:
+        time.sleep(SAMPLE_EVERY)
+        if sender.error:
+            raise SystemExit(f"sender failed: {sender.error!r}")
+        parts = census(location)
+        files = [f for f, _ in parts] or [0]
+        samples.append((time.monotonic() - started, max(files), statistics.median(files), max(lv for _, lv in parts)))
+        print(f"  {samples[-1][0] / 60:5.1f} min: {len(parts)} partitions, files per partition max {max(files)}, "
+              f"median {statistics.median(files):.0f}, highest level {samples[-1][3]}", flush=True)
+    stop.set()
+    sender.join(60)
+    deadline = time.monotonic() + 300
+    query = "SELECT count(*), count(DISTINCT device, seq) FROM logjam.messages WHERE topic = 'logs.rails'"
+    while (rows := mesh.spark.sql(query).collect()[0])[0] < sender.acked and time.monotonic() < deadline:
+        time.sleep(1)
+    seconds = query_seconds(mesh)
+    m = metrics(mesh.env["LOGJAM_TABLE_METRICS_PORT"])
+    merged_in = m.get('logjam_compaction_bytes_read_total{writer="importer"}', 0.0)
+    landed_bytes = merged_in + m.get("logjam_table_importer_bytes", 0.0)
+    written = landed_bytes + m.get("logjam_compaction_bytes_written_total", 0.0)
+    late = [s for s in samples if s[0] >= 600] or samples
+    worst_late = max(s[1] for s in late)
+    half = len(late) // 2
+    growing = half > 0 and max(s[1] for s in late[half:]) > max(s[1] for s in late[:half]) + 10
+    lost, dup = max(0, sender.acked - int(rows[1])), int(rows[0]) - int(rows[1])
+    print(f"table benchmark: {args.rate:,.0f} ev/s over {args.app_envs} app-envs for {args.minutes:g} min "
+          f"({sender.acked} events acknowledged)")
+    print(f"  files per partition after 10 min (or the whole run if shorter): max {worst_late} "
+          f"({TARGETS['files'] / max(worst_late, 1):.2f}x of the {TARGETS['files']} target); "
+          f"{'GROWING' if growing else 'not growing'} over the second half")
+    print(f"  write amplification: {written / max(landed_bytes, 1):.2f} bytes written per byte landed "
+          f"({landed_bytes / 2**20:.1f} MiB landed by importers, {written / 2**20:.1f} MiB written in all)")
+    passes = m.get("logjam_compaction_seconds_count", 0.0)
+    print(f"  compaction: {passes:.0f} passes, {m.get('logjam_compaction_seconds_sum', 0.0) / max(passes, 1):.1f} s "
+          f"each on average, {m.get('logjam_compaction_partitions_total', 0.0):.0f} merges")
+    print(f"  today's count(*): {seconds:.2f} s ({TARGETS['query'] / seconds:.2f}x of the {TARGETS['query']:g} s target)")
+    print(f"  lost {lost}, duplicated {dup} (rows {int(rows[0])})")
+    ok = worst_late <= TARGETS["files"] and not growing and lost == 0 and dup == 0
+    return 0 if ok else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=12)
+    ap.add_argument("--rate", type=float, default=1000)
+    ap.add_argument("--app-envs", type=int, default=20)
+    ap.add_argument("--keep", action="store_true", help="keep the data dir (logs, table) and print where it is")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="logjam-bench-table-"))
+    started = time.monotonic()
+    mesh = Mesh(base / "data")
+    try:
+        print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
+        return run(mesh, args)
+    finally:
+        mesh.shutdown()
+        if args.keep:
+            print(f"  data kept in {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    # Spark Connect's atexit hook would call the server stopped above and retry for minutes.
+    exit_skipping_atexit(main())
