@@ -136,6 +136,9 @@ class Partitions:
             if not name.exists():
                 replace_file(name, value.encode("utf-8", "surrogateescape"))
 
+    def is_registered(self, spec: PartitionSpec) -> bool:
+        return self._registered.get(spec, -1e18) + self.ttl >= time.monotonic()
+
     def forget(self) -> None:
         self._registered.clear()
 

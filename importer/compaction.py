@@ -41,7 +41,6 @@ import pyarrow.parquet as pq
 from importer.catalog import partition_clause
 from importer.partition_files import (
     COMPACTED_PREFIX,
-    MARKER,
     Marker,
     data_files,
     importer_roots,
@@ -168,12 +167,22 @@ def recover(spark: Any, database: str, part: PartitionRef, grace: float = DEFAUL
     if marker is not None and marker.state == "swapping":
         with root_lock(part.root):
             settle_locked(spark, database, part, grace)
-    marker = read_marker(part.dir)
+    if not _unnamed_dirs(part.dir):
+        return
+    # Confirmed under the lock: a running compaction names its new directory in the marker under it.
+    with root_lock(part.root):
+        marker = read_marker(part.dir)
+        keep = {marker.location, *marker.retire_dirs} if marker else set()
+        for sub in part.dir.glob(f"{COMPACTED_PREFIX}*"):
+            if sub.is_dir() and sub.name not in keep:
+                log.info("removing %s, left by a compaction that did not finish", sub)
+                remove_tree(sub)
+
+
+def _unnamed_dirs(pdir: Path) -> bool:
+    marker = read_marker(pdir)
     keep = {marker.location, *marker.retire_dirs} if marker else set()
-    for sub in part.dir.glob(f"{COMPACTED_PREFIX}*"):
-        if sub.is_dir() and sub.name not in keep:
-            log.info("removing %s, left by a compaction that did not finish", sub)
-            remove_tree(sub)
+    return any(sub.name not in keep for sub in pdir.glob(f"{COMPACTED_PREFIX}*"))
 
 
 def _settle_swap(spark: Any, database: str, part: PartitionRef, marker: Marker, grace: float) -> None:
@@ -211,7 +220,8 @@ def plan(spark: Any, database: str, part: PartitionRef, policy: TierPolicy, *, c
          grace: float = DEFAULT_GRACE_S) -> Merge | None:
     """Settle what a killed run left, then the merge the tier policy wants for this partition (None: none)."""
     recover(spark, database, part, grace)
-    if (part.dir / MARKER).exists():
+    marker = read_marker(part.dir)
+    if marker is not None and strays(part.dir, marker):  # an importer died between its write and the move
         with root_lock(part.root):
             relocate_strays(part.dir)
     marker = read_marker(part.dir)

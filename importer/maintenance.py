@@ -158,8 +158,9 @@ def maintenance_pass(spark: Any, database: str, args: argparse.Namespace, metric
     if compact:
         _compact_all(spark, database, args, location, table_dir, result, metrics,
                      args.compact_older_than if older_than is None else older_than)
-    for part in local_partitions(location):
-        result.freed += delete_retired(part.dir)
+    with compaction_lock(table_dir) as mine:
+        for part in local_partitions(location) if mine else ():
+            result.freed += delete_retired(part.dir)
     if metrics:
         metrics.census(location)
     return result
@@ -185,8 +186,10 @@ def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: 
                 continue
             if merge is not None:
                 merges.append(merge)
+        planned = time.monotonic()
         if merges:
             write_merges(spark, merges, table_dir / SCRATCH)
+        written = time.monotonic()
         for merge, done in swap_all(spark, database, merges, args.compact_grace):
             if isinstance(done, BaseException):
                 _failed(result, merge.part.dir, done)
@@ -199,8 +202,9 @@ def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: 
                     done.files_before, done.files_after, merge.pick.level, done.rows,
                     done.bytes_before / 2**20, done.bytes_after / 2**20)
         if merges:
-            log.info("compaction pass: %d merges (%d failed) in %.1fs", result.compacted, result.failed,
-                     time.monotonic() - started)
+            log.info("compaction pass: %d merges (%d failed) in %.1fs (plan %.1fs, Spark %.1fs, swaps %.1fs)",
+                     result.compacted, result.failed, time.monotonic() - started, planned - started,
+                     written - planned, time.monotonic() - written)
     if metrics:
         metrics.compaction_runs.inc()
         metrics.compacted.inc(result.compacted)

@@ -157,7 +157,10 @@ def relocate_strays(partition_dir: Path) -> int:
 
 
 def delete_retired(partition_dir: Path, now: float | None = None) -> int:
-    """Delete what finished compactions replaced once each entry's grace period is over. Returns bytes freed."""
+    """Delete what finished compactions replaced once each entry's grace period is over. Returns bytes freed.
+
+    The caller holds the table's compaction lock (importer/compaction.py `compaction_lock`).
+    """
     marker = read_marker(partition_dir)
     now = time.time() if now is None else now
     if marker is None or marker.state != "done":
@@ -176,11 +179,11 @@ def delete_retired(partition_dir: Path, now: float | None = None) -> int:
     for name in dirs:
         freed += remove_tree(partition_dir / name)
         del marker.retire_dirs[name]
-    # Under the lock: a compaction's swap of this partition rewrites the marker too.
-    with root_lock(partition_dir.parent.parent):
-        current = read_marker(partition_dir)
-        if current is not None and current.state == "done" and current.gen == marker.gen:
-            write_marker(partition_dir, marker)
+    # The caller holds the table's compaction lock, so no swap rewrites the marker meanwhile;
+    # an importer only rewrites one that says "swapping".
+    current = read_marker(partition_dir)
+    if current is not None and current.state == "done" and current.gen == marker.gen:
+        write_marker(partition_dir, marker)
     return freed
 
 

@@ -52,6 +52,9 @@ from importer.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_str
 log = logging.getLogger(__name__)
 
 _SORT = [("app_env", "ascending"), ("date", "ascending")]
+# New partitions one Spark job registers at most (about 2-3 ms each): a burst of new streams
+# is written as several jobs, so the streams that already flow are never held up for long.
+NEW_PARTITIONS_PER_JOB = 1000
 # Row groups per staged file: Spark splits a file only between row groups.
 _STAGED_ROW_GROUPS = 16
 
@@ -98,15 +101,30 @@ class TableWriter:
             self.staging = None
         return ok
 
-    def write(self, spark: Any, table: pa.Table, quarantine: frozenset[tuple[str, str]] = frozenset()) -> None:
-        """Write one batch whole; rows of the (app_env, date) pairs in `quarantine` go to the quarantine partition."""
+    def write(self, spark: Any, table: pa.Table, quarantine: frozenset[tuple[str, str]] = frozenset(),
+              retry: bool = False) -> None:
+        """Write one batch; rows of the (app_env, date) pairs in `quarantine` go to the quarantine partition.
+
+        A batch that needs more than NEW_PARTITIONS_PER_JOB new partitions (a burst of new
+        streams) is written as several jobs, each a prefix of the rest in arrival order, so
+        that registering thousands of partitions never holds up the streams that already
+        flow for more than a job's time. A prefix in arrival order is a prefix of every
+        device's sequence, so the table stays a prefix of what was received even if the
+        importer dies between two of them; on a retry, a piece already in the table is skipped.
+        """
         if not self._map_loaded:
             self.map.load(spark, self.database)
             self._map_loaded = True
         if quarantine:
             table = quarantined(table, quarantine)
-        table, specs = self.map.apply(table)
-        table = table.sort_by(_SORT)
+        pieces = self._pieces(table)
+        for piece in pieces:
+            if retry and len(pieces) > 1 and self.landed(spark, piece):
+                continue
+            mapped, specs = self.map.apply(piece)
+            self._commit(spark, mapped.sort_by(_SORT), specs)
+
+    def _commit(self, spark: Any, table: pa.Table, specs: list[tuple[str, str]]) -> None:
         self.partitions.register(spark, specs)
         # The lock keeps compaction from swapping a partition between this job's commit and
         # the move of its files into a compacted partition's location (partition_files.py).
@@ -114,6 +132,24 @@ class TableWriter:
             self._write(spark, table)
             if self.root_dir is not None:
                 self._follow_compaction(spark, specs)
+
+    def _pieces(self, table: pa.Table) -> list[pa.Table]:
+        pairs = partitions_of(table)
+        new = {p for p in pairs if not self.partitions.is_registered((self.map.value(*p), p[1]))}
+        if len(new) <= NEW_PARTITIONS_PER_JOB:
+            return [table]
+        cuts, seen = [], set()
+        for i, key in enumerate(zip(table.column("app_env").to_pylist(),
+                                    (d.isoformat() for d in table.column("date").to_pylist()))):
+            if key in new and key not in seen:
+                if len(seen) == NEW_PARTITIONS_PER_JOB:
+                    cuts.append(i)
+                    seen.clear()
+                seen.add(key)
+        bounds = [0, *cuts, table.num_rows]
+        log.info("a batch of %d rows needs %d new partitions: writing it as %d jobs", table.num_rows, len(new),
+                 len(bounds) - 1)
+        return [table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
 
     def isolate(self, spark: Any, table: pa.Table) -> frozenset[tuple[str, str]]:
         """The (app_env, date) pairs whose rows fail by themselves while others succeed; empty when the
@@ -192,13 +228,18 @@ class TableWriter:
             return False
         rows = table.filter(tracked)
         last = rows.slice(rows.num_rows - 1, 1).to_pylist()[0]
-        # Wherever its partition is: its own, a stand-in, or the quarantine.
+        # In its partition (its own, or a stand-in) or in the quarantine, named so that both are pruned to.
+        day = last["date"].isoformat()
+        values = {self.map.value(last["app_env"], day), QUARANTINE}
         found = spark.sql(
             f"SELECT 1 FROM {qualified(self.database)} WHERE importer = {self.importer} "
-            f"AND (app_env = '{sql_string(last['app_env'])}' OR original_app_env = '{sql_string(last['app_env'])}') "
-            f"AND date = DATE'{last['date'].isoformat()}' "
+            f"AND app_env IN ({', '.join(repr_sql(v) for v in sorted(values))}) AND date = DATE'{day}' "
             f"AND device = {int(last['device'])} AND seq = {int(last['seq'])} LIMIT 1").collect()
         return bool(found)
+
+
+def repr_sql(text: str) -> str:
+    return f"'{sql_string(text)}'"
 
 
 def quarantined(table: pa.Table, pairs: frozenset[tuple[str, str]]) -> pa.Table:
@@ -332,7 +373,7 @@ class BackgroundWriter:
                 if attempt > 1 and self.writer.landed(self.spark, batch.table):
                     log.warning("a batch of %d rows had committed although its write reported an error", batch.rows)
                 else:
-                    self.writer.write(self.spark, batch.table, quarantine)
+                    self.writer.write(self.spark, batch.table, quarantine, retry=attempt > 1)
             except Exception as e:  # Spark reports server, network and data problems with many types
                 self.started = None
                 self._failed(e)

@@ -170,3 +170,32 @@ def test_writes_failing_for_every_stream_turn_healthz_unhealthy_and_land_once_me
 def test_directory_names_stay_within_the_limit() -> None:
     for name in NAMES:
         assert len(Path(partition_dir("/r", name, "2026-01-01")).parent.name.encode()) <= MAX_DIR_NAME
+
+
+@pytest.mark.timeout(300)
+def test_a_burst_of_new_streams_is_written_in_prefix_pieces_and_a_retry_skips_what_landed(spark_server, tmp_path,
+                                                                                         monkeypatch) -> None:
+    from importer import write
+    from importer.decode import BatchBuilder
+    from logjam.message import Message
+    from tests.test_compaction import Table
+
+    monkeypatch.setattr(write, "NEW_PARTITIONS_PER_JOB", 10)
+    t = Table(spark_server, tmp_path / "wh")
+    b = BatchBuilder()
+    for seq in range(1, 101):  # 25 new streams, interleaved, 4 rows each
+        b.add(Message.build(f"burst{seq % 25}-prod", "logs", {"message": f"m{seq}"}, seq=seq, device=5),
+              1_763_700_000_000_000)
+    batch = b.build()
+    pieces = t.writer._pieces(batch)
+    assert len(pieces) == 3 and sum(p.num_rows for p in pieces) == 100
+    assert [p.column("seq").to_pylist() for p in pieces] == [
+        list(range(a, a + p.num_rows)) for a, p in zip([1, 1 + pieces[0].num_rows,
+                                                        1 + pieces[0].num_rows + pieces[1].num_rows], pieces)]
+    # The first piece lands, then the write "fails": the retry must write only the rest.
+    mapped, specs = t.writer.map.apply(pieces[0])
+    t.writer._commit(t.spark, mapped, specs)
+    t.writer.partitions.forget()
+    t.writer.write(t.spark, batch, retry=True)
+    row = t.spark.sql(f"SELECT count(*), count(DISTINCT seq) FROM {t.database}.messages").collect()[0]
+    assert (row[0], row[1]) == (100, 100)
