@@ -138,14 +138,15 @@ class TableWriter:
         new = {p for p in pairs if not self.partitions.is_registered((self.map.value(*p), p[1]))}
         if len(new) <= NEW_PARTITIONS_PER_JOB:
             return [table]
-        cuts, seen = [], set()
+        cuts, seen, in_piece = [], set(), 0
         for i, key in enumerate(zip(table.column("app_env").to_pylist(),
                                     (d.isoformat() for d in table.column("date").to_pylist()))):
             if key in new and key not in seen:
-                if len(seen) == NEW_PARTITIONS_PER_JOB:
+                if in_piece == NEW_PARTITIONS_PER_JOB:
                     cuts.append(i)
-                    seen.clear()
+                    in_piece = 0
                 seen.add(key)
+                in_piece += 1
         bounds = [0, *cuts, table.num_rows]
         log.info("a batch of %d rows needs %d new partitions: writing it as %d jobs", table.num_rows, len(new),
                  len(bounds) - 1)
