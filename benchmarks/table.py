@@ -13,7 +13,11 @@ target:
 - the time of `SELECT count(*) FROM logjam.messages WHERE date = current_date()` at the
   end (best of 3), against 2 s;
 - lost and duplicated events (acknowledged against rows and distinct (device, seq)).
-Usage: python benchmarks/table.py [--minutes 12] [--rate 1000] [--app-envs 20]
+With --burst N it measures a burst of new streams instead: one stream flows at 100 ev/s,
+then 2 events go to each of N new app-envs; it prints how long until all 2N rows are
+queryable (target: 5 minutes for 30,000) and the flowing stream's worst lag from send to
+queryable meanwhile (target: 10 s).
+Usage: python benchmarks/table.py [--minutes 12] [--rate 1000] [--app-envs 20] [--burst 30000]
 """
 
 from __future__ import annotations
@@ -152,11 +156,50 @@ def run(mesh: Mesh, args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def burst(mesh: Mesh, args: argparse.Namespace) -> int:
+    router = f"tcp://127.0.0.1:{mesh.env['LOGJAM_ROUTER_PORT']}"
+    stop = threading.Event()
+    flow = Sender(router, 100, ["flow-prod"], stop)
+    flow.start()
+    lag_query = "SELECT max(created_at) FROM logjam.messages WHERE app_env = 'flow-prod'"
+    time.sleep(15)
+    started = time.monotonic()
+    with Producer(router) as p:
+        for i in range(args.burst):
+            for k in range(2):
+                p.submit(f"new{i:06d}-prod", "logs.burst", body(k, "burst"))
+            if i % 500 == 499:
+                p.flush()
+        p.flush()
+    sent = time.monotonic() - started
+    worst, landed, deadline = 0.0, 0, started + 900
+    while time.monotonic() < deadline:
+        newest = mesh.spark.sql(lag_query).collect()[0][0]
+        if newest is not None:
+            worst = max(worst, time.time() - newest.timestamp())
+        landed = mesh.spark.sql("SELECT count(*) FROM logjam.messages WHERE topic = 'logs.burst'").collect()[0][0]
+        if landed >= 2 * args.burst:
+            break
+        time.sleep(2)
+    took = time.monotonic() - started
+    stop.set()
+    flow.join(30)
+    parts = len(mesh.spark.sql("SHOW PARTITIONS logjam.messages").collect())
+    print(f"burst benchmark: 2 events to each of {args.burst:,} new app-envs (sent in {sent:.0f} s), one stream "
+          f"flowing at 100 ev/s")
+    print(f"  {landed:,} of {2 * args.burst:,} rows queryable after {took:.0f} s "
+          f"({300 / took:.2f}x of the 300 s target); {parts:,} partitions in the catalog")
+    print(f"  the flowing stream's worst lag, sent -> queryable: {worst:.1f} s ({10 / max(worst, 1e-9):.2f}x of the "
+          f"10 s target)")
+    return 0 if landed >= 2 * args.burst else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=12)
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--app-envs", type=int, default=20)
+    ap.add_argument("--burst", type=int, default=0, metavar="N", help="measure a burst of N new streams instead")
     ap.add_argument("--keep", action="store_true", help="keep the data dir (logs, table) and print where it is")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-table-"))
@@ -164,7 +207,7 @@ def main() -> int:
     mesh = Mesh(base / "data")
     try:
         print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
-        return run(mesh, args)
+        return burst(mesh, args) if args.burst else run(mesh, args)
     finally:
         mesh.shutdown()
         if args.keep:
