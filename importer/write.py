@@ -75,6 +75,7 @@ class TableWriter:
         self.partitions = Partitions(database, importer, self.root)
         self.map = partition_map or PartitionMap(importer)
         self._map_loaded = False
+        self.progress: Callable[[], None] = lambda: None  # called as each Spark job of a write starts
         staged = local_path(staging_dir(location, importer)) if staging else None
         self.staging: Path | None = staged
 
@@ -119,6 +120,7 @@ class TableWriter:
             table = quarantined(table, quarantine)
         pieces = self._pieces(table)
         for piece in pieces:
+            self.progress()  # each piece is a Spark job of its own for --write-timeout
             if retry and len(pieces) > 1 and self.landed(spark, piece):
                 continue
             mapped, specs = self.map.apply(piece)
@@ -293,6 +295,7 @@ class BackgroundWriter:
         self.started: float | None = None  # monotonic start of the Spark call under way
         self._lock = threading.Lock()
         self.done = threading.Event()  # set whenever a batch finishes (the main loop waits on it)
+        writer.progress = self._progress
         self._thread = threading.Thread(target=self._run, name="spark-writer", daemon=True)
         self._thread.start()
 
@@ -321,6 +324,10 @@ class BackgroundWriter:
                 return True
             except queue.Full:
                 continue
+
+    def _progress(self) -> None:
+        if self.started is not None:
+            self.started = time.monotonic()
 
     def interrupt(self) -> None:
         """Cancel the Spark operation under way (from another thread): it then fails and is retried."""
