@@ -118,9 +118,10 @@ def spark_conf(args: argparse.Namespace, warehouse: str, metastore: Path) -> dic
     if LOCALFS_JAR.exists():
         # Added to what --conf gave, never replacing it: fs.file.impl needs the class everywhere.
         # The driver's own classpath, so every class loader (the metastore's too) sees it;
-        # spark.jars ships it to a cluster's executors.
+        # spark.jars ships it to a cluster's executors (local[*] runs tasks in the driver).
         _append(conf, "spark.driver.extraClassPath", str(LOCALFS_JAR), os.pathsep)
-        _append(conf, "spark.jars", str(LOCALFS_JAR), ",")
+        if not args.master.startswith("local"):
+            _append(conf, "spark.jars", str(LOCALFS_JAR), ",")
     return conf
 
 
