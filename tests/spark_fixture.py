@@ -26,7 +26,7 @@ class SparkServer:
     port: int
     warehouse: Path
     log: Path
-    forks: Path  # one line per wrapped command the server ran: "<name> <args>"
+    forks: Path | None = None  # the session server's: one line per wrapped command it ran, "<name> <args>"
     _session: Any = field(default=None, repr=False)
 
     @property

@@ -34,6 +34,7 @@ def shim(spark_server):
 
 
 def forks_touching(spark_server, path: Path) -> list[str]:
+    assert spark_server.forks is not None, "the session's server runs with the fork witnesses"
     return [line for line in spark_server.forks.read_text().splitlines() if str(path) in line]
 
 
