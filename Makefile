@@ -14,13 +14,17 @@ PYTEST_ARGS ?=
 # The C modules (native/) are built by the install below, never when a process starts.
 # LOGJAM_NATIVE_WERROR=1 in the environment (CI sets it) makes every warning an error.
 NATIVE_SOURCES := setup.py logjam/constants.py $(wildcard native/*.c native/*.h native/*.py)
+# logjam-spark's Hadoop local filesystem (native/jar.py): compiled against the installed pyspark,
+# so after pip install.
+JAVA_SOURCES := $(shell find native/java -name '*.java' 2>/dev/null)
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml $(NATIVE_SOURCES)
+$(STAMP): pyproject.toml $(NATIVE_SOURCES) $(JAVA_SOURCES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/python native/jar.py
 	@touch $@
 
 # Spark 4 needs Java 17 or newer; say so plainly instead of failing deep inside py4j.
@@ -69,3 +73,4 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules .pytest_cache .hypothesis native/generated build
 	find logjam devices bridges -name '_native*.so' -delete
+	rm -rf importer/jars

@@ -40,6 +40,10 @@ CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+# Hadoop's local filesystem without its `chmod`/`ls` child processes (native/java/, built by
+# native/jar.py at install; docs/operations.md says why). Without the jar, Hadoop's own runs.
+LOCALFS_JAR = Path(__file__).with_name("jars") / "logjam-localfs.jar"
+LOCALFS_CLASS = "logjam.fs.NioRawLocalFileSystem"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -104,12 +108,33 @@ def spark_conf(args: argparse.Namespace, warehouse: str, metastore: Path) -> dic
         conf["spark.driver.host"] = driver_address(args.master)
     else:
         conf["spark.driver.bindAddress"] = conf["spark.driver.host"] = args.bind
+    if LOCALFS_JAR.exists():
+        conf["spark.hadoop.fs.file.impl"] = LOCALFS_CLASS
     for item in args.conf or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise SystemExit(f"logjam-spark: --conf wants KEY=VALUE, got {item!r}")
         conf[key.strip()] = value
+    if LOCALFS_JAR.exists():
+        # Added to what --conf gave, never replacing it: fs.file.impl needs the class everywhere.
+        # The driver's own classpath, so every class loader (the metastore's too) sees it;
+        # spark.jars ships it to a cluster's executors (local[*] runs tasks in the driver).
+        _append(conf, "spark.driver.extraClassPath", str(LOCALFS_JAR), os.pathsep)
+        if not args.master.startswith("local"):
+            _append(conf, "spark.jars", str(LOCALFS_JAR), ",")
     return conf
+
+
+def _append(conf: dict[str, str], key: str, value: str, sep: str) -> None:
+    conf[key] = f"{conf[key]}{sep}{value}" if conf.get(key) else value
+
+
+def localfs_note() -> str | None:
+    """One line for the log when the filesystem jar is missing, else None."""
+    if LOCALFS_JAR.exists():
+        return None
+    return (f"{LOCALFS_JAR} is missing (built by `make venv` / `python native/jar.py`): using Hadoop's "
+            "local filesystem, which forks a chmod for every new directory")
 
 
 def command(args: argparse.Namespace, warehouse: str, metastore: Path) -> list[str]:
@@ -196,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
     metastore = Path(args.metastore).resolve() if args.metastore else data_dir() / "metastore"
     metastore.mkdir(parents=True, exist_ok=True)
     argv = command(args, warehouse, metastore)
+    if (note := localfs_note()) is not None:
+        log.warning("%s", note)
     env = dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_NO_DAEMONIZE="1",
                PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
     if args.bind not in ("0.0.0.0", "::"):

@@ -2,11 +2,14 @@
 
 JVM start-ups are expensive on a small machine, so every test in a session shares this
 one server and connects to it as a thin client. Its warehouse is a temporary directory.
+The server runs with `chmod`, `ls`, `stat`, `readlink` and `chown` wrapped so that each run
+is logged (`SparkServer.forks`): tests/test_localfs.py checks Hadoop forks none of them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +26,7 @@ class SparkServer:
     port: int
     warehouse: Path
     log: Path
+    forks: Path | None = None  # the session server's: one line per wrapped command it ran, "<name> <args>"
     _session: Any = field(default=None, repr=False)
 
     @property
@@ -47,14 +51,16 @@ def spark_server(tmp_path_factory) -> SparkServer:
     warehouse = base / "warehouse"
     log = base / "logjam-spark.log"
     port = free_port()
+    forks = base / "forks.log"
+    env = dict(os.environ, PATH=f"{_fork_witnesses(base / 'witness', forks)}{os.pathsep}{os.environ['PATH']}")
     with open(log, "w") as out:
         # A file, not a pipe: a JVM that fills an unread pipe stops dead.
         proc = subprocess.Popen(
             [command("logjam-spark"), "--port", str(port), "--warehouse", str(warehouse), "--jdbc-port", "0",
              "--metastore", str(base / "metastore")],
-            stdout=out, stderr=subprocess.STDOUT, cwd=base,
+            stdout=out, stderr=subprocess.STDOUT, cwd=base, env=env,
         )
-    server = SparkServer(proc, port, warehouse, log)
+    server = SparkServer(proc, port, warehouse, log, forks)
 
     def ready() -> bool:
         if proc.poll() is not None:
@@ -72,6 +78,21 @@ def spark_server(tmp_path_factory) -> SparkServer:
                 pass
         code = stop(proc, timeout=60)
         assert code == 0, f"logjam-spark exited with {code}:\n{server.output()}"
+
+
+WITNESSED = ("chmod", "chown", "ls", "stat", "readlink")
+
+
+def _fork_witnesses(directory: Path, log: Path) -> Path:
+    """A directory of scripts, first on PATH, that log their name and arguments and run the real command."""
+    directory.mkdir()
+    log.touch()
+    for name in WITNESSED:
+        script = directory / name
+        script.write_text(f'#!/bin/sh\necho "{name} $*" >> "{log}"\n'
+                          f'PATH="${{PATH#{directory}{os.pathsep}}}" exec {name} "$@"\n')
+        script.chmod(0o755)
+    return directory
 
 
 def database_for(warehouse: Path) -> str:
