@@ -54,6 +54,9 @@ def add_maintenance_flags(p: argparse.ArgumentParser) -> None:
                    help=f"while a day is open, merge N files of one level into one of the next (default {FANIN})")
     p.add_argument("--compact-max-level", type=int, default=MAX_LEVEL, metavar="N",
                    help=f"while a day is open, rewrite a row at most N times (default {MAX_LEVEL})")
+    p.add_argument("--compact-throughput", type=float, default=4.0, metavar="MIB_PER_S",
+                   help="bytes compaction may rewrite a second, on average, so that it never takes the cores "
+                        "the importers need (default 4 MiB/s; 0: no limit)")
     p.add_argument("--compact-older-than", type=float, default=3600.0, metavar="SECONDS",
                    help="a day is closed this long after it ended: its small files are merged into "
                         "--compact-target-bytes files once (default 3600)")
@@ -140,7 +143,8 @@ class PassResult:
 
 
 def maintenance_pass(spark: Any, database: str, args: argparse.Namespace, metrics: TableMetrics | None = None,
-                     *, compact: bool = True, older_than: float | None = None, retention: bool = True) -> PassResult:
+                     *, compact: bool = True, older_than: float | None = None, retention: bool = True,
+                     throttle: Throttle | None = None) -> PassResult:
     """One pass of retention, compaction and cleanup over the table. Returns counts."""
     location = table_location(spark, database)
     table_dir = local_path(location)
@@ -157,7 +161,7 @@ def maintenance_pass(spark: Any, database: str, args: argparse.Namespace, metric
             metrics.retention_bytes.inc(gone.bytes)
     if compact:
         _compact_all(spark, database, args, location, table_dir, result, metrics,
-                     args.compact_older_than if older_than is None else older_than)
+                     args.compact_older_than if older_than is None else older_than, throttle)
     with compaction_lock(table_dir) as mine:
         for part in local_partitions(location) if mine else ():
             result.freed += delete_retired(part.dir)
@@ -166,8 +170,37 @@ def maintenance_pass(spark: Any, database: str, args: argparse.Namespace, metric
     return result
 
 
+class Throttle:
+    """Compaction's share of the machine: at most `rate` bytes of input a second, on average.
+
+    Rewriting files takes the same cores the importers' writes need; at a high ingest rate
+    an unbounded compaction would slow what it compacts. Like Cassandra's
+    compaction_throughput, merges are admitted while the allowance is positive, smallest
+    first (the most files gone per byte rewritten); a merge may overdraw it, and the debt is
+    paid before the next. Files that wait are merged when the load lets up.
+    """
+
+    def __init__(self, rate: float, burst: float = 64 * 2**20) -> None:
+        self.rate, self.burst = rate, burst
+        self.allowance = burst
+        self._at = time.monotonic()
+
+    def admit(self, merges: list[Any]) -> list[Any]:
+        now = time.monotonic()
+        self.allowance = min(self.burst, self.allowance + (now - self._at) * self.rate)
+        self._at = now
+        admitted = []
+        for merge in sorted(merges, key=lambda m: m.pick.bytes):
+            if self.allowance <= 0:
+                break
+            admitted.append(merge)
+            self.allowance -= merge.pick.bytes
+        return admitted
+
+
 def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: str, table_dir: Any,
-                 result: PassResult, metrics: TableMetrics | None, older_than: float) -> None:
+                 result: PassResult, metrics: TableMetrics | None, older_than: float,
+                 throttle: Throttle | None = None) -> None:
     started = time.monotonic()
     policy = TierPolicy(target_bytes=args.compact_target_bytes, fanin=getattr(args, "compact_fanin", FANIN),
                         max_level=getattr(args, "compact_max_level", MAX_LEVEL))
@@ -186,6 +219,7 @@ def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: 
                 continue
             if merge is not None:
                 merges.append(merge)
+        merges = throttle.admit(merges) if throttle is not None else merges
         planned = time.monotonic()
         if merges:
             write_merges(spark, merges, table_dir / SCRATCH)
@@ -234,6 +268,8 @@ def run_maintenance(spark: Any, args: argparse.Namespace, stopping: threading.Ev
     """Compaction passes every --compact-interval seconds, retention every --maintenance-interval, until stopping."""
     location = None
     next_retention = 0.0
+    rate = getattr(args, "compact_throughput", 0.0)
+    throttle = Throttle(rate * 2**20) if rate > 0 else None
     interval = args.compact_interval if args.compact else args.maintenance_interval
     while not stopping.is_set():
         now = time.monotonic()
@@ -242,7 +278,8 @@ def run_maintenance(spark: Any, args: argparse.Namespace, stopping: threading.Ev
         if retention:
             next_retention = now + args.maintenance_interval
         try:
-            maintenance_pass(spark, args.database, args, metrics, compact=args.compact, retention=retention)
+            maintenance_pass(spark, args.database, args, metrics, compact=args.compact, retention=retention,
+                             throttle=throttle)
             location = table_location(spark, args.database)
         except Exception as e:  # a failed pass (Spark restarting, a query error) must not end the schedule
             log.warning("maintenance pass failed: %s", first_line(e))

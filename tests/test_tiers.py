@@ -76,3 +76,18 @@ def test_failures_are_named_by_their_cause() -> None:
     wrapped.__cause__ = PermissionError("[Errno 13] Permission denied: '/x'")
     assert cause(wrapped) == "permission denied"
     assert describe(ValueError("something new")) == "something new"
+
+
+def test_the_throttle_admits_the_smallest_merges_first_and_makes_a_big_one_wait_for_its_debt() -> None:
+    from types import SimpleNamespace
+
+    from importer.maintenance import Throttle
+
+    def merge(size: int) -> SimpleNamespace:
+        return SimpleNamespace(pick=SimpleNamespace(bytes=size))
+
+    throttle = Throttle(rate=1.0, burst=100)  # 1 byte a second: no refill within the test
+    small, big, other = merge(10), merge(500), merge(20)
+    assert throttle.admit([big, small, other]) == [small, other, big], "a positive allowance may be overdrawn"
+    assert throttle.allowance < 0
+    assert throttle.admit([merge(1)]) == [], "the debt is paid before the next merge"
