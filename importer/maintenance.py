@@ -34,7 +34,7 @@ from importer.compaction import (
     write_merges,
 )
 from importer.tiers import FANIN, MAX_LEVEL, TARGET_BYTES, TierPolicy, level_of
-from importer.partition_files import data_files, delete_retired, live_files, remove_tree
+from importer.partition_files import delete_retired, live_files, remove_tree
 from importer.paths import local_path
 from importer.retention import expire
 from importer.session import first_line
@@ -229,7 +229,7 @@ def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: 
                 _failed(result, merge.part.dir, done)
                 continue
             result.compacted += 1
-            _count(metrics, merge)
+            _count(metrics, merge, done)
             log.log(logging.INFO if merge.pick.level > policy.max_level else logging.DEBUG,
                     "compacted importer=%d app_env=%s date=%s: %d files -> %d (level %d), %d rows, "
                     "%.2f -> %.2f MiB", merge.part.importer, merge.part.app_env, merge.part.date,
@@ -251,7 +251,7 @@ def _failed(result: PassResult, where: Any, e: BaseException) -> None:
     log.error("compacting %s failed: %s", where, first_line(e))
 
 
-def _count(metrics: TableMetrics | None, merge: Any) -> None:
+def _count(metrics: TableMetrics | None, merge: Any, done: Any) -> None:
     """Bytes in and out, the importers' own files apart: write amplification is out over what they wrote."""
     if metrics is None:
         return
@@ -259,8 +259,7 @@ def _count(metrics: TableMetrics | None, merge: Any) -> None:
         with contextlib.suppress(FileNotFoundError):
             kind = "importer" if level_of(path.name) == 0 else "compaction"
             metrics.bytes_read.labels(kind).inc(path.stat().st_size)
-    for path in data_files(merge.out):
-        metrics.bytes_written.inc(path.stat().st_size)
+    metrics.bytes_written.inc(done.bytes_after)  # the merged files only, not the links to the files kept
 
 
 def run_maintenance(spark: Any, args: argparse.Namespace, stopping: threading.Event,
