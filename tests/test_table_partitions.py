@@ -199,3 +199,30 @@ def test_a_burst_of_new_streams_is_written_in_prefix_pieces_and_a_retry_skips_wh
     t.writer.write(t.spark, batch, retry=True)
     row = t.spark.sql(f"SELECT count(*), count(DISTINCT seq) FROM {t.database}.messages").collect()[0]
     assert (row[0], row[1]) == (100, 100)
+
+
+@pytest.mark.timeout(420)
+def test_a_full_warehouse_disk_is_named_in_the_log_and_healthz_and_nothing_is_lost(device, spark_server,
+                                                                                  tmp_path) -> None:
+    from tests.disk_support import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", "64m") as disk:
+        warehouse = disk / "wh"
+        imp = Importer(device, spark_server.url, "--flush-interval", "0.5", "--write-timeout", "30",
+                       "--no-staging", warehouse=warehouse, state_dir=tmp_path / "state")
+        try:
+            imp.wait_ready(device)
+            df = table(spark_server, warehouse)
+            wait_for(lambda: df.where("app_env = 'probe-ready'").count() > 0, timeout=60, what="the probe rows")
+            filler = fill(disk, 0)
+            total = sent_rows(device, ["full-prod"], 200)
+            status, doc = wait_for(lambda: (r := healthz(imp.metrics_port))[0] == 503 and r, timeout=60,
+                                   what="/healthz to say the writes fail")
+            assert "disk full" in doc["checks"]["writes"]["detail"], doc
+            filler.unlink()
+            wait_for(lambda: df.where("app_env = 'full-prod'").count() >= total, timeout=120, interval=1,
+                     what="the rows once there is room")
+            assert df.where("app_env = 'full-prod'").count() == total
+        finally:
+            assert imp.stop() == 0, imp.output()
+    assert "disk full: " in imp.output()
