@@ -32,6 +32,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from bridges.host.native_link import ACCEPTED, OK, UNEXPECTED, NativeWire, PyWire, wire
+from logjam.curve import ClientKey, secure
 from logjam.errors import DeviceRejected
 from logjam.message import Message, MessageBatch
 
@@ -73,8 +74,9 @@ class _Endpoint:
     """One device: a DEALER socket, what it sent (awaiting replies) and what waits to be sent."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, sndhwm: int, loop: asyncio.AbstractEventLoop,
-                 wire_: NativeWire | PyWire) -> None:
+                 wire_: NativeWire | PyWire, curve: ClientKey | None = None) -> None:
         self.ctx = ctx
+        self.curve = curve
         self.endpoint = endpoint
         self.sndhwm = sndhwm
         self.loop = loop
@@ -86,7 +88,7 @@ class _Endpoint:
         self._open()
 
     def _open(self) -> None:
-        sock = self.ctx.socket(zmq.DEALER)
+        sock = secure(self.ctx.socket(zmq.DEALER), self.curve)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.sndhwm)
         sock.setsockopt(zmq.RCVHWM, 0)
@@ -211,12 +213,13 @@ class _Endpoint:
 
 class DeviceLink:
     def __init__(self, endpoints: Sequence[str], *, max_inflight: int = 20_000, sndhwm: int = 100_000,
-                 native: bool = True) -> None:
+                 native: bool = True, curve: ClientKey | None = None) -> None:
         if not endpoints:
             raise ValueError("at least one device endpoint is required")
         self._endpoint_names = list(endpoints)
         self._sndhwm = sndhwm
         self._native = native
+        self._curve = curve  # None: plaintext, to a device run with --allow-plaintext
         self._ctx: zmq.Context | None = None
         self._endpoints: list[_Endpoint] = []
         self._max_inflight = max_inflight
@@ -228,7 +231,7 @@ class DeviceLink:
         loop = asyncio.get_running_loop()
         self._wire = wire(self._native)
         self._ctx = zmq.Context()
-        self._endpoints = [_Endpoint(self._ctx, ep, self._sndhwm, loop, self._wire) for ep in self._endpoint_names]
+        self._endpoints = [_Endpoint(self._ctx, ep, self._sndhwm, loop, self._wire, self._curve) for ep in self._endpoint_names]
         self._next = itertools.cycle(self._endpoints)
         self._room = asyncio.Condition()
 
