@@ -101,7 +101,8 @@ def test_importer_waiting_for_spark_is_unhealthy(tmp_path) -> None:
 
     mport, spark = free_port(), free_port()
     proc = start([command("logjam-importer"), "--spark", f"sc://127.0.0.1:{spark}", "--sub", f"tcp://127.0.0.1:{free_port()}",
-                  "--state-dir", str(tmp_path / "state"), "--metrics-port", str(mport - 3), "--metrics-port-offset", "3"])
+                  "--state-dir", str(tmp_path / "state"), "--metrics-port", str(mport - 3), "--metrics-port-offset", "3",
+                  "--plaintext"])
     try:
         def answer() -> tuple[int, dict] | None:
             try:
