@@ -228,3 +228,43 @@ def test_a_client_without_its_key_file_says_what_to_do(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 2
     assert "client.key_secret" in res.stderr and "--plaintext" in res.stderr, res.stderr
+
+
+def test_a_bridge_forwards_with_the_mesh_key_and_reports_a_refused_link(keys: Path) -> None:
+    """The bridge's DEALER takes the client key from --keys; a bridge without CURVE gets nothing in,
+    says so once in its log, and its /healthz fails on the device link."""
+    import subprocess
+    import urllib.error
+
+    from tests.bridge_support import start_bridge, stop_bridge
+    from tests.helpers import command
+
+    dev = start_device(keys=keys)
+    ctx = zmq.Context()
+    metrics = free_port()
+    good = start_bridge("lumberjack", dev.router, "--keys", str(keys))
+    plain = start_bridge("lumberjack", dev.router, "--metrics-port", str(metrics))  # --plaintext
+    try:
+        sub = Subscriber(dev.pub, [good.app_env, plain.app_env], context=ctx, curve=dev.curve)
+
+        def send(bridge, text: str) -> int:
+            return subprocess.run([command("logjam-send"), "lumberjack", "--to", bridge.to, "--timeout", "3", text],
+                                  capture_output=True, text=True, timeout=30).returncode
+
+        wait_for(lambda: send(good, "via curve") == 0 and _received(sub, good.app_env, 0.5), timeout=30,
+                 what="an event through the bridge with the mesh's key")
+        assert send(plain, "in clear") == 1
+        assert _received(sub, plain.app_env, 1.0) == []
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics}/healthz", timeout=5)
+        doc = json.loads(refused.value.read())
+        assert refused.value.code == 503 and doc["checks"]["device_link"]["ok"] is False, doc
+        sub.close()
+    finally:
+        ctx.destroy(linger=0)
+        good_out = stop_bridge(good)
+        plain.proc.kill()  # it holds an unacknowledged event for a device that will never take it
+        plain.proc.wait()
+        stop(dev.proc)
+    assert "refused the handshake" in plain.output(), plain.output()
+    assert "refused the handshake" not in good_out

@@ -41,6 +41,7 @@ __all__ = ["ACCEPTED", "DeviceLink", "DeviceRejected"]
 log = logging.getLogger(__name__)
 
 _POLLIN = zmq.POLLIN
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 
 class _Call:
@@ -84,6 +85,7 @@ class _Endpoint:
         self.parts: deque[_Part] = deque()  # not fully answered, in send order
         self.unsent: deque[_Part] = deque()  # not fully sent, in send order
         self.resets = 0
+        self.refused_logged = False
         self._check_scheduled = False
         self._open()
 
@@ -93,7 +95,8 @@ class _Endpoint:
         sock.setsockopt(zmq.SNDHWM, self.sndhwm)
         sock.setsockopt(zmq.RCVHWM, 0)
         self.connected = False  # TCP to the device is up (the monitor says so); for /healthz
-        self.monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        # Connected means handshaken: with CURVE a TCP connection the device refuses is not a link.
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _REFUSED)
         sock.connect(self.endpoint)
         self.sock = sock
         self.loop.add_reader(sock.FD, self._on_socket)
@@ -185,8 +188,16 @@ class _Endpoint:
                 event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_CONNECTED:
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected = True
+                self.refused_logged = False
+                continue
+            if event["event"] & _REFUSED:
+                if event["event"] != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and not self.refused_logged:
+                    log.warning("the device at %s refused the handshake (CURVE key not on its allowlist, another "
+                                "server key, or --plaintext against a CURVE device?)", self.endpoint)
+                    self.refused_logged = True
+                self.connected = False
                 continue
             self.connected = False
             if event["event"] == zmq.EVENT_DISCONNECTED and self.parts:
