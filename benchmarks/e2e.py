@@ -250,7 +250,7 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-e2e-"))
     started = time.monotonic()
     mesh = Mesh(base / "data", curve=not args.no_curve)
-    print(f"CURVE {'off' if args.no_curve else 'on'} on every ZeroMQ socket", flush=True)
+    print(f"CURVE {'off' if args.no_curve else 'on'} (every ZeroMQ socket)", flush=True)
     try:
         port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
         print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
