@@ -37,7 +37,8 @@ def test_device_healthz_says_publishing_and_journal_writable(tmp_path) -> None:
     try:
         status, doc = healthz(port)
         assert status == 200 and doc["healthy"] is True, doc
-        assert set(doc["checks"]) == {"publishing", "journal", "input"}
+        assert set(doc["checks"]) == {"publishing", "journal", "curve", "input"}
+        assert doc["checks"]["curve"]["detail"].startswith("CURVE off")  # start_device: --allow-plaintext
         assert doc["checks"]["journal"] == {"ok": True, "detail": "writable"}
         assert "last heartbeat" in doc["checks"]["publishing"]["detail"]
         assert "logjam_device_published_total" in metrics_text(port)
