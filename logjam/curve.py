@@ -17,7 +17,7 @@ handler (runtime/curve.py); creating the files is runtime's job too. This module
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
@@ -61,7 +61,7 @@ class ServerKey:
     """A server's key pair (Z85 text, as in the certificate files)."""
 
     public: bytes
-    secret: bytes
+    secret: bytes = field(repr=False)  # never in a log line or a test failure
 
     @classmethod
     def load(cls, secret_path: str | Path) -> "ServerKey":
@@ -81,7 +81,7 @@ class ClientKey:
     """A client's key pair and the public key of the servers it connects to."""
 
     public: bytes
-    secret: bytes
+    secret: bytes = field(repr=False)
     server_public: bytes
 
     @classmethod
