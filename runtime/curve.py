@@ -62,25 +62,28 @@ def ensure(keys_dir: str | Path) -> list[str]:
     (keys / curve.ALLOWED).mkdir(exist_ok=True, mode=0o700)
     made = []
     for name in (curve.SERVER, curve.CLIENT):
-        if curve.secret_file(keys, name).exists():
+        if curve.secret_file(keys, name).exists() or not _create_pair(keys, name):
             continue
-        _create_pair(keys, name)
         made.append(name)
         if name == curve.CLIENT:
             shutil.copyfile(curve.public_file(keys, name), keys / curve.ALLOWED / f"{name}.key")
     return made
 
 
-def _create_pair(keys: Path, name: str) -> None:
-    """Create a pair in a private temporary directory, then move it in: no moment where a secret is readable."""
+def _create_pair(keys: Path, name: str) -> bool:
+    """Create a pair in a private temporary directory, then link it in: no moment where a secret is
+    readable, and of two processes starting at once only one pair wins (False: the other's did)."""
     tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=keys))  # mode 0700
     try:
         public, secret = zmq.auth.create_certificates(tmp, name)
         os.chmod(secret, 0o600)
         os.chmod(public, 0o644)
-        # The secret file last: its presence is what says the pair exists.
+        try:
+            os.link(secret, curve.secret_file(keys, name))  # fails if it exists: the secret file decides
+        except FileExistsError:
+            return False
         os.replace(public, curve.public_file(keys, name))
-        os.replace(secret, curve.secret_file(keys, name))
+        return True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
