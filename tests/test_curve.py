@@ -171,7 +171,7 @@ def test_only_allowlisted_clients_send_read_and_replay(keys: Path, tmp_path: Pat
     # Refusals are WARNING lines naming the peer's address where ZAP knows it: one per peer, socket and
     # reason (at most 15 kinds here), not one per reconnect (every 0.1 s, hundreds in this test), and at
     # most 10 in 10 s, as for TLS.
-    lines = [line for line in out.splitlines() if "WARNING CURVE: refused" in line]
+    lines = [line.split(" WARNING ", 1)[1] for line in out.splitlines() if "WARNING CURVE: refused" in line]
     assert 3 <= len(lines) <= 15, out
     assert any("refused 127.0.0.1 on" in line and "(not_allowed)" in line for line in lines), out
     assert any("(no_curve)" in line for line in lines) and any("(bad_handshake)" in line for line in lines), out
