@@ -9,7 +9,11 @@ policy (always, interval, never), reported against journal-off. A second phase o
 10x the device's receive high-water mark of messages and samples the device's RSS to
 show that a backlog blocks clients instead of growing the device.
 
-Run: .venv/bin/python benchmarks/device.py [--messages N] [--producers K]
+`--curve` puts CurveZMQ on every socket of both devices (zmq.proxy's PULL and PUB are CURVE
+servers too, so the ratio compares encrypted with encrypted), and on every client; without
+it both run plaintext (the device with --allow-plaintext).
+
+Run: .venv/bin/python benchmarks/device.py [--messages N] [--producers K] [--curve]
 """
 
 from __future__ import annotations
@@ -40,8 +44,13 @@ META = b"\xca\xbd\x00\x01" + bytes(4) + (1_700_000_000_000).to_bytes(8, "big") +
 PROXY = """
 import sys, zmq
 ctx = zmq.Context()
-pull = ctx.socket(zmq.PULL); pull.rcvhwm = int(sys.argv[3]); pull.bind("tcp://127.0.0.1:" + sys.argv[1])
-pub = ctx.socket(zmq.PUB); pub.sndhwm = int(sys.argv[4]); pub.bind("tcp://127.0.0.1:" + sys.argv[2])
+pull = ctx.socket(zmq.PULL); pull.rcvhwm = int(sys.argv[3])
+pub = ctx.socket(zmq.PUB); pub.sndhwm = int(sys.argv[4])
+if len(sys.argv) > 5:  # CURVE server: public, secret
+    for s in (pull, pub):
+        s.curve_server = True; s.curve_publickey = sys.argv[5].encode(); s.curve_secretkey = sys.argv[6].encode()
+pull.bind("tcp://127.0.0.1:" + sys.argv[1])
+pub.bind("tcp://127.0.0.1:" + sys.argv[2])
 try:
     zmq.proxy(pull, pub)
 except KeyboardInterrupt:
@@ -89,14 +98,25 @@ def rss_mb(pid: int) -> tuple[float, float]:
 # -- child processes (sockets are created inside them, after the fork) -------------
 
 CLIENT_HWM = 5_000
+# --curve: the directory of the keys (runtime.curve.ensure); None: plaintext everywhere.
+KEYS: str | None = None
 
 
-def producer(endpoint: str, count: int, go: mp.Event, blocked: mp.Value) -> None:
+def secure(sock, keys: str | None) -> None:
+    """The client side of CURVE with the key directory's client key (logjam.curve)."""
+    if keys is not None:
+        from logjam.curve import ClientKey
+
+        ClientKey.from_dir(keys).apply(sock)
+
+
+def producer(endpoint: str, count: int, go: mp.Event, blocked: mp.Value, keys: str | None = None) -> None:
     import zmq
     from zmq.backend import Socket as Raw
 
     ctx = zmq.Context()
     s = ctx.socket(zmq.PUSH)
+    secure(s, keys)
     s.linger = -1
     s.sndhwm = CLIENT_HWM
     s.connect(endpoint)
@@ -124,12 +144,13 @@ def producer(endpoint: str, count: int, go: mp.Event, blocked: mp.Value) -> None
     ctx.term()
 
 
-def subscriber(endpoint: str, ready: mp.Event, counted: mp.Value, done: mp.Event) -> None:
+def subscriber(endpoint: str, ready: mp.Event, counted: mp.Value, done: mp.Event, keys: str | None = None) -> None:
     import zmq
     from zmq.backend import Socket as Raw
 
     ctx = zmq.Context()
     s = ctx.socket(zmq.SUB)
+    secure(s, keys)
     s.rcvhwm = 0
     s.subscribe(APP)
     s.connect(endpoint)
@@ -192,8 +213,9 @@ def ours(rcv_hwm: int, snd_hwm: int, engine: str = "native", fsync: str | None =
         # The journal on the same file system as the repository (not a tmpfs /tmp), where
         # a real deployment's --data-dir would be.
         data_dir = tempfile.mkdtemp(prefix="bench-journal-", dir=REPO)
-        argv += ["--data-dir", data_dir, "--journal-fsync", fsync, "--replay-port", str(ports[4])]
+        argv += ["--data-dir", data_dir, "--journal-fsync", fsync]
         name = f"journal/{fsync}"
+    argv += ["--replay-port", str(ports[4])] + (["--keys", KEYS] if KEYS else ["--allow-plaintext"])
     # engine "native" requires the C loop (a missing build fails loudly), "python" turns it off.
     return Target(name, argv, ports[1], ports[2], data_dir,
                   env={"LOGJAM_NATIVE": "require" if engine == "native" else "off"})
@@ -217,7 +239,13 @@ def ours_python(rcv_hwm: int, snd_hwm: int) -> Target:
 
 def proxy(rcv_hwm: int, snd_hwm: int) -> Target:
     pull, pub = free_port(), free_port()
-    return Target("zmq.proxy", [sys.executable, "-c", PROXY, str(pull), str(pub), str(rcv_hwm), str(snd_hwm)], pull, pub)
+    argv = [sys.executable, "-c", PROXY, str(pull), str(pub), str(rcv_hwm), str(snd_hwm)]
+    if KEYS:
+        from logjam.curve import ServerKey, secret_file
+
+        key = ServerKey.load(secret_file(KEYS, "server"))
+        argv += [key.public.decode(), key.secret.decode()]
+    return Target("zmq.proxy", argv, pull, pub)
 
 
 def run(target: Target, producers: int, per_producer: int, sample_rss: bool = False) -> dict:
@@ -227,9 +255,9 @@ def run(target: Target, producers: int, per_producer: int, sample_rss: bool = Fa
     ready, done, go = mpc.Event(), mpc.Event(), mpc.Event()
     counted = mpc.Value("q", 0)
     blocked = mpc.Value("d", 0.0)
-    sub = mpc.Process(target=subscriber, args=(target.pub, ready, counted, done))
+    sub = mpc.Process(target=subscriber, args=(target.pub, ready, counted, done, KEYS))
     sub.start()
-    prods = [mpc.Process(target=producer, args=(target.pull, per_producer, go, blocked)) for _ in range(producers)]
+    prods = [mpc.Process(target=producer, args=(target.pull, per_producer, go, blocked, KEYS)) for _ in range(producers)]
     for p in prods:
         p.start()
 
@@ -237,6 +265,7 @@ def run(target: Target, producers: int, per_producer: int, sample_rss: bool = Fa
     ctx = zmq.Context()
     probe = ctx.socket(zmq.PUSH)
     probe.linger = 0
+    secure(probe, KEYS)
     probe.connect(target.pull)
     deadline = time.monotonic() + 20
     while not ready.wait(0.05):
@@ -285,7 +314,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating runs per target; best is reported")
     ap.add_argument("--no-overload", action="store_true")
     ap.add_argument("--no-journal", action="store_true", help="skip the journal-on runs")
+    ap.add_argument("--curve", action="store_true", help="CurveZMQ on every socket of both devices and their clients")
     args = ap.parse_args()
+    global KEYS
+    if args.curve:
+        from runtime.curve import ensure
+
+        KEYS = tempfile.mkdtemp(prefix="bench-keys-")
+        ensure(KEYS)
+    print(f"CURVE {'on' if KEYS else 'off'} (both devices, every client)")
     per = args.messages // args.producers
     started = time.monotonic()
 

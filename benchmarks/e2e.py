@@ -12,7 +12,9 @@ until the table answers. Then:
    from being sent until it is queryable (its row counted in `logjam.messages`), p50/p99.
 The CPU each program used during the load phase is printed too: the figure to optimise
 is where that time goes. Each result is also given as a ratio of its target.
-Usage: python benchmarks/e2e.py [--seconds 60] [--connections 4] [--steady-rate 5000]
+CURVE is on, as `make up` runs it; `--no-curve` runs a copy of supervisord.conf whose device
+takes --allow-plaintext and whose bridges and importers --plaintext, to measure its cost.
+Usage: python benchmarks/e2e.py [--seconds 60] [--connections 4] [--steady-rate 5000] [--no-curve]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
-from tools.mesh import DEFAULTS, mesh_environment  # noqa: E402
+from tools.mesh import DEFAULTS, ensure_keys, mesh_environment  # noqa: E402
 from tests.helpers import REPO, command, free_port, port_open, wait_for  # noqa: E402
 
 WINDOW = 2048
@@ -93,13 +95,29 @@ class Shipper(threading.Thread):
             self.error = e
 
 
+def plaintext_config() -> Path:
+    """supervisord.conf with CURVE off on every ZeroMQ socket (beside it: paths are relative to %(here)s)."""
+    lines = []
+    for line in (REPO / "supervisord.conf").read_text().splitlines():
+        if line.startswith("command=") and "/logjam-device " in line:
+            line += " --allow-plaintext"
+        elif line.startswith("command=") and ("/logjam-bridge " in line or "/logjam-importer " in line):
+            line += " --plaintext"
+        lines.append(line)
+    path = REPO / f".e2e-plaintext-{os.getpid()}.conf"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 class Mesh:
-    def __init__(self, data: Path) -> None:
+    def __init__(self, data: Path, curve: bool = True) -> None:
         env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
         env.update({k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT")})
         env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1")
-        self.config = REPO / "supervisord.conf"
+        self.config = REPO / "supervisord.conf" if curve else plaintext_config()
         self.env = mesh_environment(self.config, env)
+        if curve:
+            ensure_keys(self.env)
         self.proc = subprocess.Popen([command("supervisord"), "-c", str(self.config), "-n"], env=self.env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         from pyspark.sql import SparkSession
@@ -227,10 +245,12 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--steady-rate", type=float, default=5000)
     ap.add_argument("--steady-seconds", type=float, default=30)
+    ap.add_argument("--no-curve", action="store_true", help="every ZeroMQ socket in plaintext (default: CURVE, as make up)")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-e2e-"))
     started = time.monotonic()
-    mesh = Mesh(base / "data")
+    mesh = Mesh(base / "data", curve=not args.no_curve)
+    print(f"CURVE {'off' if args.no_curve else 'on'} (every ZeroMQ socket)", flush=True)
     try:
         port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
         print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
@@ -257,6 +277,8 @@ def main() -> int:
     finally:
         mesh.shutdown()
         shutil.rmtree(base, ignore_errors=True)
+        if mesh.config.name.startswith(".e2e-plaintext-"):
+            mesh.config.unlink()
 
 
 if __name__ == "__main__":

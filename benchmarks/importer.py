@@ -198,13 +198,13 @@ def main() -> int:
         pub.setsockopt(zmq.LINGER, 0)
         pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
         dev_ports = {k: free_port() for k in ("t", "p", "P", "s")}
-        spawn([command("logjam-device"), "--bind", "127.0.0.1", "-d", "3", "--replay-port", str(free_port()),
+        spawn([command("logjam-device"), "--bind", "127.0.0.1", "-d", "3", "--replay-port", str(free_port()), "--allow-plaintext",
                *[x for k, v in dev_ports.items() for x in (f"-{k}", str(v))]], "device")
         metrics_port = free_port()
         imp = spawn([command("logjam-importer"), "--sub", f"tcp://127.0.0.1:{pub_port}",
                      "--sub", f"tcp://127.0.0.1:{dev_ports['P']}", "--spark", url, "--database", DATABASE,
                      "--warehouse", str(base / "importer"), "--metrics-port", str(metrics_port),
-                     "--state-dir", str(base / "state")], "importer")
+                     "--state-dir", str(base / "state"), "--plaintext"], "importer")
 
         msgs = messages(args.messages, args.event_ids, args.pad)
         frames = [m.to_frames() for m in msgs]

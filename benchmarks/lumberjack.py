@@ -197,7 +197,7 @@ def main() -> int:
     log_file = tempfile.NamedTemporaryFile("w+", prefix="lumberjack-bench-", suffix=".log")
     bridge = subprocess.Popen(
         [command("logjam-bridge"), "lumberjack", "--listen", f"127.0.0.1:{port}", "--device", dev.router,
-         "--app-env", APP_ENV, *args.bridge_flag],
+         "--app-env", APP_ENV, "--plaintext", *args.bridge_flag],  # start_device runs without CURVE
         stdout=log_file, stderr=subprocess.STDOUT,
     )
     try:

@@ -181,7 +181,7 @@ def main() -> int:
     ports = {k: free_port() for k in ("router", "pull", "pub", "stats", "bridge")}
     device = subprocess.Popen(
         [str(BIN / "logjam-device"), "--bind", "127.0.0.1", "-t", str(ports["router"]), "-p", str(ports["pull"]),
-         "-P", str(ports["pub"]), "-s", str(ports["stats"]), "-d", "1"],
+         "-P", str(ports["pub"]), "-s", str(ports["stats"]), "-d", "1", "--allow-plaintext"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     bridge = None
@@ -190,7 +190,7 @@ def main() -> int:
         bridge = subprocess.Popen(
             [*BRIDGE_CMD, "rustlog", "--listen", f"127.0.0.1:{ports['bridge']}",
              "--device", f"tcp://127.0.0.1:{ports['router']}", "--app-env", "bench-rustlog",
-             "--data-dir", str(tmp / "data")],
+             "--data-dir", str(tmp / "data"), "--plaintext"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_port(ports["bridge"], bridge)

@@ -115,7 +115,7 @@ def main() -> int:
     port = free_port()
     bridge = start([
         command("logjam-bridge"), "segment", "--listen", f"127.0.0.1:{port}", "--device", dev.router,
-        "--app-env", "bench-segment", "--data-dir", str(data_dir),
+        "--app-env", "bench-segment", "--data-dir", str(data_dir), "--plaintext",  # start_device: no CURVE
     ])
     try:
         wait_for(lambda: port_open(port), timeout=20, what="the bridge")

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from bridges.host.protocol import BridgeProtocol
 from logjam import native
+from runtime import curve
 from runtime.check import Checker
 from runtime.config import add_config_flag, parse_args, setup_logging
 
@@ -64,6 +65,7 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
     p.add_argument("--max-inflight", type=int, default=20_000, help="events awaiting the device, process-wide")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port")
     p.add_argument("-v", "--verbose", action="store_true")
+    curve.add_client_flags(p)
     add_config_flag(p)
     cls.add_arguments(p)
     return p
@@ -99,6 +101,7 @@ def check(cls: type[BridgeProtocol], args: argparse.Namespace) -> int:
     if data_dir:
         c.would_run(f"store in {Path(data_dir).absolute()}")
     c.would_run(f"metrics and /healthz on :{args.metrics_port}" if args.metrics_port else "no metrics port")
+    curve.check_client(c, args)
     return c.report()
 
 
@@ -122,16 +125,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     modules = ["bridges.host._native_link"] + (["bridges.lumberjack._native_scan"] if cls.name == "lumberjack" else [])
     try:
         log.info("%s", native.describe(modules))
-    except (native.NativeUnavailable, ValueError) as e:
+        key = curve.client_key(args)
+    except (native.NativeUnavailable, ValueError) as e:  # curve.KeyFileError is a ValueError
         log.error("cannot start: %s", e)
         return 1
+    log.info("to the device: %s", "CURVE" if key is not None else "plaintext (--plaintext)")
 
     # A bridge makes a few short-lived dicts per event and keeps almost nothing: with the
     # default gen-0 threshold (700) the cycle collector ran every few events and scanned
     # every in-flight batch each time. Nothing is lost by collecting rarely here.
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-    asyncio.run(BridgeServer(cls, args).run())
+    asyncio.run(BridgeServer(cls, args, key).run())
     return 0
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from logjam import native
-from runtime import lifecycle
+from runtime import curve, lifecycle
 from runtime.check import Checker
 from runtime.config import FSYNC_POLICIES, add_config_flag, fsync_policy, parse_args, setup_logging
 from logjam.meta import Compression
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 500000: below --snd-hwm, so a lagging importer is held, not dropped)")
     p.add_argument("--importer-evict-after", type=_positive, default=60.0, metavar="SECONDS",
                    help="stop waiting for an importer that stays behind that long (default 60)")
+    curve.add_server_flags(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_config_flag(p)
     return p
@@ -124,6 +126,7 @@ def check(args: argparse.Namespace) -> int:
     c.would_run(f"journal in {Path(args.data_dir).absolute() / 'journal'} (fsync {args.journal_fsync}), "
                 f"replay on :{args.replay_port}" if args.data_dir else f"no journal; replay :{args.replay_port} answers info only")
     c.would_run(f"metrics and /healthz on :{args.metrics_port}" if args.metrics_port else "no metrics port")
+    curve.check_server(c, args)
     return c.report()
 
 
@@ -132,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         return check(args)
     log = setup_logging("logjam-device", args.verbose)
+    try:
+        security = curve.server_curve(args)
+    except curve.KeyFileError as e:
+        log.error("cannot start: %s", e)
+        return 1
     config = DeviceConfig(
         router_port=args.router_port, pull_port=args.pull_port, pub_port=args.pub_port,
         stats_port=args.stats_port, bind=args.bind, device_id=args.device_id,
@@ -143,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal_retention_bytes=args.journal_retention_bytes,
         journal_retention_hours=args.journal_retention_hours, replay_port=args.replay_port,
         max_importer_lag=args.max_importer_lag, importer_evict_after=args.importer_evict_after,
-        max_importer_lag_messages=args.max_importer_lag_messages,
+        max_importer_lag_messages=args.max_importer_lag_messages, curve=security,
     )
     stop = lifecycle.stop_event()
     try:
@@ -160,6 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.device_id, device.engine, config.router_port, config.pull_port, config.pub_port, config.stats_port,
         config.bind, f", metrics {args.metrics_port}" if args.metrics_port else "",
     )
+    (log.warning if security.plaintext else log.info)("%s", security.describe())
+    if device.gate is not None:
+        signal.signal(signal.SIGHUP, lambda signum, frame: device.gate.reload())  # type: ignore[union-attr]
+        log.info("CURVE allowlist: %d keys; SIGHUP reads %s again", len(device.gate.allowed), security.allow_dir)
     log.info("%s%s", native.describe([devices_native.MODULE]),
              " (the C loop does not compress: Python loop with --compress)" if config.compress else "")
     if device.journal is not None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from logjam import sockets
 from logjam.meta import Compression
+from runtime.curve import ServerCurve
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,3 +35,5 @@ class DeviceConfig:
     max_importer_lag: float = 10.0
     importer_evict_after: float = 60.0
     max_importer_lag_messages: int = 500_000
+    # CURVE (runtime/curve.py): None, or no key in it, leaves every socket open (tests, benchmarks).
+    curve: ServerCurve | None = None

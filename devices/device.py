@@ -55,6 +55,7 @@ from devices.native import NativeBatch
 from devices.lag import ImporterLag
 from devices.replay import ReplayServer
 from devices.stamp import FRESH_META, HEADS
+from runtime.curve import Gatekeeper
 
 __all__ = ["Device", "DeviceConfig", "TupleBatch"]
 
@@ -112,13 +113,20 @@ class Device(Counters):
             self._pull_handle = loaded[0].cast("void *", self.pull.underlying)
             self._router_handle = loaded[0].cast("void *", self.router.underlying)
         self.engine = "native" if self._native is not None else "python"
-        for sock, port in (
-            (self.router, config.router_port),
-            (self.pull, config.pull_port),
-            (self.pub, config.pub_port),
-            (self.stats, config.stats_port),
+        # CURVE is a socket option set before bind: the C loop reads the same (decrypted) sockets.
+        self.gate: Gatekeeper | None = None
+        if config.curve is not None and config.curve.key is not None:
+            self.gate = Gatekeeper(self.ctx, config.curve.allow_dir)
+            self.gate.start()
+        for sock, name, port in (
+            (self.router, "router", config.router_port),
+            (self.pull, "pull", config.pull_port),
+            (self.pub, "pub", config.pub_port),
+            (self.stats, "stats", config.stats_port),
         ):
-            sock.bind(f"tcp://{config.bind}:{port}")
+            endpoint = f"tcp://{config.bind}:{port}"
+            self._secure(sock, name, endpoint)
+            sock.bind(endpoint)
 
         self.journal: Journal | None = None
         self.health = JournalHealth()
@@ -135,6 +143,14 @@ class Device(Counters):
                                max_messages=config.max_importer_lag_messages)
         self._start_replay(config)
 
+    def _secure(self, sock: zmq.Socket, name: str, endpoint: str) -> None:
+        """Make `sock` a CURVE server watched by the gatekeeper, unless --allow-plaintext leaves it open."""
+        curve = self.config.curve
+        if curve is None or self.gate is None or not curve.secured(name):
+            return
+        curve.key.apply(sock, name)  # type: ignore[union-attr]
+        self.gate.watch(sock, name, endpoint)
+
     def _open_journal(self, config: DeviceConfig) -> None:
         """Open (and recover) the journal and continue its numbering."""
         journal = Journal(
@@ -150,8 +166,10 @@ class Device(Counters):
 
     def _start_replay(self, config: DeviceConfig) -> None:
         """The replay endpoint: ranges and `info` with a journal, `info` alone without one."""
-        replay = ReplayServer(self.ctx, self.journal, f"tcp://{config.bind}:{config.replay_port}", self._replay_stop,
-                              journal_id=self.journal_id, last_seq=lambda: self.seq, on_progress=self.lag.progress)
+        endpoint = f"tcp://{config.bind}:{config.replay_port}"
+        replay = ReplayServer(self.ctx, self.journal, endpoint, self._replay_stop,
+                              journal_id=self.journal_id, last_seq=lambda: self.seq, on_progress=self.lag.progress,
+                              secure=lambda sock: self._secure(sock, "replay", endpoint))
         replay.start()
         # The replay socket is created and bound in its own thread; wait for the outcome so
         # that a port in use fails the start like any other port.
@@ -569,4 +587,6 @@ class Device(Counters):
             self._native_router.discard()
         for sock in (self.router, self.pull, self.pub, self.stats):
             sock.close()
+        if self.gate is not None:
+            self.gate.close()
         self.ctx.term()

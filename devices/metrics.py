@@ -69,6 +69,7 @@ class DeviceCollector(Collector):
                                 value=int(importers["holding"]))
         yield CounterMetricFamily("logjam_device_input_held_seconds",
                                   "Seconds input waited for importers (--max-importer-lag)", value=importers["held_seconds"])
+        yield from self._curve()
         journal = snap["journal"]
         if journal is not None:
             yield GaugeMetricFamily("logjam_device_journal_writable",
@@ -90,6 +91,25 @@ class DeviceCollector(Collector):
             yield CounterMetricFamily("logjam_device_replay_messages", "Messages served by replay", value=journal["replay_messages"])
             yield CounterMetricFamily("logjam_device_replay_bad_requests", "Malformed replay requests ignored", value=journal["replay_bad_requests"])
 
+    def _curve(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        gate = self.device.gate
+        if gate is None:
+            return
+        refused = CounterMetricFamily("logjam_device_curve_refused",
+                                      "Connections refused by CURVE, by socket and reason (no_curve, bad_handshake, "
+                                      "not_allowed, mechanism, protocol_error)", labels=["socket", "reason"])
+        for (sock, reason), n in sorted(gate.refused.items()):
+            refused.add_metric([sock, reason], n)
+        yield refused
+        yield CounterMetricFamily("logjam_device_curve_admitted", "CURVE handshakes admitted by the allowlist",
+                                  value=gate.admitted)
+        yield GaugeMetricFamily("logjam_device_curve_allowed_keys", "Public keys in the CURVE allowlist",
+                                value=len(gate.allowed))
+        reloads = CounterMetricFamily("logjam_device_curve_reloads", "SIGHUP reloads of the allowlist", labels=["result"])
+        reloads.add_metric(["ok"], gate.reloads)
+        reloads.add_metric(["failed"], gate.reload_failures)
+        yield reloads
+
 
 def health(device: Device) -> list[Check]:
     """/healthz: the loop publishes (a heartbeat at least every --heartbeat-interval), the journal writes."""
@@ -105,6 +125,9 @@ def health(device: Device) -> list[Check]:
         ok = bool(journal["journal_writable"])
         checks.append(Check("journal", ok, "writable" if ok else
                             f"not writable: holding {journal['held_messages']} messages, accepting nothing"))
+    curve = device.config.curve
+    # An open socket is a choice (--allow-plaintext), not a fault: said, not failed.
+    checks.append(Check("curve", True, curve.describe() if curve is not None else "CURVE off: every socket OPEN"))
     holding = snap["importers"]["holding"]
     # Held input is flow control doing its job, not a fault of the device: reported, not failed.
     checks.append(Check("input", True, "held: an importer is too far behind" if holding else "accepting"))

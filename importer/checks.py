@@ -51,6 +51,9 @@ def check_importer(args: argparse.Namespace) -> int:
     c.would_run("no checkpoints, no replay" if args.no_replay else
                 f"checkpoints in {Path(state_dir).absolute()}, replay from port {args.replay_port}")
     c.would_run(f"metrics and /healthz on :{port}" if port else "no metrics port")
+    from runtime.curve import check_client
+
+    check_client(c, args)
     return c.report()
 
 

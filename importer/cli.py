@@ -28,7 +28,7 @@ from importer.schema import DEFAULT_DATABASE
 from importer.session import DEFAULT_SPARK
 from importer.split import StreamFilter
 from importer.worker import DEFAULT_SUB, Worker
-from runtime import lifecycle
+from runtime import curve, lifecycle
 from runtime.config import add_config_flag, parse_args, setup_logging
 
 DEFAULT_REPLAY_PORT = 9607
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dedupe-keys", type=int, default=DEFAULT_CAPACITY, metavar="N",
                    help=f"remember the last N event ids (@metadata._id) written and skip repeats; 0 turns it off "
                         f"(default {DEFAULT_CAPACITY})")
+    curve.add_client_flags(p)
     p.add_argument("-v", "--verbose", action="store_true")
     add_config_flag(p)
     return p
@@ -98,10 +99,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from importer.checks import check_importer
 
         return check_importer(args)
-    setup_logging("logjam-importer", args.verbose)
+    log = setup_logging("logjam-importer", args.verbose)
+    try:
+        key = curve.client_key(args)
+    except curve.KeyFileError as e:
+        log.error("cannot start: %s", e)
+        return 1
     stop = lifecycle.stop_event()
     metrics = ImporterMetrics(args.worker if args.worker is not None else 0)
-    worker = Worker(args, stop, metrics)
+    worker = Worker(args, stop, metrics, key)
     if args.metrics_port:
         from importer.health import worker_health
 

@@ -29,6 +29,7 @@ from importer.checkpoint import Position
 from importer.metrics import ImporterMetrics
 from logjam.errors import ProtocolError
 from logjam.message import Message
+from logjam.curve import ClientKey
 from logjam.replay import JournalChanged, Lost, ReplayClient, ReplayTimeout
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,9 @@ class Sequencer:
 
     def __init__(self, ledger: Ledger, metrics: ImporterMetrics, *, context: zmq.Context,
                  device_endpoint: Mapping[int, str], replay_port: int, replay_timeout: float,
-                 stopping: Callable[[], bool]) -> None:
+                 stopping: Callable[[], bool], curve: ClientKey | None = None) -> None:
         self.ledger = ledger
+        self.curve = curve
         self.metrics = metrics
         self.ctx = context
         self.device_endpoint = device_endpoint
@@ -215,7 +217,8 @@ class Sequencer:
             endpoint = self.device_endpoint.get(device)
             if endpoint is not None:
                 client = self._clients[device] = ReplayClient(replay_endpoint(endpoint, self.replay_port),
-                                                              context=self.ctx, timeout=self.replay_timeout)
+                                                              context=self.ctx, timeout=self.replay_timeout,
+                                                              curve=self.curve)
         return client
 
     def fill(self, device: int, first: int, last: int, handle: Handle) -> bool:

@@ -40,6 +40,7 @@ from importer.split import StreamFilter
 from importer.compaction import settle_root
 from importer.write import BackgroundWriter, TableWriter, WriteFailed
 from logjam import sockets
+from logjam.curve import ClientKey
 from logjam.subscriber import Subscriber
 
 log = logging.getLogger("logjam-importer")
@@ -50,8 +51,10 @@ REPORT_EVERY = 0.5
 
 
 class Worker:
-    def __init__(self, args: argparse.Namespace, stop: threading.Event, metrics: ImporterMetrics) -> None:
+    def __init__(self, args: argparse.Namespace, stop: threading.Event, metrics: ImporterMetrics,
+                 curve: ClientKey | None = None) -> None:
         self.args = args
+        self.curve = curve  # for SUB and replay; None: plaintext (--plaintext)
         self.stop = stop
         self.metrics = metrics
         self.worker_id = args.worker if args.worker is not None else 0
@@ -198,10 +201,11 @@ class Worker:
                                        on_committed=self.committed, on_quarantine=self.quarantined, stop=self.stop)
         self.writer.spark = self.spark
         ctx = zmq.Context()
-        self.sub = Subscriber(args.sub or [DEFAULT_SUB], context=ctx, rcvhwm=args.rcvhwm)
+        self.sub = Subscriber(args.sub or [DEFAULT_SUB], context=ctx, rcvhwm=args.rcvhwm, curve=self.curve)
         self.sequencer = None if self.ledger is None else Sequencer(
             self.ledger, self.metrics, context=ctx, device_endpoint=self.sub.device_endpoint,
-            replay_port=args.replay_port, replay_timeout=args.replay_timeout, stopping=self.stop.is_set)
+            replay_port=args.replay_port, replay_timeout=args.replay_timeout, stopping=self.stop.is_set,
+            curve=self.curve)
         self.receiver = Receiver(self.batch, self.filter, self.tally, self.gaps, self.sequencer,
                                  self.sub.device_endpoint)
         share = f"worker {args.worker} of {args.workers}" if args.workers else "all streams"

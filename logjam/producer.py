@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import zmq
 
 from logjam import sockets
+from logjam.curve import ClientKey, secure
 from logjam.message import Message
 from logjam.meta import Compression, Meta
 
@@ -48,6 +49,7 @@ class Producer:
         context: zmq.Context | None = None,
         sndhwm: int = 100_000,
         linger_ms: int = sockets.DEFAULT_LINGER_MS,
+        curve: ClientKey | None = None,
     ) -> None:
         if mode not in ("dealer", "push"):
             raise ValueError(f"mode must be 'dealer' or 'push', not {mode!r}")
@@ -56,7 +58,9 @@ class Producer:
         self.timeout = timeout
         self._ctx = context or zmq.Context.instance()
         kind = zmq.DEALER if mode == "dealer" else zmq.PUSH
-        self._sock = sockets.socket(self._ctx, kind, linger_ms=linger_ms, sndhwm=sndhwm)
+        # `curve`: the key to connect with (logjam.curve); None speaks plaintext, which only a
+        # device run with --allow-plaintext accepts.
+        self._sock = secure(sockets.socket(self._ctx, kind, linger_ms=linger_ms, sndhwm=sndhwm), curve)
         for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
             self._sock.connect(ep)
         self._seq = 0

@@ -36,6 +36,7 @@ from typing import Iterator
 import zmq
 
 from logjam import sockets
+from logjam.curve import ClientKey, secure
 from logjam.errors import RemoteProtocolError
 from logjam.message import Message
 
@@ -109,15 +110,17 @@ class ReplayTimeout(TimeoutError):
 
 
 class ReplayClient:
-    def __init__(self, endpoint: str, *, context: zmq.Context | None = None, timeout: float = 10.0) -> None:
+    def __init__(self, endpoint: str, *, context: zmq.Context | None = None, timeout: float = 10.0,
+                 curve: ClientKey | None = None) -> None:
         self.endpoint = endpoint
+        self.curve = curve
         self.timeout = timeout
         self._ctx = context or zmq.Context.instance()
         self._sock: zmq.Socket | None = None
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
-            self._sock = sockets.socket(self._ctx, zmq.DEALER, linger_ms=0)
+            self._sock = secure(sockets.socket(self._ctx, zmq.DEALER, linger_ms=0), self.curve)
             self._sock.connect(self.endpoint)
         return self._sock
 

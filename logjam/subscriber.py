@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 import zmq
 
 from logjam import sockets
+from logjam.curve import ClientKey, secure
 from logjam.errors import RemoteProtocolError
 from logjam.message import HEARTBEAT, Message
 from logjam.raw import Drain, RawBatch
@@ -93,10 +94,12 @@ class Subscriber:
         heartbeat_interval: float = 5.0,
         rcvhwm: int = 100_000,
         native: bool = True,
+        curve: ClientKey | None = None,
     ) -> None:
         self._ctx = context or zmq.Context.instance()
         self._prefixes = [p.encode() for p in app_envs] + [HEARTBEAT.encode()] if app_envs else [b""]
         self._rcvhwm = rcvhwm
+        self._curve = curve  # None: plaintext (a device run with --allow-plaintext)
         self.native = native  # recv_raw's C drain, when it can be built
         self.heartbeat_interval = heartbeat_interval
         self.gaps: GapTracker | None = None if app_envs else GapTracker()
@@ -113,7 +116,7 @@ class Subscriber:
         self._pending: list[Message | Gap] = []
 
     def _open(self, endpoint: str) -> _Link:
-        sock = sockets.socket(self._ctx, zmq.SUB, linger_ms=0, rcvhwm=self._rcvhwm)
+        sock = secure(sockets.socket(self._ctx, zmq.SUB, linger_ms=0, rcvhwm=self._rcvhwm), self._curve)
         for prefix in self._prefixes:
             sock.setsockopt(zmq.SUBSCRIBE, prefix)
         sock.connect(endpoint)

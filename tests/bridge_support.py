@@ -59,6 +59,8 @@ def start_bridge(protocol: str, device_router: str, *extra: str, data_dir: Path 
         *prefix, command("logjam-bridge"), protocol, "--listen", f"127.0.0.1:{port}", "--device", device_router,
         "--app-env", app_env,
     ]
+    if "--keys" not in extra:
+        argv.append("--plaintext")  # start_device's devices run without CURVE (tests/test_curve.py)
     if data_dir is not None:
         argv += ["--data-dir", str(data_dir)]
     argv += extra

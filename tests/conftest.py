@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from logjam.curve import ClientKey
 from logjam.producer import Producer, ReplyTimeout
 from tests.helpers import command, free_port, start, stop, wait_for
 from tests.spark_fixture import spark_server  # noqa: F401  (session-scoped logjam-spark, shared by every Spark test)
@@ -23,6 +24,8 @@ class DeviceProcess:
     stats_port: int
     device_id: int
     extra: list[str] = field(default_factory=list)
+    # The client key that device admits (start_device(keys=...)); None: a plaintext device.
+    curve: ClientKey | None = None
 
     @property
     def router(self) -> str:
@@ -46,10 +49,12 @@ class DeviceProcess:
 
 
 def start_device(device_id: int = 1, extra: list[str] | None = None, ports: dict[str, int] | None = None,
-                 native: str | None = None) -> DeviceProcess:
+                 native: str | None = None, keys: Path | None = None) -> DeviceProcess:
     """Start a real `logjam-device` on free ports and wait until it answers a ping.
 
-    `native` sets its LOGJAM_NATIVE (require: the C loop, off: the Python loop); else it inherits ours."""
+    `native` sets its LOGJAM_NATIVE (require: the C loop, off: the Python loop); else it inherits ours.
+    `keys`: a CURVE key directory (runtime.curve.ensure made it), whose client key then pings; without
+    it the device runs with --allow-plaintext, as the tests of everything but CURVE want."""
     ports = ports or {}
     dev = DeviceProcess(
         proc=None,  # type: ignore[arg-type]
@@ -59,20 +64,22 @@ def start_device(device_id: int = 1, extra: list[str] | None = None, ports: dict
         stats_port=ports.get("stats") or free_port(),
         device_id=device_id,
         extra=list(extra or []),
+        curve=ClientKey.from_dir(keys) if keys is not None else None,
     )
+    security = ["--keys", str(keys)] if keys is not None else ["--allow-plaintext"]
     # Every device serves `info` on its replay port, journal or not: never the shared default 9607.
     replay = [] if "--replay-port" in dev.extra else ["--replay-port", str(ports.get("replay") or free_port())]
     dev.proc = start([
         command("logjam-device"), "--bind", "127.0.0.1",
         "-t", str(dev.router_port), "-p", str(dev.pull_port),
-        "-P", str(dev.pub_port), "-s", str(dev.stats_port), "-d", str(device_id), *replay, *dev.extra,
+        "-P", str(dev.pub_port), "-s", str(dev.stats_port), "-d", str(device_id), *replay, *security, *dev.extra,
     ], env={"LOGJAM_NATIVE": native} if native else {})
     ctx = zmq.Context.instance()
 
     def answers() -> bool:
         if dev.proc.poll() is not None:
             raise AssertionError(f"logjam-device exited early:\n{dev.output()}")
-        p = Producer(dev.router, context=ctx, timeout=0.3, linger_ms=0)
+        p = Producer(dev.router, context=ctx, timeout=0.3, linger_ms=0, curve=dev.curve)
         try:
             p.ping()
             return True

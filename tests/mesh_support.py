@@ -13,7 +13,8 @@ import orjson
 from pylogbeat import PyLogBeatClient
 
 from logjam.compression import decompress
-from tools.mesh import DEFAULTS, mesh_environment
+from tools.mesh import DEFAULTS, ensure_keys, mesh_environment
+from logjam.curve import ClientKey
 from logjam.message import Message
 from logjam.producer import Producer
 from logjam.replay import ReplayClient
@@ -40,6 +41,8 @@ class Mesh:
                     LOGJAM_SPARK_MASTER="local[2]")
         self.config = REPO / "supervisord.conf"
         self.env = mesh_environment(self.config, base)
+        # As `make up` does before supervisord starts anything; tests connect with the client key.
+        self.key = ClientKey.from_dir(ensure_keys(self.env))
         self.proc = subprocess.Popen(
             [command("supervisord"), "-c", str(self.config), "-n"], env=self.env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -124,7 +127,7 @@ def wait_until_importing(mesh: Mesh, marker: str, timeout: float = 180) -> None:
     def probe() -> bool:
         nonlocal rounds
         rounds += 1
-        with Producer(router) as p:
+        with Producer(router, curve=mesh.key) as p:
             # lumberjack-default hashes (CRC32) to worker 0, mesh-a to worker 1.
             for app_env in ("lumberjack-default", "mesh-a"):
                 p.submit(app_env, "logs.mesh", {"message": f"{marker} {rounds}"})
@@ -139,7 +142,7 @@ def send(mesh: Mesh, protocol: str, lines: list[str]) -> None:
     port = mesh.port(PROTOCOL_PORTS[protocol]) if protocol != "logjam" else mesh.port("LOGJAM_ROUTER_PORT")
     res = subprocess.run(
         [command("logjam-send"), protocol, "--to", f"127.0.0.1:{port}", *lines],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, env=mesh.env,  # LOGJAM_DATA_DIR: where the key is
     )
     assert res.returncode == 0, f"logjam-send {protocol}: {res.stderr}"
 
@@ -160,11 +163,11 @@ def send_everywhere(mesh: Mesh, run: str, n: int) -> dict[str, str]:
     for protocol in ("courier", "segment", "rustlog"):
         send(mesh, protocol, lines(protocol))
     router = f"tcp://127.0.0.1:{mesh.port('LOGJAM_ROUTER_PORT')}"
-    with Producer(router) as dealer:
+    with Producer(router, curve=mesh.key) as dealer:
         for line in lines("dealer"):
             dealer.submit("mesh-a", "logs.mesh", {"message": line})
         assert dealer.flush().accepted == n
-    with Producer(f"tcp://127.0.0.1:{mesh.port('LOGJAM_PULL_PORT')}", mode="push") as push:
+    with Producer(f"tcp://127.0.0.1:{mesh.port('LOGJAM_PULL_PORT')}", mode="push", curve=mesh.key) as push:
         for line in lines("push"):
             push.send("mesh-b", "logs.mesh", {"message": line})
     return expected
@@ -198,7 +201,7 @@ def repeated_event_ids(mesh: Mesh) -> list[dict]:
 def journaled(mesh: Mesh, run: str, from_seq: int) -> list[dict]:
     """The device journal's copies of run `run`'s events at seq >= `from_seq`, read back through
     the replay endpoint: one {"seq", "body"} per journaled message (a copy journaled twice is two)."""
-    client = ReplayClient(f"tcp://127.0.0.1:{mesh.port('LOGJAM_REPLAY_PORT')}", timeout=30)
+    client = ReplayClient(f"tcp://127.0.0.1:{mesh.port('LOGJAM_REPLAY_PORT')}", timeout=30, curve=mesh.key)
     needle = run.encode()
     out = []
     try:

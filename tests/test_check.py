@@ -11,15 +11,42 @@ from pathlib import Path
 
 import pytest
 
+from runtime.curve import ensure
 from tools.mesh import DEFAULTS
 from tests.helpers import REPO, command
 
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def mesh_keys(tmp_path_factory) -> Path:
+    """A data dir with the mesh's CURVE keys, as `make up` leaves it: clients find their key there."""
+    data = tmp_path_factory.mktemp("data")
+    ensure(data / "keys")
+    os.environ["LOGJAM_TEST_DATA_DIR"] = str(data)
+    return data
+
+
 def check(*argv: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    if env is None:
+        env = dict(os.environ, LOGJAM_DATA_DIR=os.environ["LOGJAM_TEST_DATA_DIR"])
     return subprocess.run([command(argv[0]), *argv[1:], "--check"], capture_output=True, text=True, timeout=90,
                           cwd=cwd, env=env)
+
+
+def test_curve_keys(tmp_path: Path) -> None:
+    """Clients find the mesh's key through $LOGJAM_DATA_DIR; without one they say what to do."""
+    env = dict(os.environ, LOGJAM_DATA_DIR=str(tmp_path))
+    res = check("logjam-tail", "--sub", "tcp://127.0.0.1:1", env=env)
+    assert res.returncode == 1 and "client.key_secret" in res.stdout and "--plaintext" in res.stdout, res.stdout
+    assert check("logjam-tail", "--sub", "tcp://127.0.0.1:1", "--plaintext", env=env).returncode == 0
+    good = check("logjam-importer", "--state-dir", str(tmp_path / "state"))
+    assert good.returncode == 0 and "CURVE client key" in good.stdout, good.stdout
+    dev = check("logjam-device", env=env)
+    assert dev.returncode == 0 and "CURVE certificates created in" in dev.stdout, dev.stdout
+    assert not (tmp_path / "keys").exists()  # --check creates nothing
+    bad = check("logjam-device", "--allow-plaintext", "router,nope", env=env)
+    assert bad.returncode == 1 and "unknown socket nope" in bad.stdout, bad.stdout
 
 
 def test_device_good_and_broken(tmp_path: Path) -> None:

@@ -342,6 +342,7 @@ def test_config_file_and_flags(tmp_path):
     cfg.write_text(
         f'bind = "127.0.0.1"\nrouter-port = {ports["router"]}\npull_port = {ports["pull"]}\n'
         f'pub-port = {ports["pub"]}\nstats-port = {ports["stats"]}\ndevice-id = 42\ncompress = "lz4"\n'
+        'allow-plaintext = "all"\n'
     )
     proc = start([command("logjam-device"), "--config", str(cfg)])
     try:
@@ -372,7 +373,7 @@ def test_port_in_use_is_a_clear_error(device):
 
     r = subprocess.run(
         [command("logjam-device"), "--bind", "127.0.0.1", "-t", str(device.router_port), "-p", str(free_port()),
-         "-P", str(free_port()), "-s", str(free_port())],
+         "-P", str(free_port()), "-s", str(free_port()), "--allow-plaintext"],
         capture_output=True, text=True, timeout=30,
     )
     assert r.returncode == 1 and "cannot start" in r.stderr

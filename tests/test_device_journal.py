@@ -354,7 +354,7 @@ def test_replay_port_in_use_fails_the_start(tmp_path):
     try:
         proc = start([command("logjam-device"), "--bind", "127.0.0.1", "-t", str(free_port()), "-p", str(free_port()),
                       "-P", str(free_port()), "-s", str(free_port()), "--data-dir", str(tmp_path),
-                      "--replay-port", str(taken.getsockname()[1])])
+                      "--replay-port", str(taken.getsockname()[1]), "--allow-plaintext"])
         assert proc.wait(20) == 1
         assert "replay port" in proc.stdout.read()
     finally:
@@ -413,7 +413,7 @@ def test_corruption_before_the_last_segment_stops_the_start(journaled):
     segments[0].write_bytes(bytes(data))
     proc = start([command("logjam-device"), "--bind", "127.0.0.1", "-t", str(free_port()), "-p", str(free_port()),
                   "-P", str(free_port()), "-s", str(free_port()), "--data-dir", str(j.data_dir),
-                  "--replay-port", str(free_port())])
+                  "--replay-port", str(free_port()), "--allow-plaintext"])
     assert proc.wait(20) == 1
     out = proc.stdout.read()
     assert "cannot start" in out and "bad batch" in out, out

@@ -37,7 +37,8 @@ def test_device_healthz_says_publishing_and_journal_writable(tmp_path) -> None:
     try:
         status, doc = healthz(port)
         assert status == 200 and doc["healthy"] is True, doc
-        assert set(doc["checks"]) == {"publishing", "journal", "input"}
+        assert set(doc["checks"]) == {"publishing", "journal", "curve", "input"}
+        assert doc["checks"]["curve"]["detail"].startswith("CURVE off")  # start_device: --allow-plaintext
         assert doc["checks"]["journal"] == {"ok": True, "detail": "writable"}
         assert "last heartbeat" in doc["checks"]["publishing"]["detail"]
         assert "logjam_device_published_total" in metrics_text(port)
@@ -101,7 +102,8 @@ def test_importer_waiting_for_spark_is_unhealthy(tmp_path) -> None:
 
     mport, spark = free_port(), free_port()
     proc = start([command("logjam-importer"), "--spark", f"sc://127.0.0.1:{spark}", "--sub", f"tcp://127.0.0.1:{free_port()}",
-                  "--state-dir", str(tmp_path / "state"), "--metrics-port", str(mport - 3), "--metrics-port-offset", "3"])
+                  "--state-dir", str(tmp_path / "state"), "--metrics-port", str(mport - 3), "--metrics-port-offset", "3",
+                  "--plaintext"])
     try:
         def answer() -> tuple[int, dict] | None:
             try:

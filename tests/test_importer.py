@@ -32,7 +32,7 @@ class Importer:
                  state_dir: Path | None = None) -> None:
         self.metrics_port = free_port()
         argv = [command("logjam-importer"), "--sub", device.pub, "--spark", spark,
-                "--metrics-port", str(self.metrics_port), *extra]
+                "--metrics-port", str(self.metrics_port), "--plaintext", *extra]
         if warehouse is not None:
             argv += ["--warehouse", str(warehouse), "--database", database_for(warehouse)]
             # Checkpoints belong to one test's warehouse, never to the repository's ./data.

@@ -472,7 +472,8 @@ def test_device_rejection_is_not_acked_and_closes_the_connection(device) -> None
 @pytest.mark.timeout(60)
 def test_limits_beyond_32_bits_are_refused_at_start() -> None:
     proc = subprocess.run(
-        [command("logjam-bridge"), "lumberjack", "--listen", "127.0.0.1:0", "--max-decompressed-size", str(2**32)],
+        [command("logjam-bridge"), "lumberjack", "--listen", "127.0.0.1:0", "--max-decompressed-size", str(2**32),
+             "--plaintext"],
         capture_output=True, text=True, timeout=50,
     )
     assert proc.returncode != 0

@@ -54,6 +54,7 @@ class DealerLoad(threading.Thread):
     def __init__(self, mesh: Mesh, run: str, resend: bool = False) -> None:
         super().__init__(daemon=True)
         self.router = f"tcp://127.0.0.1:{mesh.port('LOGJAM_ROUTER_PORT')}"
+        self.key = mesh.key
         self.run_id = run
         self.resend_timed_out = resend
         self.acked: list[str] = []
@@ -62,7 +63,7 @@ class DealerLoad(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        producer = Producer(self.router, timeout=3.0)
+        producer = Producer(self.router, timeout=3.0, curve=self.key)
         i = 0
         while not self.stop.is_set():
             batch = [f"{self.run_id} {i + k}" for k in range(20)]
@@ -77,7 +78,7 @@ class DealerLoad(threading.Thread):
                 except ReplyTimeout:
                     # Replies carry no id: after a timeout, a fresh socket keeps the count honest.
                     producer.close(ping=False)
-                    producer = Producer(self.router, timeout=3.0)
+                    producer = Producer(self.router, timeout=3.0, curve=self.key)
                     if not self.resend_timed_out or self.stop.is_set():
                         self.unacked += batch
                         result = None

@@ -132,3 +132,53 @@ def test_status_shows_health_and_follows_a_stopped_device(mesh) -> None:
         subprocess.run([command("supervisorctl"), "-c", str(REPO / "supervisord.conf"), "start", "logjam-device"],
                        env=mesh, capture_output=True, timeout=60)
     wait_for(lambda: mesh_cli(mesh, "status").returncode == 0, timeout=60, interval=1, what="every process healthy again")
+
+
+def test_curve_is_on_and_the_quickstart_tools_find_their_key(mesh, tmp_path: Path) -> None:
+    """`make up` made the keys; logjam-send and logjam-tail find the client key with no flag
+    ($LOGJAM_DATA_DIR, as in the quickstart's shell), while a client without CURVE and one
+    with keys of another mesh get nothing in: nothing of theirs reaches the table."""
+    keys = Path(mesh["LOGJAM_DATA_DIR"], "keys")
+    for name in ("server", "client"):
+        assert (keys / f"{name}.key_secret").stat().st_mode & 0o777 == 0o600
+    assert "CURVE           every ZeroMQ socket" in Path(mesh["LOGJAM_DATA_DIR"], "mesh-up.out").read_text()
+    device = healthz(ports(mesh)["logjam-device"])[1]
+    assert device["checks"]["curve"]["detail"].startswith("CURVE on router, pull, pub, stats, replay"), device
+
+    run = uuid.uuid4().hex[:8]
+    tail = subprocess.Popen([command("logjam-tail"), "--sub", f"tcp://127.0.0.1:{mesh['LOGJAM_PUB_PORT']}",
+                             "--app-env", f"quick{run}-", "--json", "--count", "1"], env=mesh,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    router = f"127.0.0.1:{mesh['LOGJAM_ROUTER_PORT']}"
+
+    def send(app_env: str, *flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([command("logjam-send"), "logjam", "--to", router, "--app-env", app_env,
+                               "--timeout", "3", *flags, f"{run} {app_env}"], env=mesh, capture_output=True,
+                              text=True, timeout=60)
+
+    from runtime.curve import ensure
+
+    ensure(tmp_path / "other-mesh")
+    assert send(f"quick{run}-plain", "--plaintext").returncode == 1
+    assert send(f"quick{run}-stranger", "--keys", str(tmp_path / "other-mesh")).returncode == 1
+    try:
+        # The tail subscribes a moment after it starts: send until it has shown one.
+        wait_for(lambda: send(f"quick{run}-ok").returncode == 0 and tail.poll() is not None, timeout=60,
+                 interval=0.5, what="logjam-tail to show what logjam-send sent")
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+    out, err = tail.communicate(timeout=10)
+    assert tail.returncode == 0 and f"quick{run}-ok" in out, out + err
+
+    def rows() -> list[dict]:
+        res = subprocess.run([command("logjam-sql"), "--json", "--max-rows", "0", "--spark",
+                              f"sc://127.0.0.1:{mesh['LOGJAM_SPARK_PORT']}", "--warehouse",
+                              f"{mesh['LOGJAM_DATA_DIR']}/warehouse",
+                              f"SELECT app_env, count(*) AS n FROM messages WHERE app_env LIKE 'quick{run}-%' GROUP BY 1"],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return [__import__("json").loads(line) for line in res.stdout.splitlines() if line.strip()]
+
+    landed = wait_for(rows, timeout=120, interval=2, what="the allowlisted sends to land")
+    assert {r["app_env"] for r in landed} == {f"quick{run}-ok"}, landed

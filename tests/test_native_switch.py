@@ -75,7 +75,8 @@ def test_the_device_says_at_start_which_loop_runs(mode, says):
 
 
 def test_a_bad_switch_value_stops_the_device_at_start():
-    proc = subprocess.run([command("logjam-device"), "--bind", "127.0.0.1", "-t", "0", "-p", "0", "-P", "0", "-s", "0"],
+    proc = subprocess.run([command("logjam-device"), "--bind", "127.0.0.1", "-t", "0", "-p", "0", "-P", "0", "-s", "0",
+                           "--allow-plaintext"],
                           env={**__import__("os").environ, native.ENV: "sometimes"}, capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode != 0

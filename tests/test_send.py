@@ -20,7 +20,9 @@ SEND = command("logjam-send")
 
 
 def send(*args: str, stdin: str = "", timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([SEND, *args], input=stdin, capture_output=True, text=True, timeout=timeout)
+    # start_device's devices run without CURVE (tests/test_curve.py has it): --plaintext for the logjam protocol.
+    plain = ["--plaintext"] if args[:1] == ("logjam",) else []
+    return subprocess.run([SEND, *args, *plain], input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
 def bodies(sub, app_env: str, n: int) -> list[dict[str, Any]]:
@@ -71,7 +73,7 @@ def test_stdin_lines_go_out_as_they_arrive_and_sigterm_flushes(device) -> None:
     """`tail -f | logjam-send`: a line is sent while stdin stays open; SIGTERM ends cleanly."""
     app_env = f"sendtest-{uuid.uuid4().hex[:8]}"
     sub = ready_subscriber(device.pub, device.router, app_env)
-    proc = subprocess.Popen([SEND, "logjam", "--to", f"127.0.0.1:{device.router_port}", "--app-env", app_env],
+    proc = subprocess.Popen([SEND, "logjam", "--plaintext", "--to", f"127.0.0.1:{device.router_port}", "--app-env", app_env],
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in ("first", "second"):

@@ -94,7 +94,8 @@ class Tail:
     """A running `logjam-tail`; stdout and stderr are collected by threads."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen([command("logjam-tail"), *args], stdout=subprocess.PIPE,
+        # --plaintext: the publishers here (fakes, start_device's devices) run without CURVE (tests/test_curve.py).
+        self.proc = subprocess.Popen([command("logjam-tail"), *args, "--plaintext"], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env={**BASE_ENV, **(env or {})})
         self.out = bytearray()
         self.err = bytearray()
@@ -486,7 +487,7 @@ def test_sigterm_while_idle_with_no_publisher(tails):
 
 def test_reader_going_away_is_not_an_error(ctx):
     pub = Pub(ctx)
-    proc = subprocess.Popen(f"{command('logjam-tail')} --sub {pub.endpoint} | head -n 1", shell=True,
+    proc = subprocess.Popen(f"{command('logjam-tail')} --plaintext --sub {pub.endpoint} | head -n 1", shell=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=BASE_ENV)
     pub.sock.poll(15000)
     seq = 0
@@ -518,7 +519,8 @@ def test_help_explains_gap_detection_limits():
     (["--sub", "bogus://x"], "--sub bogus://x"),
 ])
 def test_bad_flags_are_rejected_clearly(args, message):
-    out = subprocess.run([command("logjam-tail"), *args], capture_output=True, text=True, timeout=30, env=BASE_ENV)
+    out = subprocess.run([command("logjam-tail"), *args, "--plaintext"], capture_output=True, text=True, timeout=30,
+                         env=BASE_ENV)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
@@ -576,7 +578,7 @@ def test_stats_piped_prints_tables(ctx, tails):
 def _pty_tail(args: list[str], cols: int = 120) -> tuple[subprocess.Popen, bytearray, threading.Thread]:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, cols, 0, 0))
-    proc = subprocess.Popen([command("logjam-tail"), *args], stdin=slave, stdout=slave, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([command("logjam-tail"), *args, "--plaintext"], stdin=slave, stdout=slave, stderr=subprocess.PIPE,
                             env={**BASE_ENV, "TERM": "xterm-256color"}, close_fds=True)
     os.close(slave)
     screen = bytearray()

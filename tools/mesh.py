@@ -90,10 +90,30 @@ def status(config: Path, env: dict[str, str]) -> dict[str, str]:
     return states
 
 
+def ensure_keys(env: dict[str, str]) -> Path:
+    """The mesh's CURVE certificates (runtime/curve.py), created on first start; every process finds them here."""
+    from runtime.curve import ensure
+
+    keys = Path(env["LOGJAM_DATA_DIR"], "keys")
+    made = ensure(keys)
+    if made:
+        print(f"created CURVE certificates ({', '.join(made)}) in {keys}", flush=True)
+    return keys
+
+
+def _keys_flag(env: dict[str, str]) -> str:
+    """` --keys DIR` when the tools would not find the keys from here by themselves."""
+    from logjam.curve import default_dir
+
+    keys = Path(env["LOGJAM_DATA_DIR"], "keys")
+    return "" if default_dir().resolve() == keys.resolve() else f" --keys {keys}"
+
+
 def banner(env: dict[str, str]) -> str:
     e = env.get
     bin_dir = Path(sys.executable).parent
     rel = os.path.relpath(bin_dir)
+    keys = _keys_flag(env)
     return f"""
 logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
 
@@ -104,10 +124,11 @@ logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
   RustLog         tcp :{e('LOGJAM_RUSTLOG_PORT')}
   Spark Connect   sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')}  ({e('LOGJAM_IMPORTERS')} importers)
   JDBC            jdbc:hive2://127.0.0.1:{e('LOGJAM_JDBC_PORT')}  (table logjam.messages)
+  CURVE           every ZeroMQ socket above; keys in {e('LOGJAM_DATA_DIR')}/keys, admitted clients in keys/allowed (SIGHUP the device after a change)
   Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device :{e('LOGJAM_DEVICE_METRICS_PORT')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
 
-Send:   echo hello | {rel}/logjam-send logjam --to 127.0.0.1:{e('LOGJAM_ROUTER_PORT')}
-Tail:   {rel}/logjam-tail --sub tcp://127.0.0.1:{e('LOGJAM_PUB_PORT')}
+Send:   echo hello | {rel}/logjam-send logjam --to 127.0.0.1:{e('LOGJAM_ROUTER_PORT')}{keys}
+Tail:   {rel}/logjam-tail --sub tcp://127.0.0.1:{e('LOGJAM_PUB_PORT')}{keys}
 Query:  {rel}/logjam-sql --spark sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')} "SELECT app_env, count(*) FROM messages GROUP BY 1"
 Health: make status    Check a config: make check
 Stop:   Ctrl-C here, or `make down`
@@ -137,6 +158,7 @@ def importers_subscribed(env: dict[str, str], offsets: dict[Path, int]) -> bool:
 
 def up(config: Path, ready_timeout: float = 180.0) -> int:
     env = mesh_environment(config)
+    ensure_keys(env)
     offsets = _log_offsets(env)
     print(f"starting logjam-mesh (Spark takes ~30 s); logs in {env['LOGJAM_DATA_DIR']}/logs", flush=True)
     proc = subprocess.Popen([_bin("supervisord"), "-c", str(config), "-n"], env=env)
@@ -238,6 +260,7 @@ def _duplicate_ports(env: dict[str, str]) -> list[str]:
 def check(config: Path, timeout: float = 180.0) -> int:
     """Run every program's command with --check (in parallel); 0 when all pass."""
     env = mesh_environment(config)
+    ensure_keys(env)
     try:
         commands = program_commands(config, env)
     except SystemExit:  # supervisor printed why on stderr

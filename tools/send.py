@@ -20,7 +20,7 @@ import time
 from typing import Any, Iterator, Sequence
 
 
-from runtime import lifecycle
+from runtime import curve, lifecycle
 from runtime.check import Checker
 from runtime.config import add_config_flag, parse_args
 from logjam.message import body_from_bytes
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--rustlog-topic", default="logjam-send", help="topic to produce to (default %(default)s)")
     rl.add_argument("--partition", type=int, default=0, help="partition (default %(default)s)")
     rl.add_argument("--dialect", choices=["json", "binary"], default="json", help="wire dialect (default %(default)s)")
+    curve.add_client_flags(p)
     add_config_flag(p)
     return p
 
@@ -205,8 +206,10 @@ def options(args: argparse.Namespace) -> Options:
             tls = tls_context(args.tls_ca, args.tls_cert, args.tls_key)
         except (OSError, ssl.SSLError) as e:
             raise ValueError(f"cannot load TLS files: {e}") from None
+    # The logjam protocol goes to the device itself: CURVE, with the mesh's client key by default.
+    key = curve.client_key(args) if args.protocol == "logjam" else None
     return Options(
-        host=host, port=port, timeout=args.timeout, tls=tls, mode=args.mode, app_env=args.app_env,
+        host=host, port=port, timeout=args.timeout, tls=tls, curve=key, mode=args.mode, app_env=args.app_env,
         topic=args.topic, compress=args.compress, lumberjack_version=args.lumberjack_version,
         segment=args.segment, rustlog_topic=args.rustlog_topic, partition=args.partition, dialect=args.dialect,
     )
@@ -231,7 +234,8 @@ def check(args: argparse.Namespace) -> int:
     opts = c.attempt("flags and TLS files", lambda: validated(args))
     if opts is not None:
         what = f"{len(args.messages)} message argument(s)" if args.messages and args.messages != ["-"] else "stdin lines"
-        c.would_run(f"send {what} as {args.protocol} to {opts.where}{' with TLS' if opts.tls else ''}, "
+        secured = " with TLS" if opts.tls else " with CURVE" if opts.curve else ""
+        c.would_run(f"send {what} as {args.protocol} to {opts.where}{secured}, "
                     f"{args.batch_size} per batch, waiting {args.timeout:g}s for each acknowledgement")
     return c.report()
 

@@ -23,6 +23,7 @@ from bridges.courier.engine import AckReceived, CourierClient, UnknownReceived, 
 from bridges.lumberjack.engine import V1, V2, LumberjackClient
 from bridges.rustlog import engine as rl
 from bridges.segment import engine as seg
+from logjam.curve import ClientKey
 from logjam.errors import ProtocolError
 from logjam.producer import Producer, ReplyTimeout
 
@@ -50,6 +51,7 @@ class Options:
     timeout: float
     tls: ssl.SSLContext | None = None
     # logjam
+    curve: ClientKey | None = None  # None: plaintext (--plaintext)
     mode: str = "dealer"
     app_env: str = "send-default"
     topic: str = "logs.send"
@@ -169,7 +171,7 @@ class LogjamSender(Sender):
         linger = 0 if self.acknowledged else int(opts.timeout * 1000)
         self.producer = Producer(
             f"tcp://{opts.host}:{opts.port}", mode=opts.mode, compression=opts.compress,
-            timeout=opts.timeout, context=self.ctx, linger_ms=linger,
+            timeout=opts.timeout, context=self.ctx, linger_ms=linger, curve=opts.curve,
         )
         self.failed = False
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.live import Live
 
 from logjam import sockets
-from runtime import lifecycle
+from runtime import curve, lifecycle
 from runtime.check import Checker
 from runtime.config import add_config_flag, parse_args, setup_logging
 from logjam.message import Message
@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
                    help="--stats refresh interval (default 1)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    curve.add_client_flags(p)
     add_config_flag(p)
     return p
 
@@ -159,6 +160,7 @@ def check(args: argparse.Namespace) -> int:
     topics = f", topics starting with {', '.join(args.topic)}" if args.topic else ""
     c.would_run(f"subscribe to {', '.join(args.sub)}: {streams}{topics}, shown as {args.mode}"
                 + (f", stop after {args.count}" if args.count else ""))
+    curve.check_client(c, args)
     return c.report()
 
 
@@ -279,10 +281,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, stop: Any) -> int:
     console = _console(args)
+    try:
+        key = curve.client_key(args)
+    except curve.KeyFileError as e:
+        args.parser.error(str(e))
     ctx = zmq.Context()
     try:
         try:
-            sub = Subscriber(args.sub, args.app_env, context=ctx)
+            sub = Subscriber(args.sub, args.app_env, context=ctx, curve=key)
         except zmq.ZMQError as e:
             args.parser.error(f"--sub {' '.join(args.sub)}: {e}")
         log.debug("subscribed to %s (app-env prefixes: %s)", ", ".join(args.sub), args.app_env or "all")

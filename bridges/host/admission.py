@@ -19,6 +19,9 @@ from collections import Counter
 from typing import Iterable
 
 from bridges.host.connection import Connection
+from runtime.ratelimit import RateLimitedLog
+
+__all__ = ["Admission", "RateLimitedLog", "raise_open_file_limit", "tls_refusal_reason"]
 
 log = logging.getLogger("logjam-bridge")
 
@@ -114,30 +117,3 @@ def tls_refusal_reason(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, TimeoutError) or (isinstance(exc, ConnectionAbortedError) and "handshake is taking longer" in str(exc)):
         return "handshake_timeout", "no complete TLS handshake within --tls-handshake-timeout"
     return "connection_lost", str(exc) or exc.__class__.__name__
-
-
-class RateLimitedLog:
-    """At most `burst` lines per `period` seconds; the next line after a period says how many were dropped.
-
-    For what a flood of clients can trigger: unlimited, the log itself becomes the attack
-    (and a full stderr pipe stops the event loop)."""
-
-    def __init__(self, burst: int = 10, period: float = 10.0, level: int = logging.WARNING) -> None:
-        self.level = level
-        self.burst = burst
-        self.period = period
-        self._window_start = time.monotonic()
-        self._logged = 0
-        self._suppressed = 0
-
-    def __call__(self, msg: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._window_start >= self.period:
-            if self._suppressed:
-                log.log(self.level, "%d more like it in the last %.0fs not logged", self._suppressed, now - self._window_start)
-            self._window_start, self._logged, self._suppressed = now, 0, 0
-        if self._logged < self.burst:
-            self._logged += 1
-            log.log(self.level, msg, *args)
-        else:
-            self._suppressed += 1

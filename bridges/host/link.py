@@ -32,6 +32,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from bridges.host.native_link import ACCEPTED, OK, UNEXPECTED, NativeWire, PyWire, wire
+from logjam.curve import ClientKey, secure
 from logjam.errors import DeviceRejected
 from logjam.message import Message, MessageBatch
 
@@ -40,6 +41,7 @@ __all__ = ["ACCEPTED", "DeviceLink", "DeviceRejected"]
 log = logging.getLogger(__name__)
 
 _POLLIN = zmq.POLLIN
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 
 class _Call:
@@ -73,8 +75,9 @@ class _Endpoint:
     """One device: a DEALER socket, what it sent (awaiting replies) and what waits to be sent."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, sndhwm: int, loop: asyncio.AbstractEventLoop,
-                 wire_: NativeWire | PyWire) -> None:
+                 wire_: NativeWire | PyWire, curve: ClientKey | None = None) -> None:
         self.ctx = ctx
+        self.curve = curve
         self.endpoint = endpoint
         self.sndhwm = sndhwm
         self.loop = loop
@@ -82,16 +85,18 @@ class _Endpoint:
         self.parts: deque[_Part] = deque()  # not fully answered, in send order
         self.unsent: deque[_Part] = deque()  # not fully sent, in send order
         self.resets = 0
+        self.refused_logged = False
         self._check_scheduled = False
         self._open()
 
     def _open(self) -> None:
-        sock = self.ctx.socket(zmq.DEALER)
+        sock = secure(self.ctx.socket(zmq.DEALER), self.curve)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.sndhwm)
         sock.setsockopt(zmq.RCVHWM, 0)
         self.connected = False  # TCP to the device is up (the monitor says so); for /healthz
-        self.monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        # Connected means handshaken: with CURVE a TCP connection the device refuses is not a link.
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _REFUSED)
         sock.connect(self.endpoint)
         self.sock = sock
         self.loop.add_reader(sock.FD, self._on_socket)
@@ -183,8 +188,16 @@ class _Endpoint:
                 event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_CONNECTED:
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected = True
+                self.refused_logged = False
+                continue
+            if event["event"] & _REFUSED:
+                if event["event"] != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and not self.refused_logged:
+                    log.warning("the device at %s refused the handshake (CURVE key not on its allowlist, another "
+                                "server key, or --plaintext against a CURVE device?)", self.endpoint)
+                    self.refused_logged = True
+                self.connected = False
                 continue
             self.connected = False
             if event["event"] == zmq.EVENT_DISCONNECTED and self.parts:
@@ -211,12 +224,13 @@ class _Endpoint:
 
 class DeviceLink:
     def __init__(self, endpoints: Sequence[str], *, max_inflight: int = 20_000, sndhwm: int = 100_000,
-                 native: bool = True) -> None:
+                 native: bool = True, curve: ClientKey | None = None) -> None:
         if not endpoints:
             raise ValueError("at least one device endpoint is required")
         self._endpoint_names = list(endpoints)
         self._sndhwm = sndhwm
         self._native = native
+        self._curve = curve  # None: plaintext, to a device run with --allow-plaintext
         self._ctx: zmq.Context | None = None
         self._endpoints: list[_Endpoint] = []
         self._max_inflight = max_inflight
@@ -228,7 +242,7 @@ class DeviceLink:
         loop = asyncio.get_running_loop()
         self._wire = wire(self._native)
         self._ctx = zmq.Context()
-        self._endpoints = [_Endpoint(self._ctx, ep, self._sndhwm, loop, self._wire) for ep in self._endpoint_names]
+        self._endpoints = [_Endpoint(self._ctx, ep, self._sndhwm, loop, self._wire, self._curve) for ep in self._endpoint_names]
         self._next = itertools.cycle(self._endpoints)
         self._room = asyncio.Condition()
 

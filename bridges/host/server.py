@@ -23,6 +23,7 @@ from bridges.host.metrics import BridgeMetrics
 from bridges.host.protocol import BridgeProtocol, Host
 from bridges.host.tls import ReloadableTLS
 from runtime.health import Check
+from logjam.curve import ClientKey
 from logjam.errors import ProtocolError
 from logjam.meta import Compression
 
@@ -37,10 +38,11 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 class BridgeServer:
-    def __init__(self, protocol_cls: type[BridgeProtocol], args: argparse.Namespace) -> None:
+    def __init__(self, protocol_cls: type[BridgeProtocol], args: argparse.Namespace,
+                 curve: ClientKey | None = None) -> None:
         self.args = args
         self.metrics = BridgeMetrics(protocol_cls.name)
-        self.link = DeviceLink(args.device, max_inflight=args.max_inflight)
+        self.link = DeviceLink(args.device, max_inflight=args.max_inflight, curve=curve)
         mapper = EventMapper(
             app_env=args.app_env,
             topic=args.topic,

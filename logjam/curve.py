@@ -1,0 +1,109 @@
+"""CurveZMQ on the mesh's ZeroMQ sockets: reading key files, and each side's socket options.
+
+Every socket a device binds is a CURVE server with the mesh's server key pair; every
+socket that connects to one is a CURVE client with a key pair of its own and the server's
+public key. Keys are zmq.auth certificate files (`NAME.key` holds the public key,
+`NAME.key_secret` both), by default under one directory, `$LOGJAM_DATA_DIR/keys`:
+
+    server.key, server.key_secret   the devices' key pair
+    client.key, client.key_secret   the bundled clients' key pair (bridges, importers, tools)
+    allowed/*.key                   the public keys a device admits: its allowlist
+
+The options are set before bind or connect, so they hold for the C fast paths as well
+(native/ drives these same sockets). Which clients a server admits is decided by its ZAP
+handler (runtime/curve.py); creating the files is runtime's job too. This module only reads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+import zmq.auth
+
+SERVER = "server"
+CLIENT = "client"
+ALLOWED = "allowed"
+
+
+class KeyFileError(ValueError):
+    """A key file is missing or holds no usable key; the message says which and what to do."""
+
+
+def default_dir() -> Path:
+    """`$LOGJAM_DATA_DIR/keys`, else `./data/keys` (where `make up` keeps them)."""
+    return Path(os.environ.get("LOGJAM_DATA_DIR") or "data") / "keys"
+
+
+def public_file(keys_dir: str | Path, name: str) -> Path:
+    return Path(keys_dir) / f"{name}.key"
+
+
+def secret_file(keys_dir: str | Path, name: str) -> Path:
+    return Path(keys_dir) / f"{name}.key_secret"
+
+
+def _load(path: str | Path, *, secret: bool) -> tuple[bytes, bytes | None]:
+    try:
+        public, secret_key = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as e:
+        raise KeyFileError(f"cannot read the CURVE certificate {path}: {e}") from None
+    if len(public) != 40 or (secret and (secret_key is None or len(secret_key) != 40)):
+        raise KeyFileError(f"{path} holds no {'secret' if secret else 'public'} CURVE key "
+                           f"(a zmq.auth certificate{', the .key_secret file' if secret else ''} is needed)")
+    return public, secret_key
+
+
+@dataclass(frozen=True, slots=True)
+class ServerKey:
+    """A server's key pair (Z85 text, as in the certificate files)."""
+
+    public: bytes
+    secret: bytes = field(repr=False)  # never in a log line or a test failure
+
+    @classmethod
+    def load(cls, secret_path: str | Path) -> "ServerKey":
+        public, secret = _load(secret_path, secret=True)
+        return cls(public, secret)  # type: ignore[arg-type]
+
+    def apply(self, sock: zmq.Socket, domain: str) -> None:
+        """Make `sock` a CURVE server; its ZAP requests carry `domain` (the socket's name in refusals)."""
+        sock.curve_server = True
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+        sock.zap_domain = domain.encode()
+
+
+@dataclass(frozen=True, slots=True)
+class ClientKey:
+    """A client's key pair and the public key of the servers it connects to."""
+
+    public: bytes
+    secret: bytes = field(repr=False)
+    server_public: bytes
+
+    @classmethod
+    def load(cls, secret_path: str | Path, server_path: str | Path) -> "ClientKey":
+        public, secret = _load(secret_path, secret=True)
+        server_public, _ = _load(server_path, secret=False)
+        return cls(public, secret, server_public)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dir(cls, keys_dir: str | Path) -> "ClientKey":
+        """The bundled clients' key: `client.key_secret` and `server.key` in `keys_dir`."""
+        return cls.load(secret_file(keys_dir, CLIENT), public_file(keys_dir, SERVER))
+
+    def apply(self, sock: zmq.Socket) -> None:
+        """Make `sock` a CURVE client; a server that does not know our key never lets a byte through."""
+        sock.curve_serverkey = self.server_public
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
+
+def secure(sock: zmq.Socket, curve: ClientKey | None) -> zmq.Socket:
+    """Apply `curve` to a client socket (None: plaintext, for a device run with --allow-plaintext)."""
+    if curve is not None:
+        curve.apply(sock)
+    return sock

@@ -1,0 +1,347 @@
+"""CURVE for the processes: key files created on first start, the flags, and the gatekeeper.
+
+- `ensure()` creates the mesh's certificates (logjam/curve.py has the layout) when they
+  are missing: `make up` calls it before anything starts, a device started by hand on the
+  default directory calls it too. Secret files are mode 0600, the directory 0700.
+- `add_server_flags` / `add_client_flags` and the functions reading them: every process
+  finds its key under `--keys` (default `$LOGJAM_DATA_DIR/keys`) with no flag at all;
+  `--curve-secret`, `--curve-server-key` and `--curve-allow` point elsewhere.
+- `Gatekeeper` is a server process's ZAP handler: it admits a CURVE client when its public
+  key is in the allowlist directory (read again by `reload()`, on SIGHUP), and reports every
+  refusal: one WARNING per peer and reason (rate-limited) and a count for /metrics. Clients
+  that fail before ZAP is asked (no CURVE at all, or another server key) are seen through a
+  socket monitor; libzmq's monitor names the listening endpoint there, not the peer.
+
+The gatekeeper is a thread with its own sockets in the server's context (ZAP is per
+context), so it is created after any fork, like every other socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
+
+from logjam import curve
+from logjam.curve import ClientKey, KeyFileError, ServerKey
+from runtime.check import Checker
+from runtime.ratelimit import RateLimitedLog
+
+log = logging.getLogger("logjam")
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+# A peer refused for one reason is logged once in this many seconds (it reconnects every 0.1 s).
+LOG_PEER_EVERY = 300.0
+_MONITORED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+_PROTOCOL_REASONS = {
+    zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: ("no_curve", "the client does not speak CURVE (plaintext?)"),
+    zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: ("bad_handshake", "CURVE handshake failed: the client uses another server key"),
+}
+
+
+# -- files ---------------------------------------------------------------------
+
+
+def ensure(keys_dir: str | Path) -> list[str]:
+    """Create whatever of the server pair, the client pair and its allowlist entry is missing; returns what was made."""
+    keys = Path(keys_dir)
+    keys.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (keys / curve.ALLOWED).mkdir(exist_ok=True, mode=0o700)
+    made = []
+    for name in (curve.SERVER, curve.CLIENT):
+        if curve.secret_file(keys, name).exists() or not _create_pair(keys, name):
+            continue
+        made.append(name)
+        if name == curve.CLIENT:
+            shutil.copyfile(curve.public_file(keys, name), keys / curve.ALLOWED / f"{name}.key")
+    return made
+
+
+def _create_pair(keys: Path, name: str) -> bool:
+    """Create a pair in a private temporary directory, then link it in: no moment where a secret is
+    readable, and of two processes starting at once only one pair wins (False: the other's did)."""
+    tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=keys))  # mode 0700
+    try:
+        public, secret = zmq.auth.create_certificates(tmp, name)
+        os.chmod(secret, 0o600)
+        os.chmod(public, 0o644)
+        try:
+            os.link(secret, curve.secret_file(keys, name))  # fails if it exists: the secret file decides
+        except FileExistsError:
+            return False
+        os.replace(public, curve.public_file(keys, name))
+        return True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- flags -----------------------------------------------------------------------
+
+SERVER_SOCKETS = ("router", "pull", "pub", "stats", "replay")
+
+
+def _keys_flag(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--keys", metavar="DIR",
+                       help="directory of the mesh's CURVE certificates (default $LOGJAM_DATA_DIR/keys, else ./data/keys)")
+
+
+def add_client_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("CURVE (encryption and authentication to the device)")
+    _keys_flag(g)
+    g.add_argument("--curve-secret", metavar="FILE", help="this client's certificate (zmq.auth .key_secret file; "
+                   "default KEYS/client.key_secret)")
+    g.add_argument("--curve-server-key", metavar="FILE",
+                   help="the devices' public certificate (default KEYS/server.key)")
+    g.add_argument("--plaintext", action="store_true",
+                   help="connect without CURVE, to a device run with --allow-plaintext")
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("CURVE (encryption and authentication of every client)")
+    _keys_flag(g)
+    g.add_argument("--curve-secret", metavar="FILE",
+                   help="the server's certificate (zmq.auth .key_secret file; default KEYS/server.key_secret, "
+                        "created on first start when KEYS is the default)")
+    g.add_argument("--curve-allow", metavar="DIR",
+                   help="directory of the public certificates (*.key) of admitted clients; SIGHUP reads it again "
+                        "(default KEYS/allowed)")
+    g.add_argument("--allow-plaintext", nargs="?", const="all", metavar="SOCKETS",
+                   help="accept clients without CURVE (and without authentication) on these sockets, a comma list "
+                        f"of {', '.join(SERVER_SOCKETS)}; alone: all of them. Default: none")
+
+
+def keys_dir(args: argparse.Namespace) -> Path:
+    return Path(args.keys) if args.keys else curve.default_dir()
+
+
+def client_key(args: argparse.Namespace) -> ClientKey | None:
+    """The client's key from the flags (None with --plaintext); KeyFileError says what is missing."""
+    if args.plaintext:
+        return None
+    keys = keys_dir(args)
+    secret = args.curve_secret or curve.secret_file(keys, curve.CLIENT)
+    server = args.curve_server_key or curve.public_file(keys, curve.SERVER)
+    try:
+        return ClientKey.load(secret, server)
+    except KeyFileError as e:
+        raise KeyFileError(f"{e}. `make up` creates the mesh's keys in $LOGJAM_DATA_DIR/keys; --keys, "
+                           "--curve-secret and --curve-server-key point elsewhere; --plaintext connects "
+                           "without CURVE (to a device run with --allow-plaintext)") from None
+
+
+def open_sockets(value: str | None) -> frozenset[str]:
+    """The sockets --allow-plaintext names."""
+    if not value:
+        return frozenset()
+    names = {s.strip() for s in value.split(",") if s.strip()}
+    if "all" in names:
+        return frozenset(SERVER_SOCKETS)
+    unknown = names - set(SERVER_SOCKETS)
+    if unknown:
+        raise KeyFileError(f"--allow-plaintext: unknown socket {', '.join(sorted(unknown))} "
+                           f"(one of {', '.join(SERVER_SOCKETS)}, or all)")
+    return frozenset(names)
+
+
+@dataclass(frozen=True)
+class ServerCurve:
+    """What a device's sockets need: its key pair, the allowlist directory, and which sockets stay open."""
+
+    key: ServerKey | None
+    allow_dir: Path
+    plaintext: frozenset[str] = field(default_factory=frozenset)
+
+    def secured(self, name: str) -> bool:
+        return self.key is not None and name not in self.plaintext
+
+    def describe(self) -> str:
+        closed = [s for s in SERVER_SOCKETS if self.secured(s)]
+        text = f"CURVE on {', '.join(closed)} (allowlist {self.allow_dir})" if closed else "CURVE off"
+        if self.plaintext:
+            text += f"; OPEN, plaintext without authentication: {', '.join(s for s in SERVER_SOCKETS if s in self.plaintext)}"
+        return text
+
+
+def server_curve(args: argparse.Namespace) -> ServerCurve:
+    """The server side from the flags; creates the default key files on first start."""
+    plaintext = open_sockets(args.allow_plaintext)
+    keys = keys_dir(args)
+    allow = Path(args.curve_allow) if args.curve_allow else keys / curve.ALLOWED
+    if plaintext == frozenset(SERVER_SOCKETS):
+        return ServerCurve(None, allow, plaintext)
+    if not args.curve_secret and not args.keys:
+        made = ensure(keys)
+        if made:
+            log.info("created CURVE certificates %s in %s (secret files mode 0600)", ", ".join(made), keys)
+    secret = args.curve_secret or curve.secret_file(keys, curve.SERVER)
+    key = ServerKey.load(secret)
+    if not allow.is_dir():
+        raise KeyFileError(f"--curve-allow {allow}: not a directory of client certificates")
+    return ServerCurve(key, allow, plaintext)
+
+
+def check_server(c: Checker, args: argparse.Namespace) -> None:
+    """--check: the key files as a start would read them (the default ones are not created here)."""
+    try:
+        plaintext = open_sockets(args.allow_plaintext)
+    except KeyFileError as e:
+        c.error(str(e))
+        return
+    if plaintext == frozenset(SERVER_SOCKETS):
+        c.would_run("CURVE off: every socket OPEN (--allow-plaintext)")
+        return
+    keys = keys_dir(args)
+    secret = args.curve_secret or curve.secret_file(keys, curve.SERVER)
+    allow = Path(args.curve_allow) if args.curve_allow else keys / curve.ALLOWED
+    if not args.curve_secret and not args.keys and not Path(secret).exists():
+        c.would_run(f"CURVE certificates created in {keys} on first start")
+        return
+    if c.attempt(f"CURVE server certificate {secret}", lambda: ServerKey.load(secret)) is not None:
+        c.attempt(f"--curve-allow {allow}", lambda: zmq.auth.load_certificates(allow))
+        c.would_run(ServerCurve(ServerKey(b"", b""), allow, plaintext).describe())
+
+
+def check_client(c: Checker, args: argparse.Namespace) -> None:
+    """--check: the client's key files."""
+    if args.plaintext:
+        c.would_run("CURVE off (--plaintext): the device must run with --allow-plaintext")
+    elif c.attempt("CURVE client key", lambda: client_key(args)) is not None:
+        c.would_run(f"CURVE client key {args.curve_secret or curve.secret_file(keys_dir(args), curve.CLIENT)}")
+
+
+# -- the ZAP handler ---------------------------------------------------------------
+
+
+class Gatekeeper(threading.Thread):
+    """A context's ZAP handler and handshake-failure monitor; `refused` counts by (socket, reason)."""
+
+    def __init__(self, ctx: zmq.Context, allow_dir: str | Path) -> None:
+        super().__init__(name="curve-zap", daemon=True)
+        self.ctx = ctx
+        self.allow_dir = Path(allow_dir)
+        self.allowed: frozenset[bytes] = self._read()
+        self.refused: Counter[tuple[str, str]] = Counter()
+        self.admitted = 0
+        self.reloads = 0
+        self.reload_failures = 0
+        self._halt = threading.Event()
+        self._monitors: queue.SimpleQueue[tuple[str, str, zmq.Socket]] = queue.SimpleQueue()
+        self._log = RateLimitedLog()
+        self._last_logged: dict[tuple[str, str, str], float] = {}
+        # Bound here, before any server socket binds: a CURVE socket without a ZAP handler admits everyone.
+        self._zap = ctx.socket(zmq.REP)
+        self._zap.linger = 0
+        self._zap.bind(ZAP_ENDPOINT)
+
+    def _read(self) -> frozenset[bytes]:
+        try:
+            return frozenset(zmq.auth.load_certificates(self.allow_dir))
+        except (OSError, ValueError) as e:
+            raise KeyFileError(f"cannot read the allowlist {self.allow_dir}: {e}") from None
+
+    def reload(self) -> bool:
+        """Read the allowlist again (SIGHUP); new handshakes use it, connected clients stay connected."""
+        try:
+            fresh = self._read()
+        except KeyFileError as e:
+            self.reload_failures += 1
+            log.error("SIGHUP: %s; keeping the previous allowlist of %d keys", e, len(self.allowed))
+            return False
+        self.allowed = fresh
+        self.reloads += 1
+        log.info("SIGHUP: reloaded the CURVE allowlist %s: %d keys; new connections use it", self.allow_dir, len(fresh))
+        return True
+
+    def watch(self, sock: zmq.Socket, name: str, endpoint: str) -> None:
+        """Report `sock`'s handshake failures; call from the thread that owns `sock`, before it binds."""
+        monitor = sock.get_monitor_socket(_MONITORED)
+        self._monitors.put((name, endpoint, monitor))
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._zap, zmq.POLLIN)
+        monitors: dict[zmq.Socket, tuple[str, str]] = {}
+        try:
+            while not self._halt.is_set():
+                while not self._monitors.empty():
+                    name, endpoint, m = self._monitors.get()
+                    monitors[m] = (name, endpoint)
+                    poller.register(m, zmq.POLLIN)
+                for sock, _ in poller.poll(200):
+                    if sock is self._zap:
+                        self._serve(self._zap.recv_multipart())
+                    else:
+                        self._handshake_failed(*monitors[sock], sock.recv_multipart())
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            for m in monitors:
+                m.close(0)
+            self._zap.close(0)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join(timeout)
+        else:
+            self._zap.close(0)
+
+    def _serve(self, frames: list[bytes]) -> None:
+        try:
+            self._answer(frames)
+        except Exception:  # a bug here must refuse this one client, not stop the handler (which refuses all)
+            log.exception("CURVE: ZAP request failed; refusing that client")
+            self._zap.send_multipart([*frames[:2], b"500", b"internal error", b"", b""])
+
+    def _answer(self, frames: list[bytes]) -> None:
+        """ZAP: [version, request id, domain, address, identity, mechanism, credentials...]."""
+        version, request_id = frames[0], frames[1]
+        domain, address, mechanism = frames[2].decode(errors="replace"), frames[3].decode(errors="replace"), frames[5]
+        ok, user = False, b""
+        if mechanism == b"NULL":
+            ok = True  # only sockets run with --allow-plaintext take NULL (no key to check)
+        elif mechanism == b"CURVE" and len(frames) > 6:
+            key = z85.encode(frames[6])
+            ok = key in self.allowed
+            user = key
+            if not ok:
+                self._refuse(domain, "not_allowed", address,
+                             f"key {key.decode()} is not in the allowlist {self.allow_dir}")
+        else:
+            self._refuse(domain, "mechanism", address, f"mechanism {mechanism.decode(errors='replace')} is not accepted")
+        if ok:
+            self.admitted += 1
+        self._zap.send_multipart([version, request_id, b"200" if ok else b"400",
+                                  b"OK" if ok else b"not allowed", user, b""])
+
+    def _handshake_failed(self, name: str, endpoint: str, message: list[bytes]) -> None:
+        event = parse_monitor_message(message)
+        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return  # a ZAP refusal: logged and counted in _answer, with the peer's address
+        reason, detail = _PROTOCOL_REASONS.get(int(event["value"]), ("protocol_error", f"handshake error {event['value']}"))
+        self._refuse(name, reason, f"a client of {endpoint}", detail)
+
+    def _refuse(self, socket_name: str, reason: str, peer: str, detail: str) -> None:
+        self.refused[(socket_name, reason)] += 1
+        now = time.monotonic()
+        key = (socket_name, reason, peer)
+        last = self._last_logged.get(key)
+        if last is not None and now - last < LOG_PEER_EVERY:
+            return
+        if len(self._last_logged) > 10_000:
+            self._last_logged.clear()
+        self._last_logged[key] = now
+        self._log("CURVE: refused %s on %s (%s): %s", peer, socket_name, reason, detail)
