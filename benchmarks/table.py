@@ -38,6 +38,7 @@ from benchmarks.e2e import Mesh  # noqa: E402
 from importer.compaction import local_partitions  # noqa: E402
 from importer.partition_files import live_files  # noqa: E402
 from importer.tiers import level_of  # noqa: E402
+from logjam.curve import ClientKey  # noqa: E402
 from logjam.producer import Producer  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
 
@@ -55,16 +56,17 @@ def body(i: int, app_env: str) -> dict:
 class Sender(threading.Thread):
     """Logjam agents at a steady rate, round-robin over the streams; counts what the device acknowledged."""
 
-    def __init__(self, endpoint: str, rate: float, app_envs: list[str], stop: threading.Event) -> None:
+    def __init__(self, endpoint: str, rate: float, app_envs: list[str], stop: threading.Event,
+                 curve: ClientKey) -> None:
         super().__init__(daemon=True)
-        self.endpoint, self.rate, self.app_envs, self.stop = endpoint, rate, app_envs, stop
+        self.endpoint, self.rate, self.app_envs, self.stop, self.curve = endpoint, rate, app_envs, stop, curve
         self.acked = 0
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             tick, i = 0.1, 0
-            with Producer(self.endpoint) as p:
+            with Producer(self.endpoint, curve=self.curve) as p:
                 next_at = time.perf_counter()
                 while not self.stop.is_set():
                     for _ in range(int(self.rate * tick)):
@@ -76,6 +78,11 @@ class Sender(threading.Thread):
                     time.sleep(max(0.0, next_at - time.perf_counter()))
         except BaseException as e:  # reported by the main thread
             self.error = e
+
+
+def key(mesh: Mesh) -> ClientKey:
+    """The client key `make up` made for the bundled tools (CURVE is on by default)."""
+    return ClientKey.from_dir(Path(mesh.env["LOGJAM_DATA_DIR"]) / "keys")
 
 
 def census(location: str) -> list[tuple[int, int]]:
@@ -111,7 +118,7 @@ def run(mesh: Mesh, args: argparse.Namespace) -> int:
     location = f"{mesh.env['LOGJAM_DATA_DIR']}/warehouse/messages"
     app_envs = [f"svc{i:03d}-prod" for i in range(args.app_envs)]
     stop = threading.Event()
-    sender = Sender(f"tcp://127.0.0.1:{mesh.env['LOGJAM_ROUTER_PORT']}", args.rate, app_envs, stop)
+    sender = Sender(f"tcp://127.0.0.1:{mesh.env['LOGJAM_ROUTER_PORT']}", args.rate, app_envs, stop, key(mesh))
     started = time.monotonic()
     sender.start()
     samples: list[tuple[float, int, float, int]] = []
@@ -159,12 +166,12 @@ def run(mesh: Mesh, args: argparse.Namespace) -> int:
 def burst(mesh: Mesh, args: argparse.Namespace) -> int:
     router = f"tcp://127.0.0.1:{mesh.env['LOGJAM_ROUTER_PORT']}"
     stop = threading.Event()
-    flow = Sender(router, 100, ["flow-prod"], stop)
+    flow = Sender(router, 100, ["flow-prod"], stop, key(mesh))
     flow.start()
     lag_query = "SELECT max(created_at) FROM logjam.messages WHERE app_env = 'flow-prod'"
     time.sleep(15)
     started = time.monotonic()
-    with Producer(router) as p:
+    with Producer(router, curve=key(mesh)) as p:
         for i in range(args.burst):
             for k in range(2):
                 p.submit(f"new{i:06d}-prod", "logs.burst", body(k, "burst"))
