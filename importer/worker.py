@@ -31,6 +31,7 @@ from importer.dedupe import RecentKeys
 from importer.metrics import ImporterMetrics
 from importer.partitioning import PartitionMap
 from importer.paths import OVERFLOW, QUARANTINE, table_path
+from importer.schema import ARROW_SCHEMA
 from importer.receive import Receiver
 from importer.report import GapReport, Tally
 from importer.sequence import Ledger, Sequencer
@@ -94,7 +95,7 @@ class Worker:
         location = catalog.ensure_table(spark, args.database, table_path(warehouse))
         partition_map = PartitionMap(self.worker_id, max_new=args.max_new_app_envs, on_overflow=self._overflowed)
         self.table = TableWriter(args.database, self.worker_id, location, staging=not args.no_staging,
-                                 partition_map=partition_map)
+                                 partition_map=partition_map, spill_dir=self.state_dir / f"spill-{self.worker_id}")
         staged = self.table.probe_staging(spark)
         log.info("spark %s ready in %.1fs; writing %s.messages under %s (%s)", args.spark,
                  time.monotonic() - started, args.database, self.table.root,
@@ -256,6 +257,9 @@ class Worker:
 
     def _housekeeping(self) -> None:
         self._watch_writer()
+        if self.writer.idle and self.table.spill is not None and self.table.spill.files and not self.batch.rows:
+            # Rows of a burst of new streams still wait for their partitions: an empty batch takes a share.
+            self.writer.submit(Batch(ARROW_SCHEMA.empty_table(), None, 0, 0, time.monotonic()))
         self._idle_checkpoint()
         now = time.monotonic()
         if self.sequencer is not None and self.checkpoints is not None and now >= self._next_report:

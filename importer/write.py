@@ -47,14 +47,15 @@ from importer.failures import describe
 from importer.partition_files import MARKER, root_lock
 from importer.partitioning import PartitionMap, partitions_of
 from importer.paths import QUARANTINE, local_path, output_root, partition_dir, staging_dir
+from importer.spill import Spill
 from importer.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string
 
 log = logging.getLogger(__name__)
 
 _SORT = [("app_env", "ascending"), ("date", "ascending")]
-# New partitions one Spark job registers at most (about 2-3 ms each): a burst of new streams
-# is written as several jobs, so the streams that already flow are never held up for long.
-NEW_PARTITIONS_PER_JOB = 1000
+# New partitions one Spark job registers at most (2-3 ms each, and about as much again to
+# write into): a burst of new streams waits in the spill, so the streams that flow keep landing.
+NEW_PARTITIONS_PER_JOB = 500
 # Row groups per staged file: Spark splits a file only between row groups.
 _STAGED_ROW_GROUPS = 16
 
@@ -67,15 +68,16 @@ class TableWriter:
     """Writes batches of one importer into the catalog table, through Spark."""
 
     def __init__(self, database: str, importer: int, location: str, *, staging: bool = True,
-                 partition_map: PartitionMap | None = None) -> None:
+                 partition_map: PartitionMap | None = None, spill_dir: Path | None = None) -> None:
         self.database = database
         self.importer = importer
         self.root = output_root(location, importer)
         self.root_dir = local_path(self.root)
         self.partitions = Partitions(database, importer, self.root)
         self.map = partition_map or PartitionMap(importer)
-        self._map_loaded = False
-        self.progress: Callable[[], None] = lambda: None  # called as each Spark job of a write starts
+        self.spill = Spill(spill_dir) if spill_dir is not None else None
+        self._loaded = False
+        self._plan: tuple[pa.Table, pa.Table, tuple[Path, pa.Table | None] | None] | None = None
         staged = local_path(staging_dir(location, importer)) if staging else None
         self.staging: Path | None = staged
 
@@ -104,27 +106,62 @@ class TableWriter:
 
     def write(self, spark: Any, table: pa.Table, quarantine: frozenset[tuple[str, str]] = frozenset(),
               retry: bool = False) -> None:
-        """Write one batch; rows of the (app_env, date) pairs in `quarantine` go to the quarantine partition.
+        """Write one batch in one Spark job; rows of the (app_env, date) pairs in `quarantine` go to the quarantine.
 
-        A batch that needs more than NEW_PARTITIONS_PER_JOB new partitions (a burst of new
-        streams) is written as several jobs, each a prefix of the rest in arrival order, so
-        that registering thousands of partitions never holds up the streams that already
-        flow for more than a job's time. A prefix in arrival order is a prefix of every
-        device's sequence, so the table stays a prefix of what was received even if the
-        importer dies between two of them; on a retry, a piece already in the table is skipped.
+        A job registers at most NEW_PARTITIONS_PER_JOB new partitions, so that a burst of new
+        streams never holds up the streams that already flow: the rest of the burst waits in
+        the spill (importer/spill.py), durably, and each later job takes a share of it. A retry
+        of the same batch repeats the same job, and skips it if it had committed after all.
         """
-        if not self._map_loaded:
+        if not self._loaded:
             self.map.load(spark, self.database)
-            self._map_loaded = True
+            if self.spill is not None:
+                self.spill.prune(spark, self.database, self.importer)
+            self._loaded = True
+        if self._plan is None or self._plan[0] is not table or not retry:
+            self._plan = (table, *self._plan_job(table))
+        _, job, taken = self._plan
         if quarantine:
-            table = quarantined(table, quarantine)
-        pieces = self._pieces(table)
-        for piece in pieces:
-            self.progress()  # each piece is a Spark job of its own for --write-timeout
-            if retry and len(pieces) > 1 and self.landed(spark, piece):
-                continue
-            mapped, specs = self.map.apply(piece)
+            job = quarantined(job, quarantine)
+        if not (retry and self.landed(spark, job)):
+            mapped, specs = self.map.apply(job)
             self._commit(spark, mapped.sort_by(_SORT), specs)
+        if taken is not None and self.spill is not None:
+            self.spill.done(*taken)
+        self._plan = None
+
+    def _plan_job(self, table: pa.Table) -> tuple[pa.Table, tuple[Path, pa.Table | None] | None]:
+        """This batch's job: its rows within the new-partition budget, plus a share of the spill if it has room."""
+        job, later, used = self._share(table, NEW_PARTITIONS_PER_JOB)
+        if later is not None:
+            if self.spill is None:
+                return table, None
+            self.spill.put(later)  # durable before the job commits the rows that arrived after these
+            log.info("%d rows of new streams wait for their partitions (%d new in this job; %d rows waiting)",
+                     later.num_rows, used, self.spill.rows)
+            return job, None
+        head = self.spill.head() if self.spill is not None and used < NEW_PARTITIONS_PER_JOB else None
+        if head is None:
+            return job, None
+        path, spilled = head
+        share, rest, _ = self._share(spilled, NEW_PARTITIONS_PER_JOB - used)
+        return pa.concat_tables([share, job]), (path, rest)
+
+    def _share(self, table: pa.Table, budget: int) -> tuple[pa.Table, pa.Table | None, int]:
+        """(rows of registered partitions and of the first `budget` new ones, the other rows or None, new ones used)."""
+        pairs = partitions_of(table)
+        new = [p for p in pairs if not self.partitions.is_registered((self.map.value(*p), p[1]))]
+        if len(new) <= budget:
+            return table, None, len(new)
+        order: dict[tuple[str, str], int] = {}
+        keys = list(zip(table.column("app_env").to_pylist(), (d.isoformat() for d in table.column("date").to_pylist())))
+        wanted = set(new)
+        for key in keys:
+            if key in wanted and key not in order:
+                order[key] = len(order)
+        late = {k for k, i in order.items() if i >= budget}
+        mask = pa.array([k not in late for k in keys])
+        return table.filter(mask), table.filter(pc.invert(mask)), budget
 
     def _commit(self, spark: Any, table: pa.Table, specs: list[tuple[str, str]]) -> None:
         self.partitions.register(spark, specs)
@@ -134,25 +171,6 @@ class TableWriter:
             self._write(spark, table)
             if self.root_dir is not None:
                 self._follow_compaction(spark, specs)
-
-    def _pieces(self, table: pa.Table) -> list[pa.Table]:
-        pairs = partitions_of(table)
-        new = {p for p in pairs if not self.partitions.is_registered((self.map.value(*p), p[1]))}
-        if len(new) <= NEW_PARTITIONS_PER_JOB:
-            return [table]
-        cuts, seen, in_piece = [], set(), 0
-        for i, key in enumerate(zip(table.column("app_env").to_pylist(),
-                                    (d.isoformat() for d in table.column("date").to_pylist()))):
-            if key in new and key not in seen:
-                if in_piece == NEW_PARTITIONS_PER_JOB:
-                    cuts.append(i)
-                    in_piece = 0
-                seen.add(key)
-                in_piece += 1
-        bounds = [0, *cuts, table.num_rows]
-        log.info("a batch of %d rows needs %d new partitions: writing it as %d jobs", table.num_rows, len(new),
-                 len(bounds) - 1)
-        return [table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
 
     def isolate(self, spark: Any, table: pa.Table) -> frozenset[tuple[str, str]]:
         """The (app_env, date) pairs whose rows fail by themselves while others succeed; empty when the
@@ -295,7 +313,6 @@ class BackgroundWriter:
         self.started: float | None = None  # monotonic start of the Spark call under way
         self._lock = threading.Lock()
         self.done = threading.Event()  # set whenever a batch finishes (the main loop waits on it)
-        writer.progress = self._progress
         self._thread = threading.Thread(target=self._run, name="spark-writer", daemon=True)
         self._thread.start()
 
@@ -324,10 +341,6 @@ class BackgroundWriter:
                 return True
             except queue.Full:
                 continue
-
-    def _progress(self) -> None:
-        if self.started is not None:
-            self.started = time.monotonic()
 
     def interrupt(self) -> None:
         """Cancel the Spark operation under way (from another thread): it then fails and is retried."""

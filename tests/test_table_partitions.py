@@ -173,32 +173,42 @@ def test_directory_names_stay_within_the_limit() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_a_burst_of_new_streams_is_written_in_prefix_pieces_and_a_retry_skips_what_landed(spark_server, tmp_path,
-                                                                                         monkeypatch) -> None:
+def test_a_burst_of_new_streams_waits_in_the_spill_and_lands_once_across_a_restart(spark_server, tmp_path,
+                                                                                   monkeypatch) -> None:
     from importer import write
     from importer.decode import BatchBuilder
+    from importer.schema import ARROW_SCHEMA
+    from importer.write import TableWriter
     from logjam.message import Message
     from tests.test_compaction import Table
 
     monkeypatch.setattr(write, "NEW_PARTITIONS_PER_JOB", 10)
     t = Table(spark_server, tmp_path / "wh")
+    spill = tmp_path / "spill"
+    writer = TableWriter(t.database, 0, t.location, spill_dir=spill)
+
+    def count() -> tuple[int, int]:
+        row = t.spark.sql(f"SELECT count(*), count(DISTINCT seq) FROM {t.database}.messages").collect()[0]
+        return int(row[0]), int(row[1])
+
     b = BatchBuilder()
     for seq in range(1, 101):  # 25 new streams, interleaved, 4 rows each
         b.add(Message.build(f"burst{seq % 25}-prod", "logs", {"message": f"m{seq}"}, seq=seq, device=5),
               1_763_700_000_000_000)
-    batch = b.build()
-    pieces = t.writer._pieces(batch)
-    assert len(pieces) == 3 and sum(p.num_rows for p in pieces) == 100
-    assert [p.column("seq").to_pylist() for p in pieces] == [
-        list(range(a, a + p.num_rows)) for a, p in zip([1, 1 + pieces[0].num_rows,
-                                                        1 + pieces[0].num_rows + pieces[1].num_rows], pieces)]
-    # The first piece lands, then the write "fails": the retry must write only the rest.
-    mapped, specs = t.writer.map.apply(pieces[0])
-    t.writer._commit(t.spark, mapped, specs)
-    t.writer.partitions.forget()
-    t.writer.write(t.spark, batch, retry=True)
-    row = t.spark.sql(f"SELECT count(*), count(DISTINCT seq) FROM {t.database}.messages").collect()[0]
-    assert (row[0], row[1]) == (100, 100)
+    writer.write(t.spark, b.build())
+    assert count() == (40, 40), "the first job took 10 new streams; the rest waits"
+    assert writer.spill.rows == 60 and len(list(spill.glob("*.parquet"))) == 1
+    # The next job takes a share; then the importer "dies" before the spill file is rewritten.
+    empty = ARROW_SCHEMA.empty_table()
+    job, taken = writer._plan_job(empty)
+    mapped, specs = writer.map.apply(job)
+    writer._commit(t.spark, mapped.sort_by([("app_env", "ascending"), ("date", "ascending")]), specs)
+    assert count() == (80, 80)
+    restarted = TableWriter(t.database, 0, t.location, spill_dir=spill)
+    while restarted.spill is None or not restarted._loaded or restarted.spill.files:
+        restarted.write(t.spark, empty)
+    assert count() == (100, 100), "every row once: the restart dropped what the table already held"
+    assert not list(spill.glob("*.parquet"))
 
 
 @pytest.mark.timeout(420)
