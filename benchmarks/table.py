@@ -99,7 +99,7 @@ def metrics(port: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith(("logjam_compaction_bytes", "logjam_table_importer_bytes", "logjam_compaction_seconds_",
-                            "logjam_compaction_partitions_total")):
+                            "logjam_compaction_partitions_total", "logjam_compaction_lock_hold_seconds_bucket")):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
@@ -157,6 +157,10 @@ def run(mesh: Mesh, args: argparse.Namespace) -> int:
     passes = m.get("logjam_compaction_seconds_count", 0.0)
     print(f"  compaction: {passes:.0f} passes, {m.get('logjam_compaction_seconds_sum', 0.0) / max(passes, 1):.1f} s "
           f"each on average, {m.get('logjam_compaction_partitions_total', 0.0):.0f} merges")
+    holds = {k: v for k, v in m.items() if k.startswith("logjam_compaction_lock_hold_seconds_bucket")}
+    total_holds = holds.get('logjam_compaction_lock_hold_seconds_bucket{le="+Inf"}', 0.0)
+    within = holds.get('logjam_compaction_lock_hold_seconds_bucket{le="1.0"}', 0.0)
+    print(f"  importer root lock held by compaction: {within:.0f} of {total_holds:.0f} holds within 1 s (target: all)")
     print(f"  today's count(*): {seconds:.2f} s ({TARGETS['query'] / seconds:.2f}x of the {TARGETS['query']:g} s target)")
     print(f"  lost {lost}, duplicated {dup} (rows {int(rows[0])})")
     ok = worst_late <= TARGETS["files"] and not growing and lost == 0 and dup == 0

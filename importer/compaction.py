@@ -32,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import uuid
 
@@ -289,8 +289,8 @@ def finish(spark: Any, database: str, merge: Merge, grace: float = DEFAULT_GRACE
         return _swap_one(spark, database, merge, grace)
 
 
-def swap_all(spark: Any, database: str, merges: list[Merge],
-             grace: float = DEFAULT_GRACE_S) -> Iterator[tuple[Merge, Compacted | BaseException]]:
+def swap_all(spark: Any, database: str, merges: list[Merge], grace: float = DEFAULT_GRACE_S,
+             on_hold: Callable[[float], None] = lambda seconds: None) -> Iterator[tuple[Merge, Compacted | BaseException]]:
     """Swap every written merge in, root by root, holding each root's lock for about SWAP_BUDGET_S at a time.
 
     An importer writes back to back under load, and flock is not fair: a compaction that
@@ -302,23 +302,26 @@ def swap_all(spark: Any, database: str, merges: list[Merge],
     for merge in merges:
         by_root.setdefault(merge.part.root, []).append(merge)
     for group in by_root.values():
-        yield from _swap_checked(spark, database, group, grace, budget=SWAP_BUDGET_S)
+        yield from _swap_checked(spark, database, group, grace, SWAP_BUDGET_S, on_hold)
 
 
-def _swap_checked(spark: Any, database: str, merges: list[Merge], grace: float,
-                  budget: float) -> Iterator[tuple[Merge, Compacted | BaseException]]:
+def _swap_checked(spark: Any, database: str, merges: list[Merge], grace: float, budget: float,
+                  on_hold: Callable[[float], None] = lambda seconds: None) -> Iterator[tuple[Merge, Compacted | BaseException]]:
     todo = list(merges)
     while todo:
+        done: list[tuple[Merge, Compacted | BaseException]] = []
         with root_lock(todo[0].part.root):
             held = time.monotonic()
             while todo:
                 merge = todo.pop(0)
                 try:
-                    yield merge, _swap_one(spark, database, merge, grace)
+                    done.append((merge, _swap_one(spark, database, merge, grace)))
                 except (CompactionError, OSError) as e:
-                    yield merge, e
+                    done.append((merge, e))
                 if time.monotonic() - held >= budget:
                     break
+            on_hold(time.monotonic() - held)
+        yield from done
 
 
 def _swap_one(spark: Any, database: str, merge: Merge, grace: float) -> Compacted:

@@ -88,6 +88,9 @@ class TableMetrics:
         self.bytes_written = Counter("logjam_compaction_bytes_written", "Bytes of files compaction wrote", registry=r)
         self.importer_bytes = Gauge("logjam_table_importer_bytes",
                                     "Bytes of files importers wrote that compaction has not merged yet", registry=r)
+        self.lock_hold = Histogram("logjam_compaction_lock_hold_seconds",
+                                   "How long compaction held an importer root's lock (an importer's write waits "
+                                   "at most this long)", buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5), registry=r)
         self.compaction_runs = Counter("logjam_compaction_runs", "Maintenance passes that compacted", registry=r)
         self.compacted = Counter("logjam_compaction_partitions", "Partitions compacted", registry=r)
         self.compaction_failures = Counter("logjam_compaction_failures", "Partitions whose compaction failed",
@@ -224,7 +227,8 @@ def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: 
         if merges:
             write_merges(spark, merges, table_dir / SCRATCH)
         written = time.monotonic()
-        for merge, done in swap_all(spark, database, merges, args.compact_grace):
+        held = metrics.lock_hold.observe if metrics is not None else (lambda seconds: None)
+        for merge, done in swap_all(spark, database, merges, args.compact_grace, held):
             if isinstance(done, BaseException):
                 _failed(result, merge.part.dir, done)
                 continue
