@@ -25,7 +25,7 @@ from importer.paths import OVERFLOW, dir_value, is_stand_in, partition_value
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_NEW_APP_ENVS = 10_000
+DEFAULT_MAX_NEW_APP_ENVS = 5_000
 _KEEP_DAYS = 3  # dates whose partition sets stay in memory (late rows for older days re-learn them)
 
 

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 _SORT = [("app_env", "ascending"), ("date", "ascending")]
 # New partitions one Spark job registers at most (2-3 ms each, and about as much again to
 # write into): a burst of new streams waits in the spill, so the streams that flow keep landing.
-NEW_PARTITIONS_PER_JOB = 500
+NEW_PARTITIONS_PER_JOB = 250
 # Row groups per staged file: Spark splits a file only between row groups.
 _STAGED_ROW_GROUPS = 16
 
