@@ -116,10 +116,10 @@ def test_make_check_good_and_broken_mesh(tmp_path: Path) -> None:
     good = subprocess.run(["make", "-s", "check"], cwd=REPO, env=mesh_env(tmp_path), capture_output=True, text=True,
                           timeout=110)
     assert good.returncode == 0, good.stdout + good.stderr
-    for name in ("logjam-spark", "logjam-device", "bridge-lumberjack", "bridge-courier", "bridge-segment",
-                 "bridge-rustlog", "logjam-importer-0", "logjam-importer-1"):
+    for name in ("logjam-spark", "logjam-device", "logjam-device-1", "bridge-lumberjack", "bridge-courier",
+                 "bridge-segment", "bridge-rustlog", "logjam-importer-0", "logjam-importer-1"):
         assert f"== {name}: ok" in good.stdout
-    assert "mesh check ok: 8 programs" in good.stdout
+    assert "mesh check ok: 9 programs" in good.stdout
 
     # Two programs on one port, and a device id the device refuses.
     bad = subprocess.run([command("python"), "-m", "tools.mesh", "check"], cwd=REPO,
@@ -129,3 +129,15 @@ def test_make_check_good_and_broken_mesh(tmp_path: Path) -> None:
     assert "== logjam-device: FAILED (exit 1)" in bad.stdout
     assert "port 5044 is used twice" in bad.stdout
     assert "mesh check FAILED" in bad.stdout
+
+    # More importers than devices: each importer owns whole devices, so one would own none.
+    bad = subprocess.run([command("python"), "-m", "tools.mesh", "check"], cwd=REPO,
+                         env=mesh_env(tmp_path, LOGJAM_DEVICES="2", LOGJAM_IMPORTERS="3"),
+                         capture_output=True, text=True, timeout=110)
+    assert bad.returncode == 1, bad.stdout
+    assert "== mesh: LOGJAM_IMPORTERS=3 > LOGJAM_DEVICES=2" in bad.stdout
+    assert "== logjam-importer-2: FAILED (exit 1)" in bad.stdout and "would own no device" in bad.stdout
+    up = subprocess.run([command("python"), "-m", "tools.mesh", "up"], cwd=REPO,
+                        env=mesh_env(tmp_path, LOGJAM_DEVICES="1", LOGJAM_IMPORTERS="2"),
+                        capture_output=True, text=True, timeout=60)
+    assert up.returncode == 2 and "LOGJAM_IMPORTERS=2 > LOGJAM_DEVICES=1" in up.stderr, up.stderr
