@@ -108,9 +108,9 @@ class Mesh:
                 self.proc.wait()
 
 
-def running_mesh(tmp_path_factory):
-    """Generator for a module-scoped fixture: a mesh that is up and importing."""
-    m = Mesh(tmp_path_factory.mktemp("mesh") / "data")
+def running_mesh(tmp_path_factory, **mesh_args):
+    """Generator for a module-scoped fixture: a mesh that is up and importing (`mesh_args` go to Mesh)."""
+    m = Mesh(tmp_path_factory.mktemp("mesh") / "data", **mesh_args)
     try:
         def up() -> bool:
             assert m.proc.poll() is None, "supervisord exited"

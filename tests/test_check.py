@@ -72,6 +72,26 @@ def test_bridge_data_dir_and_device(tmp_path: Path) -> None:
     assert check("logjam-bridge", "nosuch").returncode == 1
 
 
+def test_device_instance_and_importer_owning_devices(tmp_path: Path) -> None:
+    """Device K of a host (--instance) and an importer that owns every N-th --sub endpoint."""
+    dev = check("logjam-device", "--instance", "2", "--instance-port-step", "10", "-d", "1",
+                "--data-dir", str(tmp_path / "device"), "--metrics-port", "9631")
+    assert dev.returncode == 0, dev.stdout + dev.stderr
+    assert "device 3: ROUTER tcp://*:9624, PULL :9625, PUB :9626, stats :9641" in dev.stdout
+    assert f"journal in {tmp_path / 'device-2' / 'journal'}" in dev.stdout and "replay on :9627" in dev.stdout
+    assert "metrics and /healthz on :9651" in dev.stdout
+    subs = ",".join(f"tcp://127.0.0.1:{9606 + 100 * k}" for k in range(3))
+    imp = check("logjam-importer", "--sub", subs, "--replay-ports", "9607,9707,9807", "--worker", "0", "--workers", "2",
+                "--own-devices", "--state-dir", str(tmp_path / "state"))
+    assert imp.returncode == 0, imp.stdout + imp.stderr
+    assert "(worker 0 of 2, owning its devices): subscribe to tcp://127.0.0.1:9606, tcp://127.0.0.1:9806," in imp.stdout
+    assert "replay from port 9607,9807" in imp.stdout
+    bad = check("logjam-importer", "--sub", subs, "--worker", "3", "--workers", "4", "--own-devices")
+    assert bad.returncode == 1 and "importer 3 of 4 would own no device" in bad.stderr
+    bad = check("logjam-importer", "--sub", subs, "--replay-ports", "9607,9707")
+    assert bad.returncode == 1 and "--replay-ports needs one port per --sub endpoint (3)" in bad.stderr
+
+
 def test_importer_spark_sql(tmp_path: Path) -> None:
     imp = check("logjam-importer", "--worker", "1", "--workers", "2", "--state-dir", str(tmp_path / "state"),
                 "--metrics-port", "9640", "--metrics-port-offset", "1")
