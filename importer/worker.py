@@ -131,10 +131,14 @@ class Worker:
         def where(d: int) -> str:
             table = ", ".join(f"{s}" for s, _ in self.in_table.get(d, {}).values()) or "-"
             return f"device {d}: seq {resume[d].seq} (checkpoint {saved[d].seq if d in saved else '-'}, table {table})"
+        ports = getattr(self.args, "replay_port_of", {})
         log.info("recovery on (state %s, replay port %s; table rows of %s); resuming after %s", self.checkpoints.path,
-                 ",".join(str(getattr(self.args, "replay_port_of", {}).get(s, self.args.replay_port)) for s in self.subs),
-                 "every importer" if self.resume_scope is None else f"importer {self.resume_scope}", ", ".join(where(d) for d in sorted(resume)) or "nothing (no checkpoint, empty table)")
+                 ",".join(str(ports.get(s, self.args.replay_port)) for s in self.subs), self._scope_name(),
+                 ", ".join(where(d) for d in sorted(resume)) or "nothing (no checkpoint, empty table)")
         return None
+
+    def _scope_name(self) -> str:
+        return "every importer" if self.resume_scope is None else f"importer {self.resume_scope}"
 
     def _load_event_ids(self, spark: Any) -> None:
         # After the previous session was quiesced, like max(seq): its last write is in the table or never will be.
@@ -144,8 +148,8 @@ class Worker:
         if getattr(self, "in_table", None) != {}:  # an empty root (known from max(seq)) has no keys
             ids = catalog.recent_event_ids(spark, self.args.database, self.resume_scope, self.args.dedupe_keys)
             loaded = self.dedupe.extend(stream_key(a, i) for a, i in ids)
-        log.info("dedupe: remembering up to %d event ids; %d loaded from %s in %.1fs",
-                 self.args.dedupe_keys, loaded, self.table.root, time.monotonic() - loading)
+        log.info("dedupe: remembering up to %d event ids; %d loaded from the rows of %s in %.1fs",
+                 self.args.dedupe_keys, loaded, self._scope_name(), time.monotonic() - loading)
 
     # -- the stages' callbacks ------------------------------------------------------------------
     def written(self, batch: Batch, seconds: float) -> None:
