@@ -97,6 +97,19 @@ def topology_problems(env: dict[str, str]) -> list[str]:
     return []
 
 
+def orphaned_journals(env: dict[str, str]) -> list[str]:
+    """Journals of devices LOGJAM_DEVICES no longer runs (it was lowered): nothing reads them now."""
+    data, d = Path(env["LOGJAM_DATA_DIR"]), device_count(env)
+    out = []
+    for path in sorted(data.glob("device-*")):
+        k = path.name.removeprefix("device-")
+        if k.isdigit() and int(k) >= d and (path / "journal").is_dir():
+            out.append(f"warning: {path} holds the journal of device {k}, which LOGJAM_DEVICES={d} does not run: "
+                       f"what it accepted and the table does not have yet stays there until it runs again "
+                       f"(raise LOGJAM_DEVICES; docs/operations.md, Scaling devices and importers)")
+    return out
+
+
 def mesh_environment(config: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment supervisord needs: LOGJAM_* defaults, an absolute data dir that exists, and
     the per-device lists derived from LOGJAM_DEVICES."""
@@ -194,6 +207,8 @@ def up(config: Path, ready_timeout: float = 180.0) -> int:
     if problems:
         print("\n".join(f"cannot start logjam-mesh: {p}" for p in problems), file=sys.stderr, flush=True)
         return 2
+    for warning in orphaned_journals(env):
+        print(warning, file=sys.stderr, flush=True)
     offsets = _log_offsets(env)
     print(f"starting logjam-mesh (Spark takes ~30 s); logs in {env['LOGJAM_DATA_DIR']}/logs", flush=True)
     proc = subprocess.Popen([_bin("supervisord"), "-c", str(config), "-n"], env=env)
@@ -321,6 +336,8 @@ def check(config: Path, timeout: float = 180.0) -> int:
             failed.append(name)
     for problem in problems:
         print(f"== mesh: {problem}")
+    for warning in orphaned_journals(env):
+        print(f"== mesh: {warning}")
     if failed or problems:
         print(f"mesh check FAILED: {', '.join(failed + (['mesh'] if problems else []))}", flush=True)
         return 1
