@@ -108,7 +108,7 @@ class Mesh:
                 self.proc.wait()
 
 
-def running_mesh(tmp_path_factory, **mesh_args):
+def running_mesh(tmp_path_factory, ready_timeout: float = 180, **mesh_args):
     """Generator for a module-scoped fixture: a mesh that is up and importing (`mesh_args` go to Mesh)."""
     m = Mesh(tmp_path_factory.mktemp("mesh") / "data", **mesh_args)
     try:
@@ -116,7 +116,7 @@ def running_mesh(tmp_path_factory, **mesh_args):
             assert m.proc.poll() is None, "supervisord exited"
             states = m.states()
             return (
-                len(states) == 6 + m.devices + m.importers and all(s == "RUNNING" for s, _ in states.values())
+                len(states) == 5 + m.devices + m.importers and all(s == "RUNNING" for s, _ in states.values())
                 and all(port_open(m.port(k)) for k in PROTOCOL_PORTS.values())
                 and port_open(m.port("LOGJAM_SPARK_PORT"))
             )
@@ -126,7 +126,7 @@ def running_mesh(tmp_path_factory, **mesh_args):
             # RUNNING is not subscribed: importers first wait for Spark. Until the
             # lossless-delivery journal exists, PUB/SUB drops what a subscriber has not
             # joined for, so wait until probes reach Spark through both workers.
-            wait_until_importing(m, f"ready-{uuid.uuid4().hex[:8]}")
+            wait_until_importing(m, f"ready-{uuid.uuid4().hex[:8]}", timeout=ready_timeout)
         except AssertionError:
             raise AssertionError(f"mesh did not come up: {m.states()}\n{m.logs()}") from None
         yield m

@@ -120,7 +120,8 @@ def test_two_devices_two_importers_on_two_workers_survive_a_device_sigkill(tmp_p
     try:
         wait_for(lambda: master_state(ui).get("aliveworkers", 0) == 2, timeout=180, interval=0.5,
                  what="both standalone workers to register")
-        mesh_gen = running_mesh(tmp_path_factory, devices=2, importers=2,
+        # The first writes wait for both executors to start (a minute or more on a busy 2-core host).
+        mesh_gen = running_mesh(tmp_path_factory, ready_timeout=600, devices=2, importers=2,
                                 extra={"LOGJAM_SPARK_MASTER": f"spark://127.0.0.1:{port}"})
         mesh = next(mesh_gen)
         dealer = DealerLoad(mesh, f"cdev-{os.urandom(4).hex()}", resend=True)
