@@ -14,7 +14,14 @@ The CPU each program used during the load phase is printed too: the figure to op
 is where that time goes. Each result is also given as a ratio of its target.
 CURVE is on, as `make up` runs it; `--no-curve` runs a copy of supervisord.conf whose device
 takes --allow-plaintext and whose bridges and importers --plaintext, to measure its cost.
-Usage: python benchmarks/e2e.py [--seconds 60] [--connections 4] [--steady-rate 5000] [--no-curve]
+
+Scale-out (docs/scaling.md): `--devices D --importers N` runs D devices and N importers
+(each importer owns whole devices; the bridge spreads its windows over the devices).
+`--rate R` paces the load at R ev/s in total instead of as fast as acknowledged, which is
+how importer CPU per landed event is compared across (D, N) at one rate. Each importer's
+share of the rows is printed with its ratio to 1/N.
+Usage: python benchmarks/e2e.py [--seconds 60] [--connections 4] [--steady-rate 5000]
+       [--devices D --importers N] [--rate 20000] [--steady-seconds 0] [--no-curve]
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
 from tools.mesh import DEFAULTS, ensure_keys, mesh_environment  # noqa: E402
-from tests.helpers import REPO, command, free_port, port_open, wait_for  # noqa: E402
+from tests.helpers import REPO, command, port_open, wait_for  # noqa: E402
+from tests.mesh_support import PORT_STEP, mesh_ports  # noqa: E402
 
 WINDOW = 2048
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -110,10 +118,11 @@ def plaintext_config() -> Path:
 
 
 class Mesh:
-    def __init__(self, data: Path, curve: bool = True) -> None:
+    def __init__(self, data: Path, devices: int, importers: int, curve: bool = True) -> None:
         env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
-        env.update({k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT")})
-        env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1")
+        env.update(mesh_ports(devices, importers))
+        env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1", LOGJAM_DEVICES=str(devices),
+                   LOGJAM_IMPORTERS=str(importers), LOGJAM_DEVICE_PORT_STEP=str(PORT_STEP))
         self.config = REPO / "supervisord.conf" if curve else plaintext_config()
         self.env = mesh_environment(self.config, env)
         if curve:
@@ -136,6 +145,12 @@ class Mesh:
     def rows(self) -> int:
         return int(self.spark.sql("SELECT count(*) FROM logjam.messages WHERE app_env = 'lumberjack-default'")
                    .collect()[0][0])
+
+    def shares(self) -> dict[int, int]:
+        """Importer -> rows it landed."""
+        rows = self.spark.sql("SELECT importer, count(*) FROM logjam.messages WHERE app_env = 'lumberjack-default' "
+                              "GROUP BY importer").collect()
+        return {int(r[0]): int(r[1]) for r in rows}
 
     def pids(self) -> dict[str, list[int]]:
         out = subprocess.run([command("supervisorctl"), "-c", str(self.config), "status"], env=self.env,
@@ -183,7 +198,9 @@ def load_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> dict:
     stop = threading.Event()
     pids = mesh.pids()
     cpu0, rows0, t0 = cpu(pids), mesh.rows(), time.perf_counter()
-    shippers = [Shipper(port, pools[c], WINDOW, stop) for c in range(args.connections)]
+    # --rate: each connection sends a window every connections * WINDOW / rate seconds.
+    pace = args.connections * WINDOW / args.rate if args.rate else 0.0
+    shippers = [Shipper(port, pools[c], WINDOW, stop, pace=pace) for c in range(args.connections)]
     for s in shippers:
         s.start()
     time.sleep(args.seconds)
@@ -202,11 +219,13 @@ def load_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> dict:
         time.sleep(0.25)
         rows = mesh.rows()
     drain = time.perf_counter() - last_ack
+    cpu_drained = cpu(pids)
     counts = mesh.spark.sql("SELECT count(*), count(DISTINCT event_id) FROM logjam.messages "
                             "WHERE app_env = 'lumberjack-default'").collect()[0]
     return {"acked": acked, "elapsed": t_end - t0, "landed_in_window": rows_at_end - rows0, "drain": drain,
             "rows": int(counts[0]) - rows0, "distinct": int(counts[1]) - rows0,
-            "cpu": {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}}
+            "cpu": {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1},
+            "cpu_drained": {k: cpu_drained[k] - cpu0.get(k, 0.0) for k in cpu_drained}, "shares": mesh.shares()}
 
 
 def steady_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> list[float]:
@@ -244,34 +263,50 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--steady-rate", type=float, default=5000)
-    ap.add_argument("--steady-seconds", type=float, default=30)
+    ap.add_argument("--steady-seconds", type=float, default=30, help="0 skips the steady phase")
     ap.add_argument("--no-curve", action="store_true", help="every ZeroMQ socket in plaintext (default: CURVE, as make up)")
+    ap.add_argument("--devices", type=int, default=int(DEFAULTS["LOGJAM_DEVICES"]))
+    ap.add_argument("--importers", type=int, default=int(DEFAULTS["LOGJAM_IMPORTERS"]))
+    ap.add_argument("--rate", type=float, default=0.0, help="pace the load phase at this many ev/s in total (default: "
+                    "as fast as acknowledged)")
     args = ap.parse_args()
+    if args.importers > args.devices:
+        ap.error("--importers must not exceed --devices (each importer owns whole devices)")
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-e2e-"))
     started = time.monotonic()
-    mesh = Mesh(base / "data", curve=not args.no_curve)
+    mesh = Mesh(base / "data", args.devices, args.importers, curve=not args.no_curve)
     print(f"CURVE {'off' if args.no_curve else 'on'} (every ZeroMQ socket)", flush=True)
     try:
         port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
         print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
         r = load_phase(mesh, port, args)
-        lat = sorted(steady_phase(mesh, port, args))
+        lat = sorted(steady_phase(mesh, port, args)) if args.steady_seconds > 0 else []
         acked_rate, landed_rate = r["acked"] / r["elapsed"], r["landed_in_window"] / r["elapsed"]
         lost, dup = max(0, r["acked"] - r["distinct"]), r["rows"] - r["distinct"]
-        p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
-        print(f"e2e benchmark: {args.connections} Lumberjack connections, {WINDOW}-event windows, {r['elapsed']:.0f} s")
+        print(f"e2e benchmark: {args.devices} devices, {args.importers} importers, {args.connections} Lumberjack "
+              f"connections, {WINDOW}-event windows, {r['elapsed']:.0f} s"
+              + (f", paced at {args.rate:,.0f} ev/s" if args.rate else ", as fast as acknowledged"))
         print(f"  acknowledged:        {acked_rate:9,.0f} ev/s ({r['acked']} events)")
         print(f"  landed (queryable):  {landed_rate:9,.0f} ev/s in the same window "
               f"({landed_rate / TARGETS['landed']:.2f}x of the {TARGETS['landed']:,.0f} target; "
               f"{landed_rate / max(acked_rate, 1e-9):.2f}x of what the bridge acknowledged in the same run)")
         print(f"  last ack -> last row queryable: {r['drain']:.1f} s ({TARGETS['drain'] / max(r['drain'], 1e-9):.2f}x "
               f"of the {TARGETS['drain']:.0f} s target)")
-        print(f"  steady {args.steady_rate:,.0f} ev/s, sent -> queryable: p50 {p50:.2f} s, p99 {p99:.2f} s "
-              f"({TARGETS['p99'] / p99:.2f}x of the {TARGETS['p99']:.0f} s target)")
+        if lat:
+            p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
+            print(f"  steady {args.steady_rate:,.0f} ev/s, sent -> queryable: p50 {p50:.2f} s, p99 {p99:.2f} s "
+                  f"({TARGETS['p99'] / p99:.2f}x of the {TARGETS['p99']:.0f} s target)")
         print(f"  lost {lost}, duplicated {dup} (rows {r['rows']}, distinct event ids {r['distinct']})")
         busy = sum(r["cpu"].values())
         print(f"  CPU during the load phase ({busy / r['elapsed']:.2f} of {os.cpu_count()} cores busy): " + ", ".join(
             f"{k} {v / r['elapsed']:.2f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]) if v > 0.05))
+        importer_cpu = sum(v for k, v in r["cpu_drained"].items() if k.startswith("logjam-importer"))
+        print(f"  importer CPU per landed event (load start until drained): {importer_cpu / max(r['rows'], 1) * 1e6:.2f} us "
+              f"({importer_cpu:.1f} s for {r['rows']} rows)")
+        total = max(sum(r["shares"].values()), 1)
+        print("  importer shares of the rows: " + ", ".join(
+            f"importer {i} {n / total:.3f} ({n / total * args.importers:.2f}x of 1/{args.importers})"
+            for i, n in sorted(r["shares"].items())))
         print(f"  total run time {time.monotonic() - started:.0f} s")
         return 0 if lost == 0 and dup == 0 else 1
     finally:

@@ -41,6 +41,7 @@ from importer.tiers import level_of  # noqa: E402
 from logjam.curve import ClientKey  # noqa: E402
 from logjam.producer import Producer  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
+from tools.mesh import DEFAULTS, device_port  # noqa: E402
 
 TARGETS = {"files": 50, "query": 2.0}
 SAMPLE_EVERY = 30.0
@@ -56,7 +57,7 @@ def body(i: int, app_env: str) -> dict:
 class Sender(threading.Thread):
     """Logjam agents at a steady rate, round-robin over the streams; counts what the device acknowledged."""
 
-    def __init__(self, endpoint: str, rate: float, app_envs: list[str], stop: threading.Event,
+    def __init__(self, endpoint: list[str], rate: float, app_envs: list[str], stop: threading.Event,
                  curve: ClientKey) -> None:
         super().__init__(daemon=True)
         self.endpoint, self.rate, self.app_envs, self.stop, self.curve = endpoint, rate, app_envs, stop, curve
@@ -78,6 +79,12 @@ class Sender(threading.Thread):
                     time.sleep(max(0.0, next_at - time.perf_counter()))
         except BaseException as e:  # reported by the main thread
             self.error = e
+
+
+def routers(mesh: Mesh) -> list[str]:
+    """Every device's ROUTER: a Logjam agent's DEALER spreads its requests over them."""
+    return [f"tcp://127.0.0.1:{device_port(mesh.env, 'LOGJAM_ROUTER_PORT', k)}"
+            for k in range(int(mesh.env["LOGJAM_DEVICES"]))]
 
 
 def key(mesh: Mesh) -> ClientKey:
@@ -118,7 +125,7 @@ def run(mesh: Mesh, args: argparse.Namespace) -> int:
     location = f"{mesh.env['LOGJAM_DATA_DIR']}/warehouse/messages"
     app_envs = [f"svc{i:03d}-prod" for i in range(args.app_envs)]
     stop = threading.Event()
-    sender = Sender(f"tcp://127.0.0.1:{mesh.env['LOGJAM_ROUTER_PORT']}", args.rate, app_envs, stop, key(mesh))
+    sender = Sender(routers(mesh), args.rate, app_envs, stop, key(mesh))
     started = time.monotonic()
     sender.start()
     samples: list[tuple[float, int, float, int]] = []
@@ -168,7 +175,7 @@ def run(mesh: Mesh, args: argparse.Namespace) -> int:
 
 
 def burst(mesh: Mesh, args: argparse.Namespace) -> int:
-    router = f"tcp://127.0.0.1:{mesh.env['LOGJAM_ROUTER_PORT']}"
+    router = routers(mesh)
     stop = threading.Event()
     flow = Sender(router, 100, ["flow-prod"], stop, key(mesh))
     flow.start()
@@ -229,7 +236,7 @@ def main() -> int:
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-table-"))
     started = time.monotonic()
-    mesh = Mesh(base / "data")
+    mesh = Mesh(base / "data", int(DEFAULTS["LOGJAM_DEVICES"]), int(DEFAULTS["LOGJAM_IMPORTERS"]))
     try:
         print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
         return burst(mesh, args) if args.burst else run(mesh, args)

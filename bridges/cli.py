@@ -36,7 +36,7 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
         description=f"Serve the {name} protocol and forward every event to a logjam-device.",
     )
     p.add_argument("--listen", default=f"0.0.0.0:{cls.default_port}", metavar="HOST:PORT", help="where clients connect (default %(default)s)")
-    p.add_argument("--device", action="append", metavar="tcp://HOST:PORT", help="device ROUTER endpoint; repeatable (default tcp://127.0.0.1:9604)")
+    p.add_argument("--device", action="append", metavar="tcp://HOST:PORT", help="device ROUTER endpoint; repeatable or comma-separated, events are spread over them (default tcp://127.0.0.1:9604)")
     p.add_argument("--app-env", default=f"{name}-default", help="stream name events are published under (default %(default)s)")
     p.add_argument("--app-env-field", metavar="NAME", help="event field (dotted path) whose value overrides --app-env")
     p.add_argument("--topic", default=f"logs.{name}", help="Logjam topic (default %(default)s)")
@@ -115,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if wanted in ("-h", "--help") else (1 if "--check" in argv else 2)
     cls = load_protocol(argv[0])
     args = parse_args(build_parser(cls), argv[1:])
-    args.device = args.device or ["tcp://127.0.0.1:9604"]
+    # One flag may carry every device of a mesh, comma-separated (supervisord passes one value).
+    args.device = [d.strip() for v in (args.device or ["tcp://127.0.0.1:9604"]) for d in v.split(",") if d.strip()]
     if args.check:
         return check(cls, args)
     log = setup_logging(f"logjam-bridge-{cls.name}", args.verbose)

@@ -104,9 +104,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--importer-evict-after", type=_positive, default=60.0, metavar="SECONDS",
                    help="stop waiting for an importer that stays behind that long (default 60)")
     curve.add_server_flags(p)
+    m = p.add_argument_group("several devices on one host (supervisord's numprocs)")
+    m.add_argument("--instance", type=_non_negative_int, default=0, metavar="K",
+                   help="this is device K (0-based) of a host: K is added to -d, K * --instance-port-step to every "
+                        "port, and K > 0 keeps its journal in <--data-dir>-K (default 0: flags as given)")
+    m.add_argument("--instance-port-step", type=_positive_int, default=100, metavar="N",
+                   help="port distance between two devices of a host (default 100)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_config_flag(p)
     return p
+
+
+_PORT_FLAGS = ("router_port", "pull_port", "pub_port", "stats_port", "replay_port", "metrics_port")
+
+
+def apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Turn `--instance K` into this device's own id, ports and journal directory."""
+    k = args.instance
+    if not k:
+        return
+    args.device_id += k
+    if args.device_id >= 2**32:
+        parser.error(f"-d plus --instance {k} does not fit in 32 bits")
+    for name in _PORT_FLAGS:
+        port = getattr(args, name)
+        if port:
+            setattr(args, name, port + k * args.instance_port_step)
+    if args.data_dir:
+        args.data_dir = f"{args.data_dir.rstrip('/')}-{k}"
+    args.instance = 0  # applied
 
 
 def check(args: argparse.Namespace) -> int:
@@ -131,7 +157,7 @@ def check(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
+    args = parse_args(build_parser(), argv, apply_instance)
     if args.check:
         return check(args)
     log = setup_logging("logjam-device", args.verbose)

@@ -152,11 +152,17 @@ def registered_app_envs(spark: Any, database: str, importer: int) -> dict[str, s
     return out
 
 
-def max_seqs(spark: Any, database: str, importer: int) -> dict[int, dict[str | None, tuple[int, Any]]]:
-    """Per device and journal: (max(seq), max(ingested_at)) among this importer's rows ({} before its first commit)."""
+def _owner(importer: int | None) -> str:
+    """The rows a resume query reads: one importer's, or every importer's (progress belongs to the device)."""
+    return "TRUE" if importer is None else f"importer = {int(importer)}"
+
+
+def max_seqs(spark: Any, database: str, importer: int | None) -> dict[int, dict[str | None, tuple[int, Any]]]:
+    """Per device and journal: (max(seq), max(ingested_at)) among `importer`'s rows, or every importer's
+    rows with None ({} before the first commit)."""
     rows = spark.sql(
         f"SELECT device, journal, max(seq) AS seq, max(ingested_at) AS at FROM {qualified(database)} "
-        f"WHERE importer = {int(importer)} GROUP BY device, journal").collect()
+        f"WHERE {_owner(importer)} GROUP BY device, journal").collect()
     out: dict[int, dict[str | None, tuple[int, Any]]] = {}
     for r in rows:
         if r["seq"] is not None:
@@ -164,11 +170,12 @@ def max_seqs(spark: Any, database: str, importer: int) -> dict[int, dict[str | N
     return out
 
 
-def recent_event_ids(spark: Any, database: str, importer: int, limit: int) -> list[tuple[str, str]]:
-    """(app_env, event_id) of the newest `limit` rows with an id among this importer's rows, oldest first."""
+def recent_event_ids(spark: Any, database: str, importer: int | None, limit: int) -> list[tuple[str, str]]:
+    """(app_env, event_id) of the newest `limit` rows with an id among `importer`'s rows (every importer's
+    with None), oldest first."""
     table = spark.sql(
         f"SELECT coalesce(original_app_env, app_env) AS app_env, event_id FROM {qualified(database)} "
-        f"WHERE importer = {int(importer)} "
+        f"WHERE {_owner(importer)} "
         f"AND event_id IS NOT NULL ORDER BY ingested_at DESC LIMIT {int(limit)}").toArrow()
     app_envs, ids = table.column("app_env").to_pylist(), table.column("event_id").to_pylist()
     return list(zip(reversed(app_envs), reversed(ids)))

@@ -1,9 +1,11 @@
 """`logjam-importer`: subscribe to devices, decode every message, and append batches to the Spark table.
 
-Worker I of N (`--worker I --workers N`) keeps the streams whose app-env CRC32 is I
-modulo N and writes them under `importer=<I>` of the `<database>.messages` table. It
-subscribes to everything and filters after receipt so that its gap tracking sees every
-sequence number. Batches are group-committed: one Spark job takes everything that arrived
+Worker I of N (`--worker I --workers N`) with `--own-devices` subscribes only to the
+devices it owns (every N-th `--sub` endpoint from position I) and lands every stream they
+carry; its resume point is the table's last row for each of those devices, whichever
+importer wrote it. Without `--own-devices` it keeps the streams whose app-env CRC32 is I
+modulo N, subscribing to everything and filtering after receipt so that its gap tracking
+sees every sequence number. Rows go under `importer=<I>` of the `<database>.messages` table. Batches are group-committed: one Spark job takes everything that arrived
 while the previous one ran, bounded by `--batch-bytes`; at low load a row waits about
 `--flush-interval`. SIGTERM flushes the current batch and exits 0.
 
@@ -26,7 +28,7 @@ from importer.partitioning import DEFAULT_MAX_NEW_APP_ENVS
 from importer.paths import OVERFLOW
 from importer.schema import DEFAULT_DATABASE
 from importer.session import DEFAULT_SPARK
-from importer.split import StreamFilter
+from importer.split import StreamFilter, owned_endpoints, split_list
 from importer.worker import DEFAULT_SUB, Worker
 from runtime import curve, lifecycle
 from runtime.config import add_config_flag, parse_args, setup_logging
@@ -37,7 +39,7 @@ DEFAULT_REPLAY_PORT = 9607
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="logjam-importer", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--sub", action="append", metavar="tcp://HOST:PORT",
-                   help=f"device PUB endpoint; repeatable (default {DEFAULT_SUB})")
+                   help=f"device PUB endpoint; repeatable, or comma-separated (default {DEFAULT_SUB})")
     p.add_argument("--spark", default=DEFAULT_SPARK, metavar="URL",
                    help="sc://HOST:PORT (Spark Connect), local[*] or spark://HOST:PORT (classic session)")
     p.add_argument("--warehouse", metavar="DIR",
@@ -46,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--database", default=DEFAULT_DATABASE, help="catalog database of the messages table")
     p.add_argument("--worker", type=int, metavar="I", help="this worker's number, 0..N-1")
     p.add_argument("--workers", type=int, metavar="N", help="number of workers sharing the streams")
+    p.add_argument("--own-devices", action="store_true",
+                   help="worker I of N owns the --sub endpoints at positions I, I+N, ...: it subscribes to those only "
+                        "and lands all their streams (N must not exceed the number of --sub endpoints)")
     p.add_argument("--app-env", action="append", metavar="PREFIX", help="only streams starting with PREFIX; repeatable")
     p.add_argument("--flush-interval", type=float, default=2.0,
                    help="seconds a row waits for more before an idle writer takes its batch (default 2)")
@@ -68,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where checkpoints are kept (default $LOGJAM_DATA_DIR/importer, else ./data/importer)")
     p.add_argument("--replay-port", type=int, default=DEFAULT_REPLAY_PORT,
                    help="devices' replay port, on the host of the --sub endpoint (default 9607)")
+    p.add_argument("--replay-ports", metavar="PORT,PORT,...",
+                   help="each --sub endpoint's replay port, in --sub order (devices sharing a host); "
+                        "default --replay-port for all")
     p.add_argument("--replay-timeout", type=float, default=10.0, help="seconds to wait for a replay answer")
     p.add_argument("--no-replay", action="store_true",
                    help="no checkpoints and no replay: gaps are only counted (devices without --data-dir)")
@@ -81,10 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    args.sub = split_list(args.sub) or None
     try:
         StreamFilter(args.worker, args.workers, args.app_env or ())
     except ValueError as e:
         parser.error(str(e))
+    subs = args.sub or [DEFAULT_SUB]
+    ports = split_list(args.replay_ports)
+    if ports and (len(ports) != len(subs) or not all(p.isdigit() for p in ports)):
+        parser.error(f"--replay-ports needs one port per --sub endpoint ({len(subs)}), got {args.replay_ports!r}")
+    args.replay_port_of = dict(zip(subs, map(int, ports)))
+    if args.own_devices:
+        if args.workers is None:
+            parser.error("--own-devices needs --worker and --workers")
+        try:
+            owned_endpoints(subs, args.worker, args.workers)
+        except ValueError as e:
+            parser.error(str(e))
     if (args.batch_rows is not None and args.batch_rows < 1) or args.flush_interval <= 0 or args.batch_bytes < 1:
         parser.error("--batch-rows, --batch-bytes and --flush-interval must be positive")
     if args.dedupe_keys < 0:

@@ -58,7 +58,8 @@ class Ledger:
     def classify(self, device: int, seq: int) -> int:
         """NEXT (hand it on), DUPLICATE (drop it), or HOLE (replay covered+1..seq-1 first).
 
-        A device seen for the first time without a checkpoint starts at this message.
+        A device seen for the first time without a position starts at this message (the
+        `Sequencer` first places it at the start of the device's journal when it can).
         """
         if device == 0:
             return NEXT
@@ -105,13 +106,16 @@ class Sequencer:
 
     def __init__(self, ledger: Ledger, metrics: ImporterMetrics, *, context: zmq.Context,
                  device_endpoint: Mapping[int, str], replay_port: int, replay_timeout: float,
-                 stopping: Callable[[], bool], curve: ClientKey | None = None) -> None:
+                 stopping: Callable[[], bool], curve: ClientKey | None = None,
+                 replay_ports: Mapping[str, int] | None = None) -> None:
         self.ledger = ledger
         self.curve = curve
         self.metrics = metrics
         self.ctx = context
         self.device_endpoint = device_endpoint
         self.replay_port = replay_port
+        # Devices on one host each serve replay on their own port: SUB endpoint -> that port.
+        self.replay_ports = dict(replay_ports or {})
         self.replay_timeout = replay_timeout
         self.stopping = stopping
         self.gap_total: dict[int, int] = {}
@@ -135,6 +139,8 @@ class Sequencer:
     def check(self, device: int, seq: int, handle: Handle) -> bool:
         """Whether message (device, seq) comes next, after handing on whatever of its device it skipped
         (fetched from replay); False for a duplicate (or when stopping). The caller then hands it on."""
+        if device and device not in self.ledger.covered:
+            self._start_at_journal(device, seq)
         for _ in range(2):  # a second round only after a journal change found while filling
             verdict = self.ledger.classify(device, seq)
             if verdict == DUPLICATE and self._journal_replaced(device):
@@ -150,6 +156,27 @@ class Sequencer:
         self.ledger.cover(device, seq)
         return True
 
+    def _start_at_journal(self, device: int, seq: int) -> None:
+        """A device with no checkpoint and no rows in the table: read it from the oldest seq its journal holds.
+
+        Starting at the first message received instead would skip everything the device accepted
+        before this importer subscribed (the 10-20 s a mesh takes to start, or a device this
+        importer just took over), and nothing would count it as a gap.
+        """
+        client = self._client(device)
+        try:
+            if client is None:
+                raise ReplayTimeout("replay is unavailable")
+            info = client.info()
+        except (ReplayTimeout, ProtocolError) as e:
+            log.warning("device %d: no position and no journal info (%s); starting at seq %d, what it accepted "
+                        "before is not landed", device, e, seq)
+            return
+        first = min(info.first, seq)
+        self.ledger.reset(device, Position(info.journal_id, first - 1))
+        log.info("device %d: no rows in the table and no checkpoint; reading journal %s from seq %d "
+                 "(its oldest; %d messages before seq %d)", device, info.journal_id, first, seq - first, seq)
+
     # -- journal identity -------------------------------------------------------------------------
     def _announced(self, device: int, seq: int, body: bytes) -> None:
         """A heartbeat: follow its journal id."""
@@ -163,7 +190,10 @@ class Sequencer:
         self._confirmed[device] = time.monotonic()
         position = self.ledger.covered.get(device)
         if position is None:
-            self.ledger.reset(device, Position(journal, seq - 1))
+            # Nothing landed from this device yet: everything its journal still holds is ours to land.
+            self.ledger.reset(device, Position(journal, min(first, seq) - 1))
+            log.info("device %d: no rows in the table and no checkpoint; reading journal %s from seq %d (its oldest)",
+                     device, journal, min(first, seq))
         elif position.journal is None:
             # A checkpoint from before journal ids: the same journal, unless its numbers went back.
             self.ledger.reset(device, Position(journal, position.seq) if seq > position.seq
@@ -216,7 +246,8 @@ class Sequencer:
         if client is None and time.monotonic() >= self._down_until.get(device, 0.0):
             endpoint = self.device_endpoint.get(device)
             if endpoint is not None:
-                client = self._clients[device] = ReplayClient(replay_endpoint(endpoint, self.replay_port),
+                port = self.replay_ports.get(endpoint, self.replay_port)
+                client = self._clients[device] = ReplayClient(replay_endpoint(endpoint, port),
                                                               context=self.ctx, timeout=self.replay_timeout,
                                                               curve=self.curve)
         return client

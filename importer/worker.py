@@ -37,7 +37,7 @@ from importer.report import GapReport, Tally
 from importer.sequence import Ledger, Sequencer
 from importer.session import (is_connect, open_session, quiesce_previous_session, resolve_warehouse,
                               wait_for_connect_server)
-from importer.split import StreamFilter
+from importer.split import StreamFilter, owned_endpoints
 from importer.compaction import settle_root
 from importer.write import BackgroundWriter, TableWriter, WriteFailed
 from logjam import sockets
@@ -59,7 +59,15 @@ class Worker:
         self.stop = stop
         self.metrics = metrics
         self.worker_id = args.worker if args.worker is not None else 0
-        self.filter = StreamFilter(args.worker, args.workers, args.app_env or ())
+        own = bool(getattr(args, "own_devices", False))
+        subs = args.sub or [DEFAULT_SUB]
+        # Owning whole devices, a worker keeps every stream they carry (prefixes still narrow it).
+        self.filter = StreamFilter(None if own else args.worker, None if own else args.workers, args.app_env or ())
+        self.subs = owned_endpoints(subs, args.worker, args.workers) if own else subs
+        # Progress belongs to the device: an owner of whole devices that lands all their streams resumes
+        # after the last row any importer wrote for them. A worker that lands only some streams
+        # (prefixes, the CRC split) can trust only its own rows.
+        self.resume_scope: int | None = None if own and not args.app_env else self.worker_id
         self.state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
         self.session_id: str | None = None
         self.checkpoints: Checkpoints | None = None
@@ -122,7 +130,7 @@ class Worker:
         except ValueError as e:
             log.error("cannot start: %s (remove it to start from the table's max seq)", e)
             return 1
-        self.in_table = catalog.max_seqs(spark, self.args.database, self.worker_id)
+        self.in_table = catalog.max_seqs(spark, self.args.database, self.resume_scope)
         resume = resume_positions(saved, self.in_table)
         self.ledger = Ledger(resume)
         for device, position in resume.items():
@@ -131,9 +139,14 @@ class Worker:
         def where(d: int) -> str:
             table = ", ".join(f"{s}" for s, _ in self.in_table.get(d, {}).values()) or "-"
             return f"device {d}: seq {resume[d].seq} (checkpoint {saved[d].seq if d in saved else '-'}, table {table})"
-        log.info("recovery on (state %s, replay port %d); resuming after %s", self.checkpoints.path,
-                 self.args.replay_port, ", ".join(where(d) for d in sorted(resume)) or "nothing (no checkpoint, empty table)")
+        ports = getattr(self.args, "replay_port_of", {})
+        log.info("recovery on (state %s, replay port %s; table rows of %s); resuming after %s", self.checkpoints.path,
+                 ",".join(str(ports.get(s, self.args.replay_port)) for s in self.subs), self._scope_name(),
+                 ", ".join(where(d) for d in sorted(resume)) or "nothing (no checkpoint, empty table)")
         return None
+
+    def _scope_name(self) -> str:
+        return "every importer" if self.resume_scope is None else f"importer {self.resume_scope}"
 
     def _load_event_ids(self, spark: Any) -> None:
         # After the previous session was quiesced, like max(seq): its last write is in the table or never will be.
@@ -141,10 +154,10 @@ class Worker:
         loading = time.monotonic()
         loaded = 0
         if getattr(self, "in_table", None) != {}:  # an empty root (known from max(seq)) has no keys
-            ids = catalog.recent_event_ids(spark, self.args.database, self.worker_id, self.args.dedupe_keys)
+            ids = catalog.recent_event_ids(spark, self.args.database, self.resume_scope, self.args.dedupe_keys)
             loaded = self.dedupe.extend(stream_key(a, i) for a, i in ids)
-        log.info("dedupe: remembering up to %d event ids; %d loaded from %s in %.1fs",
-                 self.args.dedupe_keys, loaded, self.table.root, time.monotonic() - loading)
+        log.info("dedupe: remembering up to %d event ids; %d loaded from the rows of %s in %.1fs",
+                 self.args.dedupe_keys, loaded, self._scope_name(), time.monotonic() - loading)
 
     # -- the stages' callbacks ------------------------------------------------------------------
     def _overflowed(self, app_env: str, date: str) -> None:
@@ -202,15 +215,17 @@ class Worker:
                                        on_committed=self.committed, on_quarantine=self.quarantined, stop=self.stop)
         self.writer.spark = self.spark
         ctx = zmq.Context()
-        self.sub = Subscriber(args.sub or [DEFAULT_SUB], context=ctx, rcvhwm=args.rcvhwm, curve=self.curve)
+        self.sub = Subscriber(self.subs, context=ctx, rcvhwm=args.rcvhwm, curve=self.curve)
         self.sequencer = None if self.ledger is None else Sequencer(
             self.ledger, self.metrics, context=ctx, device_endpoint=self.sub.device_endpoint,
             replay_port=args.replay_port, replay_timeout=args.replay_timeout, stopping=self.stop.is_set,
-            curve=self.curve)
+            curve=self.curve, replay_ports=getattr(args, "replay_port_of", None))
         self.receiver = Receiver(self.batch, self.filter, self.tally, self.gaps, self.sequencer,
                                  self.sub.device_endpoint)
         share = f"worker {args.worker} of {args.workers}" if args.workers else "all streams"
-        log.info("subscribed to %s (%s%s)", ", ".join(args.sub or [DEFAULT_SUB]), share,
+        if getattr(args, "own_devices", False):
+            share += f", owning {len(self.subs)} of {len(args.sub or [DEFAULT_SUB])} devices"
+        log.info("subscribed to %s (%s%s)", ", ".join(self.subs), share,
                  f", prefixes {', '.join(args.app_env)}" if args.app_env else "")
         status = 0
         try:

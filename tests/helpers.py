@@ -53,6 +53,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(n: int, step: int) -> int:
+    """A free port p with p + k*step free too for k < n (none of them handed out again)."""
+    for _ in range(200):
+        port = free_port()
+        others = [port + k * step for k in range(1, n)]
+        if any(o in _given or o > 65535 for o in others):
+            continue
+        ok = True
+        for o in others:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", o))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            _given.update(others)
+            return port
+    raise AssertionError(f"no {n} free ports {step} apart")
+
+
 def free_port_pair() -> int:
     """A free port whose successor is free too (and handed out by neither call again)."""
     for _ in range(100):

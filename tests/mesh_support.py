@@ -13,12 +13,12 @@ import orjson
 from pylogbeat import PyLogBeatClient
 
 from logjam.compression import decompress
-from tools.mesh import DEFAULTS, ensure_keys, mesh_environment
+from tools.mesh import DEFAULTS, DEVICE_PORTS, device_port, ensure_keys, mesh_environment
 from logjam.curve import ClientKey
 from logjam.message import Message
 from logjam.producer import Producer
 from logjam.replay import ReplayClient
-from tests.helpers import REPO, command, free_port, free_port_pair, port_open, wait_for
+from tests.helpers import REPO, command, free_port, free_port_run, port_open, wait_for
 
 
 PROTOCOL_PORTS = {
@@ -29,16 +29,30 @@ PROTOCOL_PORTS = {
 }
 
 
+# Device K of a test mesh listens this far above device 0 (LOGJAM_DEVICE_PORT_STEP).
+PORT_STEP = 7
+
+
+def mesh_ports(devices: int, importers: int) -> dict[str, str]:
+    """Free test ports for every LOGJAM_*_PORT, with room for `devices` devices and `importers` importers."""
+    ports = {k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT") and k not in DEVICE_PORTS}
+    ports.update({k: str(free_port_run(devices, PORT_STEP)) for k in DEVICE_PORTS})
+    # Importer I serves LOGJAM_IMPORTER_METRICS_PORT + I: the next ports must be free too.
+    ports["LOGJAM_IMPORTER_METRICS_PORT"] = str(free_port_run(importers, 1))
+    return ports
+
+
 class Mesh:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, devices: int = 2, importers: int = 2, extra: dict[str, str] | None = None) -> None:
         base = dict(os.environ)
         for key in DEFAULTS:
             base.pop(key, None)
-        base.update({k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT")})
-        # Importer I serves LOGJAM_IMPORTER_METRICS_PORT + I: the next port must be free too.
-        base["LOGJAM_IMPORTER_METRICS_PORT"] = str(free_port_pair())
-        base.update(LOGJAM_DATA_DIR=str(data_dir), LOGJAM_BIND="127.0.0.1", LOGJAM_IMPORTERS="2",
-                    LOGJAM_SPARK_MASTER="local[2]")
+        base.update(mesh_ports(devices, importers))
+        base.update(LOGJAM_DATA_DIR=str(data_dir), LOGJAM_BIND="127.0.0.1", LOGJAM_IMPORTERS=str(importers),
+                    LOGJAM_DEVICES=str(devices), LOGJAM_DEVICE_PORT_STEP=str(PORT_STEP), LOGJAM_SPARK_MASTER="local[2]")
+        base.update(extra or {})
+        self.devices = devices
+        self.importers = importers
         self.config = REPO / "supervisord.conf"
         self.env = mesh_environment(self.config, base)
         # As `make up` does before supervisord starts anything; tests connect with the client key.
@@ -48,8 +62,12 @@ class Mesh:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 
-    def port(self, key: str) -> int:
-        return int(self.env[key])
+    def port(self, key: str, device: int = 0) -> int:
+        """The port of `key`; for a per-device port (tools.mesh.DEVICE_PORTS), device `device`'s."""
+        return device_port(self.env, key, device) if key in DEVICE_PORTS else int(self.env[key])
+
+    def device_id(self, device: int) -> int:
+        return int(self.env["LOGJAM_DEVICE_ID"]) + device
 
     def ctl(self, *args: str) -> str:
         return subprocess.run(
@@ -93,15 +111,15 @@ class Mesh:
                 self.proc.wait()
 
 
-def running_mesh(tmp_path_factory):
-    """Generator for a module-scoped fixture: a mesh that is up and importing."""
-    m = Mesh(tmp_path_factory.mktemp("mesh") / "data")
+def running_mesh(tmp_path_factory, ready_timeout: float = 180, **mesh_args):
+    """Generator for a module-scoped fixture: a mesh that is up and importing (`mesh_args` go to Mesh)."""
+    m = Mesh(tmp_path_factory.mktemp("mesh") / "data", **mesh_args)
     try:
         def up() -> bool:
             assert m.proc.poll() is None, "supervisord exited"
             states = m.states()
             return (
-                len(states) == 8 and all(s == "RUNNING" for s, _ in states.values())
+                len(states) == 5 + m.devices + m.importers and all(s == "RUNNING" for s, _ in states.values())
                 and all(port_open(m.port(k)) for k in PROTOCOL_PORTS.values())
                 and port_open(m.port("LOGJAM_SPARK_PORT"))
             )
@@ -111,7 +129,7 @@ def running_mesh(tmp_path_factory):
             # RUNNING is not subscribed: importers first wait for Spark. Until the
             # lossless-delivery journal exists, PUB/SUB drops what a subscriber has not
             # joined for, so wait until probes reach Spark through both workers.
-            wait_until_importing(m, f"ready-{uuid.uuid4().hex[:8]}")
+            wait_until_importing(m, f"ready-{uuid.uuid4().hex[:8]}", timeout=ready_timeout)
         except AssertionError:
             raise AssertionError(f"mesh did not come up: {m.states()}\n{m.logs()}") from None
         yield m
@@ -120,22 +138,22 @@ def running_mesh(tmp_path_factory):
 
 
 def wait_until_importing(mesh: Mesh, marker: str, timeout: float = 180) -> None:
-    """Send probes on streams of both workers until one of each lands in Spark."""
-    router = f"tcp://127.0.0.1:{mesh.port('LOGJAM_ROUTER_PORT')}"
+    """Send probes through every device (so every importer) until one from each lands in Spark."""
     rounds = 0
 
     def probe() -> bool:
         nonlocal rounds
         rounds += 1
-        with Producer(router, curve=mesh.key) as p:
-            # lumberjack-default hashes (CRC32) to worker 0, mesh-a to worker 1.
-            for app_env in ("lumberjack-default", "mesh-a"):
-                p.submit(app_env, "logs.mesh", {"message": f"{marker} {rounds}"})
-            p.flush()
-        rows = mesh.sql(f"SELECT DISTINCT app_env FROM messages WHERE body LIKE '%{marker}%'")
-        return {r["app_env"] for r in rows} == {"lumberjack-default", "mesh-a"}
+        for k in range(mesh.devices):
+            with Producer(f"tcp://127.0.0.1:{mesh.port('LOGJAM_ROUTER_PORT', k)}", curve=mesh.key) as p:
+                for app_env in ("lumberjack-default", "mesh-a"):
+                    p.submit(app_env, "logs.mesh", {"message": f"{marker} {rounds}"})
+                p.flush()
+        rows = mesh.sql(f"SELECT DISTINCT device, app_env FROM messages WHERE body LIKE '%{marker}%'")
+        return {(r["device"], r["app_env"]) for r in rows} == {
+            (mesh.device_id(k), a) for k in range(mesh.devices) for a in ("lumberjack-default", "mesh-a")}
 
-    wait_for(probe, timeout=timeout, interval=2, what="probes through both importers")
+    wait_for(probe, timeout=timeout, interval=2, what="probes through every device and importer")
 
 
 def send(mesh: Mesh, protocol: str, lines: list[str]) -> None:
@@ -198,20 +216,23 @@ def repeated_event_ids(mesh: Mesh) -> list[dict]:
     )
 
 
-def journaled(mesh: Mesh, run: str, from_seq: int) -> list[dict]:
-    """The device journal's copies of run `run`'s events at seq >= `from_seq`, read back through
-    the replay endpoint: one {"seq", "body"} per journaled message (a copy journaled twice is two)."""
-    client = ReplayClient(f"tcp://127.0.0.1:{mesh.port('LOGJAM_REPLAY_PORT')}", timeout=30, curve=mesh.key)
+def journaled(mesh: Mesh, run: str, from_seq: dict[int, int]) -> list[dict]:
+    """The devices' journals' copies of run `run`'s events, from seq `from_seq[device id]` of each device
+    named there, read back through their replay endpoints: one {"device", "seq", "body"} per journaled
+    message (a copy journaled twice is two)."""
     needle = run.encode()
     out = []
-    try:
-        for msg in client.fetch(from_seq, 2**63 - 1):
-            assert isinstance(msg, Message), f"journal lost {msg} within the test's range"
-            body = decompress(msg.meta.compression, msg.body)
-            if needle in body:
-                out.append({"seq": msg.meta.seq, "body": orjson.loads(body)})
-    finally:
-        client.close()
+    for device, first in sorted(from_seq.items()):
+        k = device - mesh.device_id(0)
+        client = ReplayClient(f"tcp://127.0.0.1:{mesh.port('LOGJAM_REPLAY_PORT', k)}", timeout=30, curve=mesh.key)
+        try:
+            for msg in client.fetch(first, 2**63 - 1):
+                assert isinstance(msg, Message), f"device {device}'s journal lost {msg} within the test's range"
+                body = decompress(msg.meta.compression, msg.body)
+                if needle in body:
+                    out.append({"device": device, "seq": msg.meta.seq, "body": orjson.loads(body)})
+        finally:
+            client.close()
     return out
 
 

@@ -99,6 +99,26 @@ def test_bridge_data_dir_and_device(tmp_path: Path) -> None:
     assert check("logjam-bridge", "nosuch").returncode == 1
 
 
+def test_device_instance_and_importer_owning_devices(tmp_path: Path) -> None:
+    """Device K of a host (--instance) and an importer that owns every N-th --sub endpoint."""
+    dev = check("logjam-device", "--instance", "2", "--instance-port-step", "10", "-d", "1",
+                "--data-dir", str(tmp_path / "device"), "--metrics-port", "9631")
+    assert dev.returncode == 0, dev.stdout + dev.stderr
+    assert "device 3: ROUTER tcp://*:9624, PULL :9625, PUB :9626, stats :9641" in dev.stdout
+    assert f"journal in {tmp_path / 'device-2' / 'journal'}" in dev.stdout and "replay on :9627" in dev.stdout
+    assert "metrics and /healthz on :9651" in dev.stdout
+    subs = ",".join(f"tcp://127.0.0.1:{9606 + 100 * k}" for k in range(3))
+    imp = check("logjam-importer", "--sub", subs, "--replay-ports", "9607,9707,9807", "--worker", "0", "--workers", "2",
+                "--own-devices", "--state-dir", str(tmp_path / "state"))
+    assert imp.returncode == 0, imp.stdout + imp.stderr
+    assert "(worker 0 of 2, owning its devices): subscribe to tcp://127.0.0.1:9606, tcp://127.0.0.1:9806," in imp.stdout
+    assert "replay from port 9607,9807" in imp.stdout
+    bad = check("logjam-importer", "--sub", subs, "--worker", "3", "--workers", "4", "--own-devices")
+    assert bad.returncode == 1 and "importer 3 of 4 would own no device" in bad.stderr
+    bad = check("logjam-importer", "--sub", subs, "--replay-ports", "9607,9707")
+    assert bad.returncode == 1 and "--replay-ports needs one port per --sub endpoint (3)" in bad.stderr
+
+
 def test_importer_spark_sql(tmp_path: Path) -> None:
     imp = check("logjam-importer", "--worker", "1", "--workers", "2", "--state-dir", str(tmp_path / "state"),
                 "--metrics-port", "9640", "--metrics-port-offset", "1")
@@ -143,10 +163,10 @@ def test_make_check_good_and_broken_mesh(tmp_path: Path) -> None:
     good = subprocess.run(["make", "-s", "check"], cwd=REPO, env=mesh_env(tmp_path), capture_output=True, text=True,
                           timeout=110)
     assert good.returncode == 0, good.stdout + good.stderr
-    for name in ("logjam-spark", "logjam-device", "bridge-lumberjack", "bridge-courier", "bridge-segment",
-                 "bridge-rustlog", "logjam-importer-0", "logjam-importer-1"):
+    for name in ("logjam-spark", "logjam-device", "logjam-device-1", "bridge-lumberjack", "bridge-courier",
+                 "bridge-segment", "bridge-rustlog", "logjam-importer-0", "logjam-importer-1"):
         assert f"== {name}: ok" in good.stdout
-    assert "mesh check ok: 8 programs" in good.stdout
+    assert "mesh check ok: 9 programs" in good.stdout
 
     # Two programs on one port, and a device id the device refuses.
     bad = subprocess.run([command("python"), "-m", "tools.mesh", "check"], cwd=REPO,
@@ -156,3 +176,15 @@ def test_make_check_good_and_broken_mesh(tmp_path: Path) -> None:
     assert "== logjam-device: FAILED (exit 1)" in bad.stdout
     assert "port 5044 is used twice" in bad.stdout
     assert "mesh check FAILED" in bad.stdout
+
+    # More importers than devices: each importer owns whole devices, so one would own none.
+    bad = subprocess.run([command("python"), "-m", "tools.mesh", "check"], cwd=REPO,
+                         env=mesh_env(tmp_path, LOGJAM_DEVICES="2", LOGJAM_IMPORTERS="3"),
+                         capture_output=True, text=True, timeout=110)
+    assert bad.returncode == 1, bad.stdout
+    assert "== mesh: LOGJAM_IMPORTERS=3 > LOGJAM_DEVICES=2" in bad.stdout
+    assert "== logjam-importer-2: FAILED (exit 1)" in bad.stdout and "would own no device" in bad.stdout
+    up = subprocess.run([command("python"), "-m", "tools.mesh", "up"], cwd=REPO,
+                        env=mesh_env(tmp_path, LOGJAM_DEVICES="1", LOGJAM_IMPORTERS="2"),
+                        capture_output=True, text=True, timeout=60)
+    assert up.returncode == 2 and "LOGJAM_IMPORTERS=2 > LOGJAM_DEVICES=1" in up.stderr, up.stderr

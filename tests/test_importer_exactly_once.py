@@ -61,6 +61,8 @@ def test_copies_with_one_event_id_land_once_and_bodies_without_one_all_land(spar
     a, b = "dedupe-a-prod", "dedupe-b-prod"
     j = Journaled(tmp_path / "dev")
     imp = importer(j, spark_server, warehouse, state)
+    # The readiness probes sent before it subscribed were read from the journal's start (replayed).
+    replayed_at_start = imp.metric("logjam_importer_replayed_messages_total")
     try:
         # Each copy in its own round trip, as a DeviceLink resend after a lost 202 would do it.
         send(j.dev, a, keyed("lj-1f3a:7", 1))
@@ -83,7 +85,7 @@ def test_copies_with_one_event_id_land_once_and_bodies_without_one_all_land(spar
         assert imp.metric("logjam_importer_duplicate_events_total", app_env=a) == 3
         # A skipped copy is covered like a filtered message: no gap, nothing replayed, the checkpoint moves on.
         assert imp.metric("logjam_importer_gap_messages_total") <= 0
-        assert imp.metric("logjam_importer_replayed_messages_total") <= 0
+        assert imp.metric("logjam_importer_replayed_messages_total") <= replayed_at_start
     finally:
         assert imp.stop() == 0, imp.output()
         j.close()

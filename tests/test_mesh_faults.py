@@ -251,9 +251,12 @@ def run_fault(mesh: Mesh, kill: str, *loads, warmup: int = 400) -> list[Outcome]
         except AssertionError:
             missing = sorted(acked - {orjson.loads(r["body"])["message"] for r in rows})
             raise AssertionError(f"{len(missing)} acknowledged events missing, e.g. {missing[:5]}\n{mesh.logs()}") from None
-        # Every copy of the run's events has a seq at or above the first one written (the importer
-        # writes the first copy in seq order), so the journal from there holds them all.
-        journal = journaled(mesh, load.run_id, min(r["seq"] for r in rows))
+        # Every copy of the run's events has a seq at or above the first one written on its device (the
+        # importer writes each device's first copy in seq order), so the journals from there hold them all.
+        first: dict[int, int] = {}
+        for r in rows:
+            first[r["device"]] = min(first.get(r["device"], r["seq"]), r["seq"])
+        journal = journaled(mesh, load.run_id, first)
         keys = {j["body"].get("@metadata", {}).get("_id") for j in journal} - {None}  # check_keys fails on None
 
         def every_key_landed() -> bool:

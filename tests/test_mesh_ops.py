@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from runtime.health import fetch
-from tools.mesh import DEFAULTS, METRICS_PORTS, mesh_environment
-from tests.helpers import REPO, command, free_port, free_port_pair, wait_for
+from tools.mesh import DEFAULTS, mesh_environment, metrics_ports
+from tests.helpers import REPO, command, wait_for
+from tests.mesh_support import PORT_STEP, mesh_ports
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,9 +35,9 @@ def mesh_cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess
 def mesh(tmp_path_factory):
     data = tmp_path_factory.mktemp("opsmesh") / "data"
     env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
-    env.update({k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT")})
-    env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1", LOGJAM_IMPORTERS="2",
-               LOGJAM_SPARK_MASTER="local[2]", LOGJAM_IMPORTER_METRICS_PORT=str(free_port_pair()))
+    env.update(mesh_ports(2, 2))
+    env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1", LOGJAM_IMPORTERS="2", LOGJAM_DEVICES="2",
+               LOGJAM_DEVICE_PORT_STEP=str(PORT_STEP), LOGJAM_SPARK_MASTER="local[2]")
     env = mesh_environment(REPO / "supervisord.conf", env)
     out = data / "mesh-up.out"
     with open(out, "w") as f:
@@ -61,9 +62,7 @@ def mesh(tmp_path_factory):
 
 
 def ports(env: dict[str, str]) -> dict[str, int]:
-    base = int(env["LOGJAM_IMPORTER_METRICS_PORT"])
-    return {**{name: int(env[key]) for name, key in METRICS_PORTS.items()},
-            "logjam-importer-0": base, "logjam-importer-1": base + 1}
+    return metrics_ports(env)
 
 
 def healthz(port: int) -> tuple[int, dict | None]:
@@ -79,7 +78,7 @@ def test_every_process_serves_metrics_and_healthz(mesh) -> None:
     device = healthz(ports(mesh)["logjam-device"])[1]
     assert device["checks"]["journal"]["ok"] and device["checks"]["publishing"]["ok"]
     bridge = healthz(ports(mesh)["bridge-segment"])[1]
-    assert bridge["checks"]["device_link"]["detail"] == f"connected to tcp://127.0.0.1:{mesh['LOGJAM_ROUTER_PORT']}"
+    assert bridge["checks"]["device_link"]["detail"] == f"connected to {mesh['LOGJAM_DEVICE_ROUTERS'].replace(',', ', ')}"
     spark = healthz(ports(mesh)["logjam-spark"])[1]
     assert set(spark["checks"]) == {"jvm", "connect", "jdbc"}
 
@@ -89,10 +88,11 @@ def test_importer_healthz_reports_its_last_write(mesh) -> None:
     res = subprocess.run([command("logjam-send"), "lumberjack", "--to", f"127.0.0.1:{mesh['LOGJAM_LUMBERJACK_PORT']}",
                           *[f"{run} {i}" for i in range(20)]], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    # lumberjack-default belongs to worker 0 (CRC32 of the stream name).
-    port = ports(mesh)["logjam-importer-0"]
-    wait_for(lambda: "last write" in healthz(port)[1]["checks"]["writes"]["detail"], timeout=120, interval=0.5,
-             what="importer 0 to commit a batch")
+    # The bridge's window went to one of the two devices, so to the importer that owns it.
+    importers = [p for name, p in ports(mesh).items() if name.startswith("logjam-importer-")]
+    written = lambda: [p for p in importers if "last write" in healthz(p)[1]["checks"]["writes"]["detail"]]  # noqa: E731
+    wait_for(written, timeout=120, interval=0.5, what="an importer to commit a batch")
+    port = written()[0]
     status, doc = healthz(port)
     assert status == 200 and doc["checks"]["spark"]["ok"], doc
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()

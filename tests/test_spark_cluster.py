@@ -93,3 +93,59 @@ def test_two_importers_through_a_standalone_cluster_land_exactly_once(tmp_path) 
             j.close()
         for p in reversed(procs):
             stop(p, timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_devices_two_importers_on_two_workers_survive_a_device_sigkill(tmp_path, tmp_path_factory) -> None:
+    """The scale-out topology on a cluster: the whole mesh (2 devices, 2 importers owning one each)
+    under supervisord with `logjam-spark --master spark://...` in front of a standalone master and two
+    workers. Under load (DEALER to device 0, pylogbeat through the bridge to both devices) device 0 is
+    SIGKILLed; every acknowledged event lands exactly once, and tasks ran on both workers."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    from tests.mesh_support import running_mesh
+    from tests.test_mesh_faults import BeatsLoad, DealerLoad, run_fault
+
+    home = Path(_find_spark_home())
+    port, ui = free_port(), free_port()
+    procs = [spark_class(home, tmp_path / "master.log", "org.apache.spark.deploy.master.Master",
+                         "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui))]
+    works = [tmp_path / f"work-{w}" for w in range(2)]
+    for w, work in enumerate(works):
+        procs.append(spark_class(home, tmp_path / f"worker-{w}.log", "org.apache.spark.deploy.worker.Worker",
+                                 f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+                                 "--webui-port", str(free_port()), "--work-dir", str(work)))
+    mesh_gen = None
+    try:
+        wait_for(lambda: master_state(ui).get("aliveworkers", 0) == 2, timeout=180, interval=0.5,
+                 what="both standalone workers to register")
+        # The first writes wait for both executors to start (a minute or more on a busy 2-core host).
+        mesh_gen = running_mesh(tmp_path_factory, ready_timeout=600, devices=2, importers=2,
+                                extra={"LOGJAM_SPARK_MASTER": f"spark://127.0.0.1:{port}"})
+        mesh = next(mesh_gen)
+        dealer = DealerLoad(mesh, f"cdev-{os.urandom(4).hex()}", resend=True)
+        beats = BeatsLoad(mesh, f"clj-{os.urandom(4).hex()}")
+        out, lj = run_fault(mesh, "logjam-device", dealer, beats)
+        out.report("cluster: device SIGKILL, Producer resending timed-out batches", f", never acked {len(dealer.unacked)}")
+        lj.report("cluster: device SIGKILL, pylogbeat through the lumberjack bridge")
+        assert all(out.counts[m] == 1 for m in out.acked), \
+            sorted((m, out.counts[m]) for m in out.acked if out.counts[m] != 1)[:10]
+        out.check_keys()
+        assert all(lj.counts[m] == 1 for m in lj.acked - beats.resent)
+        lj.check_keys()
+        # Both devices carried bridge traffic, and each importer landed its own device.
+        rows = mesh.sql(f"SELECT importer, device, count(*) AS n FROM messages WHERE body LIKE '%{beats.run_id}%' "
+                        "GROUP BY 1, 2")
+        assert {(r["importer"], r["device"]) for r in rows} == {(0, mesh.device_id(0)), (1, mesh.device_id(1))}, rows
+        # The rows were written by tasks on both workers' executors, for the mesh's Spark server.
+        assert master_state(ui)["activeapps"][0]["name"] == "logjam Spark server"
+        for work in works:
+            logs = list(work.glob("app-*/*/stderr"))
+            assert logs and any("Finished task" in p.read_text(errors="replace") for p in logs), \
+                f"no task finished on the executor under {work}"
+    finally:
+        if mesh_gen is not None:
+            mesh_gen.close()  # runs running_mesh's finally: the mesh shuts down
+        for p in reversed(procs):
+            stop(p, timeout=60)

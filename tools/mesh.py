@@ -38,7 +38,11 @@ DEFAULTS = {
     "LOGJAM_COURIER_PORT": "5043",
     "LOGJAM_SEGMENT_PORT": "12345",
     "LOGJAM_RUSTLOG_PORT": "9092",
+    # Devices and importers (docs/scaling.md): importer I owns devices I, I+N, ... so N <= D.
+    "LOGJAM_DEVICES": "2",
     "LOGJAM_IMPORTERS": "2",
+    # Device K listens on each device port + K * this, and serves metrics on LOGJAM_DEVICE_METRICS_PORT + K * this.
+    "LOGJAM_DEVICE_PORT_STEP": "100",
     # Prometheus /metrics and /healthz of every process (runtime.health); importer I serves
     # LOGJAM_IMPORTER_METRICS_PORT + I. logjam-spark's is LOGJAM_TABLE_METRICS_PORT.
     "LOGJAM_DEVICE_METRICS_PORT": "9631",
@@ -60,11 +64,63 @@ METRICS_PORTS = {
 }
 
 
+# Every device's own port: device K listens on the variable's port + K * LOGJAM_DEVICE_PORT_STEP.
+DEVICE_PORTS = ("LOGJAM_ROUTER_PORT", "LOGJAM_PULL_PORT", "LOGJAM_PUB_PORT", "LOGJAM_STATS_PORT",
+                "LOGJAM_REPLAY_PORT", "LOGJAM_DEVICE_METRICS_PORT")
+
+
+def device_port(env: dict[str, str], key: str, k: int) -> int:
+    """Device K's port for `key` (one of DEVICE_PORTS)."""
+    return int(env[key]) + k * int(env["LOGJAM_DEVICE_PORT_STEP"])
+
+
+def device_count(env: dict[str, str]) -> int:
+    try:
+        return max(1, int(env["LOGJAM_DEVICES"]))
+    except ValueError:
+        return 1
+
+
+def topology_problems(env: dict[str, str]) -> list[str]:
+    """What makes LOGJAM_DEVICES / LOGJAM_IMPORTERS unrunnable, said plainly."""
+    try:
+        d, n = int(env["LOGJAM_DEVICES"]), int(env["LOGJAM_IMPORTERS"])
+    except ValueError:
+        return [f"LOGJAM_DEVICES={env['LOGJAM_DEVICES']!r} and LOGJAM_IMPORTERS={env['LOGJAM_IMPORTERS']!r} "
+                "must be whole numbers"]
+    if d < 1 or n < 1:
+        return [f"LOGJAM_DEVICES={d} and LOGJAM_IMPORTERS={n} must both be at least 1"]
+    if n > d:
+        return [f"LOGJAM_IMPORTERS={n} > LOGJAM_DEVICES={d}: every importer owns whole devices (importer I "
+                f"owns devices I, I+{n}, ...), so importers {', '.join(map(str, range(d, n)))} would own none. "
+                f"Set LOGJAM_DEVICES>={n} or LOGJAM_IMPORTERS<={d} (docs/scaling.md)"]
+    return []
+
+
+def orphaned_journals(env: dict[str, str]) -> list[str]:
+    """Journals of devices LOGJAM_DEVICES no longer runs (it was lowered): nothing reads them now."""
+    data, d = Path(env["LOGJAM_DATA_DIR"]), device_count(env)
+    out = []
+    for path in sorted(data.glob("device-*")):
+        k = path.name.removeprefix("device-")
+        if k.isdigit() and int(k) >= d and (path / "journal").is_dir():
+            out.append(f"warning: {path} holds the journal of device {k}, which LOGJAM_DEVICES={d} does not run: "
+                       f"what it accepted and the table does not have yet stays there until it runs again "
+                       f"(raise LOGJAM_DEVICES; docs/operations.md, Scaling devices and importers)")
+    return out
+
+
 def mesh_environment(config: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment supervisord needs: LOGJAM_* defaults, an absolute data dir that exists."""
+    """The environment supervisord needs: LOGJAM_* defaults, an absolute data dir that exists, and
+    the per-device lists derived from LOGJAM_DEVICES."""
     env = dict(os.environ if base is None else base)
     for key, value in DEFAULTS.items():
         env.setdefault(key, value)
+    devices = range(device_count(env))
+    env["LOGJAM_EXTRA_DEVICES"] = str(len(devices) - 1)
+    env["LOGJAM_DEVICE_ROUTERS"] = ",".join(f"tcp://127.0.0.1:{device_port(env, 'LOGJAM_ROUTER_PORT', k)}" for k in devices)
+    env["LOGJAM_DEVICE_PUBS"] = ",".join(f"tcp://127.0.0.1:{device_port(env, 'LOGJAM_PUB_PORT', k)}" for k in devices)
+    env["LOGJAM_DEVICE_REPLAY_PORTS"] = ",".join(str(device_port(env, "LOGJAM_REPLAY_PORT", k)) for k in devices)
     data = Path(env["LOGJAM_DATA_DIR"])
     if not data.is_absolute():
         data = config.parent / data
@@ -117,15 +173,15 @@ def banner(env: dict[str, str]) -> str:
     return f"""
 logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
 
-  Logjam device   ROUTER tcp://{e('LOGJAM_BIND')}:{e('LOGJAM_ROUTER_PORT')}  PULL :{e('LOGJAM_PULL_PORT')}  PUB :{e('LOGJAM_PUB_PORT')}  stats :{e('LOGJAM_STATS_PORT')}  replay :{e('LOGJAM_REPLAY_PORT')}
+{device_lines(env)}
   Lumberjack      tcp :{e('LOGJAM_LUMBERJACK_PORT')}   (Beats, logstash-forwarder)
   Log Courier     tcp :{e('LOGJAM_COURIER_PORT')}
   Segment append  tcp :{e('LOGJAM_SEGMENT_PORT')}  (Pravega wire protocol)
   RustLog         tcp :{e('LOGJAM_RUSTLOG_PORT')}
-  Spark Connect   sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')}  ({e('LOGJAM_IMPORTERS')} importers)
+  Spark Connect   sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')}  ({e('LOGJAM_IMPORTERS')} importers, each owning whole devices)
   JDBC            jdbc:hive2://127.0.0.1:{e('LOGJAM_JDBC_PORT')}  (table logjam.messages)
-  CURVE           every ZeroMQ socket above; keys in {e('LOGJAM_DATA_DIR')}/keys, admitted clients in keys/allowed (SIGHUP the device after a change)
-  Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device :{e('LOGJAM_DEVICE_METRICS_PORT')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
+  CURVE           every ZeroMQ socket above; keys in {e('LOGJAM_DATA_DIR')}/keys, admitted clients in keys/allowed (SIGHUP the devices after a change)
+  Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device K :{e('LOGJAM_DEVICE_METRICS_PORT')}+K*{e('LOGJAM_DEVICE_PORT_STEP')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
 
 Send:   echo hello | {rel}/logjam-send logjam --to 127.0.0.1:{e('LOGJAM_ROUTER_PORT')}{keys}
 Tail:   {rel}/logjam-tail --sub tcp://127.0.0.1:{e('LOGJAM_PUB_PORT')}{keys}
@@ -133,6 +189,16 @@ Query:  {rel}/logjam-sql --spark sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')} "SELECT
 Health: make status    Check a config: make check
 Stop:   Ctrl-C here, or `make down`
 """
+
+
+def device_lines(env: dict[str, str]) -> str:
+    lines = []
+    for k in range(device_count(env)):
+        p = {key: device_port(env, key, k) for key in DEVICE_PORTS}
+        lines.append(f"  Logjam device {int(env['LOGJAM_DEVICE_ID']) + k:<2} ROUTER tcp://{env['LOGJAM_BIND']}:{p['LOGJAM_ROUTER_PORT']}"
+                     f"  PULL :{p['LOGJAM_PULL_PORT']}  PUB :{p['LOGJAM_PUB_PORT']}  stats :{p['LOGJAM_STATS_PORT']}"
+                     f"  replay :{p['LOGJAM_REPLAY_PORT']}")
+    return "\n".join(lines)
 
 
 def _log_offsets(env: dict[str, str]) -> dict[Path, int]:
@@ -158,6 +224,12 @@ def importers_subscribed(env: dict[str, str], offsets: dict[Path, int]) -> bool:
 
 def up(config: Path, ready_timeout: float = 180.0) -> int:
     env = mesh_environment(config)
+    problems = topology_problems(env)
+    if problems:
+        print("\n".join(f"cannot start logjam-mesh: {p}" for p in problems), file=sys.stderr, flush=True)
+        return 2
+    for warning in orphaned_journals(env):
+        print(warning, file=sys.stderr, flush=True)
     ensure_keys(env)
     offsets = _log_offsets(env)
     print(f"starting logjam-mesh (Spark takes ~30 s); logs in {env['LOGJAM_DATA_DIR']}/logs", flush=True)
@@ -191,6 +263,8 @@ def up(config: Path, ready_timeout: float = 180.0) -> int:
 def metrics_ports(env: dict[str, str]) -> dict[str, int]:
     """Process name -> the port of its /metrics and /healthz."""
     ports = {name: int(env[key]) for name, key in METRICS_PORTS.items()}
+    for k in range(1, device_count(env)):
+        ports[f"logjam-device-{k}"] = device_port(env, "LOGJAM_DEVICE_METRICS_PORT", k)
     base = int(env["LOGJAM_IMPORTER_METRICS_PORT"])
     for i in range(int(env["LOGJAM_IMPORTERS"])):
         ports[f"logjam-importer-{i}"] = base + i
@@ -205,7 +279,7 @@ def health_report(env: dict[str, str]) -> tuple[bool, list[str]]:
     healthy, lines = True, []
     for name, port in metrics_ports(env).items():
         # Only the device binds its metrics to LOGJAM_BIND; the others listen on every address or 127.0.0.1.
-        code, doc = fetch(f"http://{host if name == 'logjam-device' else '127.0.0.1'}:{port}/healthz")
+        code, doc = fetch(f"http://{host if name.startswith('logjam-device') else '127.0.0.1'}:{port}/healthz")
         if doc is None:
             healthy = False
             lines.append(f"  {name:<20} :{port:<5}  no answer" + (f" (HTTP {code})" if code else ""))
@@ -248,6 +322,7 @@ def _duplicate_ports(env: dict[str, str]) -> list[str]:
                                      if k.startswith("LOGJAM_") and k.endswith("_PORT") and v.isdigit()
                                      and k != "LOGJAM_IMPORTER_METRICS_PORT"]
     owners += [(f"{name} metrics", port) for name, port in metrics_ports(env).items() if name.startswith("logjam-importer-")]
+    owners += [(f"device {k} {key}", device_port(env, key, k)) for k in range(1, device_count(env)) for key in DEVICE_PORTS]
     seen: dict[int, str] = {}
     problems = []
     for owner, port in owners:
@@ -266,7 +341,7 @@ def check(config: Path, timeout: float = 180.0) -> int:
     except SystemExit:  # supervisor printed why on stderr
         print(f"mesh check: {config} is not a valid supervisord config", flush=True)
         return 1
-    problems = _duplicate_ports(env)
+    problems = topology_problems(env) + _duplicate_ports(env)
     running = {name: subprocess.Popen([*argv, "--check"], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
                for name, argv in commands.items()}
@@ -284,8 +359,10 @@ def check(config: Path, timeout: float = 180.0) -> int:
             failed.append(name)
     for problem in problems:
         print(f"== mesh: {problem}")
+    for warning in orphaned_journals(env):
+        print(f"== mesh: {warning}")
     if failed or problems:
-        print(f"mesh check FAILED: {', '.join(failed + (['ports'] if problems else []))}", flush=True)
+        print(f"mesh check FAILED: {', '.join(failed + (['mesh'] if problems else []))}", flush=True)
         return 1
     print(f"mesh check ok: {len(commands)} programs", flush=True)
     return 0

@@ -18,6 +18,14 @@ journaled some of them before dying, so delivery to the device is at-least-once,
 the body's `@metadata._id` (the same bytes on every resend) lets the importer drop
 the second copy. A device that is merely slow or paused keeps its TCP connection and
 is waited for.
+
+With several devices, each publish() goes to the next connected one in turn (ZeroMQ's
+DEALER round-robin, but per call, so a batch stays on one device). Unanswered requests
+stay with the device they were sent to and are resent only to it, never to another:
+its journal settles whether it had them, and both copies meet in the one importer that
+owns that device, where the key drops the second. Sent to another device, the copy
+would land through another importer that cannot know the key. New calls skip devices
+whose connection is down, so the others carry the traffic meanwhile.
 """
 
 from __future__ import annotations
@@ -281,7 +289,7 @@ class DeviceLink:
             call = _Call(n, asyncio.get_running_loop().create_future())
             prepare = self._wire.prepare
             parts = [_Part(b, prepare(b), call) for b in batches if len(b)]  # type: ignore[arg-type]
-            next(self._next).submit(parts)
+            self._pick().submit(parts)
             await call.future
         finally:
             self._inflight -= need
@@ -289,6 +297,14 @@ class DeviceLink:
                 self._room.notify_all()
         if call.rejected:
             raise DeviceRejected(call.rejected, n)
+
+    def _pick(self) -> _Endpoint:
+        """The next endpoint in turn whose connection is up; any, in turn, when none is."""
+        for _ in range(len(self._endpoints)):
+            ep = next(self._next)
+            if ep.connected:
+                return ep
+        return next(self._next)
 
     async def close(self) -> None:
         for ep in self._endpoints:
