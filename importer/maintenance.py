@@ -54,9 +54,9 @@ def add_maintenance_flags(p: argparse.ArgumentParser) -> None:
                    help=f"while a day is open, merge N files of one level into one of the next (default {FANIN})")
     p.add_argument("--compact-max-level", type=int, default=MAX_LEVEL, metavar="N",
                    help=f"while a day is open, rewrite a row at most N times (default {MAX_LEVEL})")
-    p.add_argument("--compact-throughput", type=float, default=4.0, metavar="MIB_PER_S",
+    p.add_argument("--compact-throughput", type=float, default=2.0, metavar="MIB_PER_S",
                    help="bytes compaction may rewrite a second, on average, so that it never takes the cores "
-                        "the importers need (default 4 MiB/s; 0: no limit)")
+                        "the importers need (default 2 MiB/s; 0: no limit)")
     p.add_argument("--compact-older-than", type=float, default=3600.0, metavar="SECONDS",
                    help="a day is closed this long after it ended: its small files are merged into "
                         "--compact-target-bytes files once (default 3600)")

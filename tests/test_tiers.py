@@ -91,3 +91,13 @@ def test_the_throttle_admits_the_smallest_merges_first_and_makes_a_big_one_wait_
     assert throttle.admit([big, small, other]) == [small, other, big], "a positive allowance may be overdrawn"
     assert throttle.allowance < 0
     assert throttle.admit([merge(1)]) == [], "the debt is paid before the next merge"
+
+
+def test_an_importers_large_files_wait_for_the_day_to_close() -> None:
+    """At a high ingest rate an importer's files are large already: rewriting them would take its cores."""
+    policy = TierPolicy(fanin=3)
+    big = [FileInfo(f"part-{i}", 10 * 2**20) for i in range(5)]
+    assert policy.pick(big, closed=False) is None
+    assert policy.pick(big, closed=True) is not None
+    merged = [FileInfo(f"L1-{i}", 10 * 2**20) for i in range(3)]
+    assert policy.pick(merged, closed=False) is not None, "merged files keep climbing the levels"
