@@ -15,7 +15,8 @@ _CAUSES: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p, re.IGNOR
     (r"File name too long|ENAMETOOLONG|PathComponentTooLong", "name too long"),
     (r"Permission denied|AccessDeniedException|EACCES|Operation not permitted", "permission denied"),
     (r"Read-only file system|EROFS", "read-only filesystem"),
-    (r"Not a directory|ENOTDIR|FileAlreadyExistsException|exists and is not a directory", "path in the way"),
+    (r"Not a directory|ENOTDIR|File exists|EEXIST|FileAlreadyExistsException|exists and is not a directory",
+     "path in the way"),
     (r"could not be made persistent|MetaException|HiveException", "metastore refused"),
     (r"StatusCode\.UNAVAILABLE|Connection refused|failed to connect|Channel shutdown|SESSION_CLOSED"
      r"|INVALID_HANDLE\.SESSION|SparkConnectGrpcException.*UNAVAILABLE|Socket closed", "Spark unreachable"),

@@ -26,10 +26,11 @@ import orjson
 import pytest
 from pylogbeat import PyLogBeatClient
 
+from logjam.curve import ClientKey
 from logjam.producer import Producer
 from tests.helpers import REPO, port_open, wait_for
 from tests.mesh_support import PORT_STEP, Mesh, mesh_ports
-from tools.mesh import DEFAULTS, mesh_environment
+from tools.mesh import DEFAULTS, ensure_keys, mesh_environment
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow]
 
@@ -66,6 +67,8 @@ class UpMesh:
         """A Mesh view (ports, sql) of what runs now; it starts nothing."""
         m = Mesh.__new__(Mesh)
         m.env, m.devices, m.importers, m.config = self.env, self.devices, self.importers, REPO / "supervisord.conf"
+        # The keys `make up` makes before it starts anything (ensure_keys is idempotent).
+        m.key = ClientKey.from_dir(ensure_keys(self.env))
         return m
 
     def subscribed(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -140,26 +141,25 @@ def test_a_stream_that_cannot_be_written_is_quarantined_and_the_others_land(devi
 def test_writes_failing_for_every_stream_turn_healthz_unhealthy_and_land_once_mended(device, spark_server,
                                                                                       tmp_path) -> None:
     warehouse = tmp_path / "wh"
-    root = warehouse / "messages" / "importer=0"
+    staging = warehouse / "messages" / "_staging" / "importer=0"
     imp = Importer(device, spark_server.url, "--flush-interval", "0.5", "--write-timeout", "30",
                    warehouse=warehouse)
     try:
         imp.wait_ready(device)
         df = table(spark_server, warehouse)
-        day = datetime.datetime.now(datetime.timezone.utc).date()  # the Producer stamps messages now
-        # Every new stream's directory is in the way: nothing can be singled out, so nothing is quarantined.
+        wait_for(lambda: df.where("app_env = 'probe-ready'").count() > 0, timeout=60, what="the probe rows")
+        # Every write stages its batch there first: with a file in the way, nothing can be singled
+        # out, so nothing is quarantined, and the writes are waited out.
+        shutil.rmtree(staging)
+        staging.write_text("in the way")
         names = ["one-prod", "two-prod"]
-        root.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            Path(partition_dir(str(root), name, day.isoformat())).parent.write_text("in the way")
         total = sent_rows(device, names, 4)
-        status, doc = wait_for(lambda: (r := healthz(imp.metrics_port))[0] == 503 and r, timeout=30,
+        status, doc = wait_for(lambda: (r := healthz(imp.metrics_port))[0] == 503 and r, timeout=60,
                                what="/healthz to say the writes fail")
         assert "path in the way" in doc["checks"]["writes"]["detail"], doc
-        for name in names:
-            Path(partition_dir(str(root), name, day.isoformat())).parent.unlink()
+        staging.unlink()
         wait_for(lambda: df.where(df.topic == "logs.test").count() >= total, timeout=120, interval=1,
-                 what="the rows once the paths are free")
+                 what="the rows once the path is free")
         assert df.where(df.topic == "logs.test").count() == total
         assert where(spark_server, warehouse, f"app_env = '{QUARANTINE}'") == 0
         wait_for(lambda: healthz(imp.metrics_port)[0] == 200, timeout=30, what="/healthz healthy again")
