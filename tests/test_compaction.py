@@ -21,7 +21,7 @@ from importer import compaction
 from importer.catalog import ensure_table
 from importer.decode import BatchBuilder
 from importer.partition_files import data_files, read_marker
-from importer.paths import partition_dir
+from importer.paths import local_path, partition_dir
 from importer.write import TableWriter
 from logjam.message import Message
 from tests.helpers import command, wait_for
@@ -144,8 +144,10 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
                              "--database", t.database, "--compact", "--older-than", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: any(t.pdir().glob("_compacted-*")) or proc.poll() is not None, timeout=120, interval=0.005,
-                 what="compaction to start writing")
+        # A pass's Spark job writes below the table's scratch dir, then moves its files into `_compacted-<gen>/`.
+        scratch = local_path(t.location) / compaction.SCRATCH
+        wait_for(lambda: any(scratch.glob("*")) or any(t.pdir().glob("_compacted-*")) or proc.poll() is not None,
+                 timeout=120, interval=0.005, what="compaction to start writing")
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
