@@ -13,7 +13,6 @@ table already holds (a job that committed before its spill file was rewritten).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from importer.partition_files import fsync_dir
+from importer.partition_files import fsync_dir, replace_file
 from importer.schema import qualified
 
 log = logging.getLogger(__name__)
@@ -35,7 +34,7 @@ class Spill:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.files: list[Path] = sorted(self.dir.glob("*.parquet"))
-        for stale in self.dir.glob("*.tmp"):
+        for stale in self.dir.glob("*.parquet.tmp"):
             stale.unlink()
 
     @property
@@ -74,13 +73,9 @@ class Spill:
             log.info("%d rows from before the restart wait in %s for their partitions", self.rows, self.dir)
 
     def _write(self, path: Path, table: pa.Table) -> None:
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            pq.write_table(table, f, compression="lz4")
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-        fsync_dir(self.dir)
+        out = pa.BufferOutputStream()
+        pq.write_table(table, out, compression="lz4")
+        replace_file(path, out.getvalue().to_pybytes())
 
 
 def _landed(spark: Any, database: str, importer: int, table: pa.Table) -> set[tuple[int, int]]:
