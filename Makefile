@@ -73,4 +73,4 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules .pytest_cache .hypothesis native/generated build
 	find logjam devices bridges -name '_native*.so' -delete
-	rm -rf importer/jars
+	rm -rf warehouse/jars

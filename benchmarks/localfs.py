@@ -8,7 +8,7 @@ and measures, on partitions that do not exist yet:
 - write: `partitionBy("app_env", "date").parquet(...)` of N rows, one per new partition
   (N = --partitions, default 1000 and 5000), as an importer's batch writes them;
 - add: one `ALTER TABLE messages ADD IF NOT EXISTS` of --add new partitions (default 1000),
-  as importer/catalog.py sends them, first with no directories, then with the directories
+  as table/catalog.py sends them, first with no directories, then with the directories
   created beforehand (as the writer leaves them).
 Variants: `hadoop` (Hadoop's LocalFileSystem: the reference), `nio` (the default),
 `nio+crc` (our class under Hadoop's checksummed LocalFileSystem, which writes .crc files),
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from importer.catalog import ensure_table, partition_clause, qualified  # noqa: E402
+from table.catalog import ensure_table, partition_clause, qualified  # noqa: E402
 from tests.helpers import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 VARIANTS = {

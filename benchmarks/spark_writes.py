@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from importer.schema import PARTITION_COLUMNS, WRITE_OPTIONS  # noqa: E402
+from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS  # noqa: E402
 
 _SORT = [("app_env", "ascending"), ("date", "ascending")]
 _V2 = "mapreduce.fileoutputcommitter.algorithm.version"

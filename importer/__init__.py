@@ -1,1 +1,1 @@
-"""Importer workers and the Spark side of logjam-mesh: decode Logjam messages into rows and append them to Spark."""
+"""logjam-importer: subscribe to the devices, put the messages in order, and append them to the `messages` table."""

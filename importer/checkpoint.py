@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
-from importer.paths import data_dir
+from table.paths import data_dir
 
 log = logging.getLogger(__name__)
 

@@ -65,8 +65,8 @@ def check_importer(args: argparse.Namespace) -> int:
 
 
 def check_spark_server(args: argparse.Namespace) -> int:
-    from importer.paths import data_dir, default_warehouse, normalise_warehouse
-    from importer.spark_server import command
+    from table.paths import data_dir, default_warehouse, normalise_warehouse
+    from warehouse.spark_server import command
 
     c = Checker("logjam-spark")
     _spark_url(c, "--master", args.master)

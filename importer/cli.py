@@ -24,10 +24,10 @@ from typing import Sequence
 from importer.batch import DEFAULT_BATCH_BYTES
 from importer.dedupe import DEFAULT_CAPACITY
 from importer.metrics import ImporterMetrics
-from importer.partitioning import DEFAULT_MAX_NEW_APP_ENVS
-from importer.paths import OVERFLOW
-from importer.schema import DEFAULT_DATABASE
-from importer.session import DEFAULT_SPARK
+from table.partitioning import DEFAULT_MAX_NEW_APP_ENVS
+from table.paths import OVERFLOW
+from table.schema import DEFAULT_DATABASE
+from table.session import DEFAULT_SPARK
 from importer.split import StreamFilter, owned_endpoints, split_list
 from importer.worker import DEFAULT_SUB, Worker
 from runtime import curve, lifecycle

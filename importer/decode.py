@@ -23,7 +23,7 @@ from logjam.compression import DEFAULT_MAX_DECOMPRESSED, decompress
 from logjam.errors import CompressionError
 from logjam.message import Message
 from importer.dedupe import RecentKeys
-from importer.schema import ARROW_SCHEMA, TIMESTAMP
+from table.schema import ARROW_SCHEMA, TIMESTAMP
 
 MS_PER_DAY = 86_400_000
 # Spark timestamps end with year 9999; later values cannot be stored.

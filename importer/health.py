@@ -59,7 +59,7 @@ def worker_health(worker: "Worker") -> list[Check]:
 
 def spark_server_health(proc: "subprocess.Popen[bytes]", args: "argparse.Namespace") -> list[Check]:
     """logjam-spark: the JVM runs and its Spark Connect (and JDBC, when on) ports accept connections."""
-    from importer.spark_server import _listening
+    from warehouse.spark_server import _listening
 
     if proc.poll() is not None:
         return [Check("jvm", False, f"the Spark JVM exited with status {proc.returncode}")]

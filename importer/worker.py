@@ -23,22 +23,22 @@ from typing import Any
 
 import zmq
 
-from importer import catalog
+from table import catalog
 from importer.batch import Batch, GroupCommit
 from importer.checkpoint import Checkpoints, Position, default_state_dir, new_session_id, resume_positions
 from importer.decode import BatchBuilder, stream_key
 from importer.dedupe import RecentKeys
 from importer.metrics import ImporterMetrics
-from importer.partitioning import PartitionMap
-from importer.paths import OVERFLOW, QUARANTINE, table_path
-from importer.schema import ARROW_SCHEMA
+from table.partitioning import PartitionMap
+from table.paths import OVERFLOW, QUARANTINE, table_path
+from table.schema import ARROW_SCHEMA
 from importer.receive import Receiver
 from importer.report import GapReport, Tally
 from importer.sequence import Ledger, Sequencer
-from importer.session import (is_connect, open_session, quiesce_previous_session, resolve_warehouse,
+from table.session import (is_connect, open_session, quiesce_previous_session, resolve_warehouse,
                               wait_for_connect_server)
 from importer.split import StreamFilter, owned_endpoints
-from importer.compaction import settle_root
+from warehouse.compaction import settle_root
 from importer.write import BackgroundWriter, TableWriter, WriteFailed
 from logjam import sockets
 from logjam.curve import ClientKey

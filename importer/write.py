@@ -5,7 +5,7 @@ How a batch gets into the table (`TableWriter.write`):
    `_staging/` directory, when the Spark server reads the same filesystem (checked at start
    with a probe file); otherwise they travel inside the Spark Connect request
    (`createDataFrame`), which is slower and holds the whole batch in the server's heap.
-2. The partitions it needs are registered in the catalog (importer/catalog.py).
+2. The partitions it needs are registered in the catalog (table/catalog.py).
 3. Spark reads the staged file and appends it, partitioned by app_env and date, under this
    importer's own root: one job, whose file committer moves the files into place at job
    commit, so a batch is in the table whole or not at all.
@@ -41,14 +41,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from importer.batch import Batch
-from importer.catalog import Partitions
-from importer.compaction import PartitionRef, settle_locked
+from table.catalog import Partitions
+from warehouse.compaction import PartitionRef, settle_locked
 from importer.failures import describe
-from importer.partition_files import MARKER, root_lock
-from importer.partitioning import PartitionMap, partitions_of
-from importer.paths import QUARANTINE, local_path, output_root, partition_dir, staging_dir
+from table.partition_files import MARKER, root_lock
+from table.partitioning import PartitionMap, partitions_of
+from table.paths import QUARANTINE, local_path, output_root, partition_dir, staging_dir
 from importer.spill import Spill
-from importer.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string
+from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string
 
 log = logging.getLogger(__name__)
 

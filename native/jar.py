@@ -1,4 +1,4 @@
-"""Build importer/jars/logjam-localfs.jar from native/java/ with javac, against pyspark's Hadoop jar.
+"""Build warehouse/jars/logjam-localfs.jar from native/java/ with javac, against pyspark's Hadoop jar.
 
 The jar holds logjam.fs.NioRawLocalFileSystem (and its checksummed twin), Hadoop's local
 filesystem without the `chmod`/`ls`/`readlink` child processes it forks when there is no
@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOURCES = HERE / "java"
-JAR = ROOT / "importer" / "jars" / "logjam-localfs.jar"
+JAR = ROOT / "warehouse" / "jars" / "logjam-localfs.jar"
 
 
 def hadoop_api_jar() -> Path:

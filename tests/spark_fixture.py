@@ -102,7 +102,7 @@ def database_for(warehouse: Path) -> str:
 
 def table(spark_server: SparkServer, warehouse: Path) -> Any:
     """`<database>.messages` for a test's warehouse as a DataFrame, created (adopting rows) if need be."""
-    from importer.catalog import ensure_table
+    from table.catalog import ensure_table
 
     spark = spark_server.session()
     database = database_for(warehouse)

@@ -19,8 +19,8 @@ import pytest
 from bridges.cli import PROTOCOLS, build_parser as bridge_parser, load_protocol
 from devices.cli import build_parser as device_parser
 from importer.cli import build_parser as importer_parser
-from importer.spark_server import build_parser as spark_parser
-from importer.sql import build_parser as sql_parser
+from warehouse.spark_server import build_parser as spark_parser
+from tools.sql import build_parser as sql_parser
 from runtime.config import parse_args
 from tools.send import build_parser as send_parser
 from tools.tail import build_parser as tail_parser

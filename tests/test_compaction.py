@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from importer import compaction
-from importer.catalog import ensure_table
+from warehouse import compaction
+from table.catalog import ensure_table
 from importer.decode import BatchBuilder
-from importer.partition_files import data_files, read_marker
-from importer.paths import local_path, partition_dir
+from table.partition_files import data_files, read_marker
+from table.paths import local_path, partition_dir
 from importer.write import TableWriter
 from logjam.message import Message
 from tests.helpers import command, wait_for
@@ -121,7 +121,7 @@ def test_compaction_swaps_atomically_under_a_reader_and_follows_late_writes(spar
     assert marker.gen == 2 and len(data_files(t.pdir() / marker.location)) == 1
     assert list(marker.retire_dirs) == ["_compacted-1"] and (t.pdir() / "_compacted-1").exists(), "kept for the grace period"
     # An importer's dedupe and recovery read the table: its max(seq) is what was landed.
-    from importer.catalog import max_seqs
+    from table.catalog import max_seqs
 
     assert max_seqs(t.spark, t.database, 0)[3][None][0] == t.seq
     # A partition that is one file already, and today's open partition, are left alone.
@@ -220,9 +220,9 @@ def test_todays_partition_is_compacted_in_levels_while_written_and_read(spark_se
 
     from pyspark.sql import SparkSession
 
-    from importer.maintenance import maintenance_pass
-    from importer.partition_files import live_files
-    from importer.tiers import level_of
+    from warehouse.maintenance import maintenance_pass
+    from table.partition_files import live_files
+    from warehouse.tiers import level_of
 
     t = Table(spark_server, tmp_path / "wh")
     today = datetime.datetime.now(datetime.timezone.utc).date()

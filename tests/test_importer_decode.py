@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from importer.decode import BatchBuilder, split_app_env
-from importer.paths import output_root, partition_dir, staging_dir, table_path
-from importer.schema import ARROW_SCHEMA, spark_read_ddl
+from table.paths import output_root, partition_dir, staging_dir, table_path
+from table.schema import ARROW_SCHEMA, spark_read_ddl
 from importer.split import StreamFilter, worker_of
 from logjam.message import Message
 from logjam.meta import Compression, Meta

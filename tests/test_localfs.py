@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from importer.catalog import ensure_table, partition_clause, qualified
-from importer.spark_server import LOCALFS_CLASS, LOCALFS_JAR
+from table.catalog import ensure_table, partition_clause, qualified
+from warehouse.spark_server import LOCALFS_CLASS, LOCALFS_JAR
 from tests.spark_fixture import database_for
 
 PARTITIONS = 300

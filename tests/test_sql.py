@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from importer.catalog import ensure_table
+from table.catalog import ensure_table
 from importer.decode import BatchBuilder
 from importer.write import TableWriter
 from logjam.message import Message

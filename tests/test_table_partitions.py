@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from importer.paths import MAX_DIR_NAME, OVERFLOW, QUARANTINE, partition_dir
+from table.paths import MAX_DIR_NAME, OVERFLOW, QUARANTINE, partition_dir
 from logjam.producer import Producer
 from tests.helpers import wait_for
 from tests.spark_fixture import database_for, table
@@ -177,7 +177,7 @@ def test_a_burst_of_new_streams_waits_in_the_spill_and_lands_once_across_a_resta
                                                                                    monkeypatch) -> None:
     from importer import write
     from importer.decode import BatchBuilder
-    from importer.schema import ARROW_SCHEMA
+    from table.schema import ARROW_SCHEMA
     from importer.write import TableWriter
     from logjam.message import Message
     from tests.test_compaction import Table

@@ -1,4 +1,4 @@
-"""The tier policy (importer/tiers.py) over a simulated day, and failure descriptions (importer/failures.py)."""
+"""The tier policy (warehouse/tiers.py) over a simulated day, and failure descriptions (importer/failures.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from importer.failures import cause, describe
-from importer.tiers import FileInfo, TierPolicy, leveled_name, level_of
+from warehouse.tiers import FileInfo, TierPolicy, leveled_name, level_of
 
 
 def test_levels_are_read_from_names() -> None:
@@ -81,7 +81,7 @@ def test_failures_are_named_by_their_cause() -> None:
 def test_the_throttle_admits_the_smallest_merges_first_and_makes_a_big_one_wait_for_its_debt() -> None:
     from types import SimpleNamespace
 
-    from importer.maintenance import Throttle
+    from warehouse.maintenance import Throttle
 
     def merge(size: int) -> SimpleNamespace:
         return SimpleNamespace(pick=SimpleNamespace(bytes=size))

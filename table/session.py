@@ -16,14 +16,14 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from importer.paths import default_warehouse
+from table.paths import default_warehouse
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SPARK = "sc://127.0.0.1:15002"
 WAREHOUSE_CONF = "spark.sql.warehouse.dir"
 
-# What every classic session gets; `logjam-spark` sets the same on its server (importer/spark_server.py).
+# What every classic session gets; `logjam-spark` sets the same on its server (warehouse/spark_server.py).
 CLASSIC_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",
@@ -85,7 +85,7 @@ def open_session(url: str, *, app_name: str = "logjam", warehouse: str | None = 
 def resolve_warehouse(spark: Any, explicit: str | None) -> str:
     """`--warehouse` if given, else the session's own warehouse dir (for Connect: the server's, which
     `logjam-spark` sets to `<data dir>/warehouse`). The path is where the Spark *server* writes."""
-    from importer.paths import normalise_warehouse
+    from table.paths import normalise_warehouse
 
     if explicit:
         return normalise_warehouse(explicit)

@@ -16,7 +16,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from importer.schema import TABLE_NAME
+from table.schema import TABLE_NAME
 
 DATA_DIR_ENV = "LOGJAM_DATA_DIR"
 TABLE = TABLE_NAME

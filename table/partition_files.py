@@ -3,7 +3,7 @@
 A partition `(importer I, app_env A, date D)` always has the directory
 `<table>/importer=I/app_env=A/date=D/` ("the partition dir"): that is where the importer's
 partitioned Spark write puts new files. Until it is compacted the catalog's location for
-the partition is that dir. Compaction (importer/compaction.py) writes the partition's rows
+the partition is that dir. Compaction (warehouse/compaction.py) writes the partition's rows
 again into a hidden subdirectory `_compacted-<gen>/` and points the catalog there; from then on:
 - files the importer writes into the partition dir are *strays*, invisible until moved into
   the current `_compacted-<gen>/` (the importer does that right after its write commits, under the
@@ -142,7 +142,7 @@ def relocate_strays(partition_dir: Path) -> int:
 
     Only a finished compaction ("done") is followed: while a marker says "swapping", the
     compaction that wrote it died, and only the catalog knows where the partition is
-    (importer/compaction.py `recover` settles it).
+    (warehouse/compaction.py `recover` settles it).
     """
     marker = read_marker(partition_dir)
     if marker is None or marker.state != "done":
@@ -159,7 +159,7 @@ def relocate_strays(partition_dir: Path) -> int:
 def delete_retired(partition_dir: Path, now: float | None = None) -> int:
     """Delete what finished compactions replaced once each entry's grace period is over. Returns bytes freed.
 
-    The caller holds the table's compaction lock (importer/compaction.py `compaction_lock`).
+    The caller holds the table's compaction lock (warehouse/compaction.py `compaction_lock`).
     """
     marker = read_marker(partition_dir)
     now = time.time() if now is None else now

@@ -8,7 +8,7 @@ It runs the installed pyspark's own `spark-submit` as a child process that dies 
 - a Hive metastore in embedded Derby under `--metastore`, holding `logjam.messages` and its
   partitions across restarts (or `--metastore-uri thrift://...` for an existing one).
 Once the server answers, it makes sure the table exists (adopting rows written before),
-then runs table maintenance (compaction and retention, importer/maintenance.py) on a
+then runs table maintenance (compaction and retention, warehouse/maintenance.py) on a
 schedule. SIGTERM or SIGINT stops maintenance and the JVM, then we exit 0.
 """
 
@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from importer.maintenance import TableMetrics, add_maintenance_flags, run_maintenance
-from importer.paths import data_dir, default_warehouse, normalise_warehouse, table_path
-from importer.schema import DEFAULT_DATABASE
-from importer.session import driver_address
+from warehouse.maintenance import TableMetrics, add_maintenance_flags, run_maintenance
+from table.paths import data_dir, default_warehouse, normalise_warehouse, table_path
+from table.schema import DEFAULT_DATABASE
+from table.session import driver_address
 from runtime.config import add_config_flag, parse_args, setup_logging
 
 log = logging.getLogger("logjam-spark")
@@ -196,8 +196,8 @@ def _prepare(args: argparse.Namespace, warehouse: str, proc: subprocess.Popen, s
 
 
 def _table_session(args: argparse.Namespace, host: str, warehouse: str, stopping: threading.Event) -> Any:
-    from importer.catalog import ensure_table
-    from importer.session import open_session
+    from table.catalog import ensure_table
+    from table.session import open_session
 
     while not stopping.is_set():
         try:

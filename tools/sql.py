@@ -19,12 +19,12 @@ from typing import Any, Sequence
 
 import orjson
 
-from importer.catalog import ensure_table
-from importer.compaction import DEFAULT_GRACE_S, TARGET_BYTES
-from importer.maintenance import maintenance_pass
-from importer.paths import table_path
-from importer.schema import DEFAULT_DATABASE
-from importer.session import DEFAULT_SPARK, is_connect, open_session, resolve_warehouse
+from table.catalog import ensure_table
+from warehouse.compaction import DEFAULT_GRACE_S, TARGET_BYTES
+from warehouse.maintenance import maintenance_pass
+from table.paths import table_path
+from table.schema import DEFAULT_DATABASE
+from table.session import DEFAULT_SPARK, is_connect, open_session, resolve_warehouse
 from runtime import lifecycle
 from runtime.config import add_config_flag, parse_args, setup_logging
 

@@ -1,7 +1,7 @@
 """Table maintenance in `logjam-spark`: compaction and retention on a schedule, and the table's metrics.
 
 Every `--compact-interval` seconds (unless `--no-compact`): a compaction pass over every
-partition, today's included (importer/compaction.py, importer/tiers.py), then deletion of
+partition, today's included (warehouse/compaction.py, warehouse/tiers.py), then deletion of
 files that compaction replaced more than `--compact-grace` seconds ago. Every
 `--maintenance-interval` seconds, retention (with `--retention-days`) first. In between, a
 census of the table's partitions, files and bytes for `--metrics-port`. `logjam-sql
@@ -21,8 +21,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from importer.catalog import table_location
-from importer.compaction import (
+from table.catalog import table_location
+from warehouse.compaction import (
     DEFAULT_GRACE_S,
     SCRATCH,
     CompactionError,
@@ -33,11 +33,11 @@ from importer.compaction import (
     swap_all,
     write_merges,
 )
-from importer.tiers import FANIN, MAX_LEVEL, TARGET_BYTES, TierPolicy, level_of
-from importer.partition_files import delete_retired, live_files, remove_tree
-from importer.paths import local_path
-from importer.retention import expire
-from importer.session import first_line
+from warehouse.tiers import FANIN, MAX_LEVEL, TARGET_BYTES, TierPolicy, level_of
+from table.partition_files import delete_retired, live_files, remove_tree
+from table.paths import local_path
+from warehouse.retention import expire
+from table.session import first_line
 
 log = logging.getLogger(__name__)
 

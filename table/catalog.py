@@ -17,9 +17,9 @@ import logging
 import time
 from typing import Any, Iterable
 
-from importer.partition_files import replace_file
-from importer.paths import NAME_FILE, dir_value, local_path, partition_dir, unescape_partition_value
-from importer.schema import DEFAULT_DATABASE, TABLE_NAME, missing_columns, qualified, sql_string, table_ddl
+from table.partition_files import replace_file
+from table.paths import NAME_FILE, dir_value, local_path, partition_dir, unescape_partition_value
+from table.schema import DEFAULT_DATABASE, TABLE_NAME, missing_columns, qualified, sql_string, table_ddl
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def ensure_table(spark: Any, database: str, location: str) -> str:
         if local is None or any(p.name.startswith("importer=") for p in local.iterdir()):
             spark.sql(f"ALTER TABLE {qualified(database)} RECOVER PARTITIONS")
             found = len(spark.sql(f"SHOW PARTITIONS {qualified(database)}").collect())
-            from importer.compaction import adopt_compacted  # it builds on this module
+            from warehouse.compaction import adopt_compacted  # it builds on this module
 
             adopt_compacted(spark, database, location)
         log.info("created table %s.%s at %s%s", database, TABLE_NAME, location,

@@ -20,8 +20,8 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from importer.catalog import date_text, registered_app_envs
-from importer.paths import OVERFLOW, dir_value, is_stand_in, partition_value
+from table.catalog import date_text, registered_app_envs
+from table.paths import OVERFLOW, dir_value, is_stand_in, partition_value
 
 log = logging.getLogger(__name__)
 

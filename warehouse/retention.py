@@ -16,9 +16,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from importer.compaction import PartitionRef, local_partitions
-from importer.partition_files import live_files, remove_tree, root_lock
-from importer.schema import qualified
+from warehouse.compaction import PartitionRef, local_partitions
+from table.partition_files import live_files, remove_tree, root_lock
+from table.schema import qualified
 
 log = logging.getLogger(__name__)
 

@@ -2,14 +2,14 @@
 
 Every group commit adds one file per partition it touches (43,200 a day at one commit every
 2 s), so partitions are compacted while their day is still being written. Which files are
-merged is the tier policy's choice (importer/tiers.py): a bounded number of rewrites per
+merged is the tier policy's choice (warehouse/tiers.py): a bounded number of rewrites per
 row, a bounded number of files per partition. One compaction pass (`compact_table`):
 1. plans one merge per partition that needs one, after settling what a killed run left;
 2. has Spark read each merge's files and write them again, zstd with dictionaries: the
    merges that become one file each share one Spark job (the job's fixed cost is paid once
    per pass, not per partition); a merge into several target-size files has a job of its own.
    Row counts in the Parquet footers must match, or nothing is swapped;
-3. per partition, under the importer root's lock (importer/partition_files.py), builds
+3. per partition, under the importer root's lock (table/partition_files.py), builds
    `<partition dir>/_compacted-<gen>/`: the merged files plus hard links to every file of the
    current location it did not merge (including files the importer added meanwhile), writes
    `_compaction.json` in state "swapping", sets the catalog's location of the partition to the
@@ -38,8 +38,8 @@ import uuid
 
 import pyarrow.parquet as pq
 
-from importer.catalog import partition_clause
-from importer.partition_files import (
+from table.catalog import partition_clause
+from table.partition_files import (
     COMPACTED_PREFIX,
     Marker,
     data_files,
@@ -53,9 +53,9 @@ from importer.partition_files import (
     strays,
     write_marker,
 )
-from importer.paths import NAME_FILE, local_path, unescape_partition_value
-from importer.tiers import TARGET_BYTES, FileInfo, Pick, TierPolicy, leveled_name
-from importer.schema import COMPACT_OPTIONS, DATA_COLUMNS, qualified, spark_read_ddl, sql_string
+from table.paths import NAME_FILE, local_path, unescape_partition_value
+from warehouse.tiers import TARGET_BYTES, FileInfo, Pick, TierPolicy, leveled_name
+from table.schema import COMPACT_OPTIONS, DATA_COLUMNS, qualified, spark_read_ddl, sql_string
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ def _union(frames: list[Any]) -> Any:
 
 
 def _adopt_output(src: Path, out: Path, level: int) -> None:
-    """Give Spark's output files in `src` their level (importer/tiers.py) and move them into `out`."""
+    """Give Spark's output files in `src` their level (warehouse/tiers.py) and move them into `out`."""
     for path in data_files(src):
         os.rename(path, out / leveled_name(path.name, level))
     for name in ("_SUCCESS",):
