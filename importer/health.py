@@ -1,4 +1,4 @@
-"""`/healthz` of one importer worker (is it connected to Spark, are its writes landing?) and of logjam-spark.
+"""`/healthz` of one importer worker: is it connected to Spark, are its writes landing?
 
 Read from the metrics thread; every attribute it looks at is a plain value the worker's
 threads replace whole (GIL-atomic), and anything not set up yet counts as "starting".
@@ -6,8 +6,6 @@ threads replace whole (GIL-atomic), and anything not set up yet counts as "start
 
 from __future__ import annotations
 
-import argparse
-import subprocess
 import time
 from typing import TYPE_CHECKING
 
@@ -54,18 +52,4 @@ def worker_health(worker: "Worker") -> list[Check]:
                                                  "(their writes kept failing; see the log and app_env '~quarantine')"))
     else:
         checks.append(Check("quarantine", True, "no rows quarantined recently"))
-    return checks
-
-
-def spark_server_health(proc: "subprocess.Popen[bytes]", args: "argparse.Namespace") -> list[Check]:
-    """logjam-spark: the JVM runs and its Spark Connect (and JDBC, when on) ports accept connections."""
-    from warehouse.spark_server import _listening
-
-    if proc.poll() is not None:
-        return [Check("jvm", False, f"the Spark JVM exited with status {proc.returncode}")]
-    checks = [Check("jvm", True, f"pid {proc.pid}")]
-    ports = [("connect", args.port)] + ([("jdbc", args.jdbc_port)] if args.jdbc_port else [])
-    for name, port in ports:
-        up = _listening(args.bind, port)
-        checks.append(Check(name, up, f"port {port} {'accepts connections' if up else 'not answering (starting?)'}"))
     return checks

@@ -38,7 +38,7 @@ from importer.sequence import Ledger, Sequencer
 from table.session import (is_connect, open_session, quiesce_previous_session, resolve_warehouse,
                               wait_for_connect_server)
 from importer.split import StreamFilter, owned_endpoints
-from warehouse.compaction import settle_root
+from table.compaction_protocol import settle_root
 from importer.write import BackgroundWriter, TableWriter, WriteFailed
 from logjam import sockets
 from logjam.curve import ClientKey

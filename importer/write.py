@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from importer.batch import Batch
 from table.catalog import Partitions
-from warehouse.compaction import PartitionRef, settle_locked
+from table.compaction_protocol import PartitionRef, settle_locked
 from importer.failures import describe
 from table.partition_files import MARKER, root_lock
 from table.partitioning import PartitionMap, partitions_of

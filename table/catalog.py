@@ -17,9 +17,11 @@ import logging
 import time
 from typing import Any, Iterable
 
+from table.compaction_protocol import adopt_compacted
 from table.partition_files import replace_file
 from table.paths import NAME_FILE, dir_value, local_path, partition_dir, unescape_partition_value
-from table.schema import DEFAULT_DATABASE, TABLE_NAME, missing_columns, qualified, sql_string, table_ddl
+from table.schema import (DEFAULT_DATABASE, TABLE_NAME, missing_columns, partition_clause, qualified, sql_string,
+                          table_ddl)
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,6 @@ def ensure_table(spark: Any, database: str, location: str) -> str:
         if local is None or any(p.name.startswith("importer=") for p in local.iterdir()):
             spark.sql(f"ALTER TABLE {qualified(database)} RECOVER PARTITIONS")
             found = len(spark.sql(f"SHOW PARTITIONS {qualified(database)}").collect())
-            from warehouse.compaction import adopt_compacted  # it builds on this module
-
             adopt_compacted(spark, database, location)
         log.info("created table %s.%s at %s%s", database, TABLE_NAME, location,
                  f"; adopted {found} existing partitions in {time.monotonic() - started:.1f}s" if found else "")
@@ -84,10 +84,6 @@ def table_location(spark: Any, database: str = DEFAULT_DATABASE) -> str:
         if row[0] == "Location":
             return str(row[1])
     raise RuntimeError(f"the catalog has no location for {database}.{TABLE_NAME}")
-
-
-def partition_clause(importer: int, app_env: str, date: str) -> str:
-    return f"PARTITION (importer={int(importer)}, app_env='{sql_string(app_env)}', date='{date}')"
 
 
 class Partitions:

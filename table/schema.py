@@ -101,3 +101,7 @@ def table_ddl(database: str, location: str) -> str:
 def sql_string(text: str) -> str:
     """`text` inside single quotes in Spark SQL."""
     return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def partition_clause(importer: int, app_env: str, date: str) -> str:
+    return f"PARTITION (importer={int(importer)}, app_env='{sql_string(app_env)}', date='{date}')"

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SPARK = "sc://127.0.0.1:15002"
 WAREHOUSE_CONF = "spark.sql.warehouse.dir"
+# Spark's own logging, cut to what an operator needs: classic sessions and logjam-spark's JVM use it.
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 # What every classic session gets; `logjam-spark` sets the same on its server (warehouse/spark_server.py).
 CLASSIC_CONF: Mapping[str, str] = {
@@ -73,10 +75,9 @@ def open_session(url: str, *, app_name: str = "logjam", warehouse: str | None = 
     for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
         os.environ.pop(name, None)
     address = driver_address(url)
-    log4j = Path(__file__).with_name("log4j2.properties")
     builder = SparkSession.builder.master(url).appName(app_name).config(WAREHOUSE_CONF, warehouse or default_warehouse())
     settings = {**CLASSIC_CONF, "spark.driver.host": address, "spark.driver.bindAddress": address,
-                "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}", **(conf or {})}
+                "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}", **(conf or {})}
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

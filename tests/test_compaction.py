@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from table import compaction_protocol
 from warehouse import compaction
 from table.catalog import ensure_table
 from importer.decode import BatchBuilder
@@ -137,7 +138,7 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
     t = Table(spark_server, tmp_path / "wh")
     for _ in range(6):
         t.land(30)
-    part = next(p for p in compaction.local_partitions(t.location) if p.date == DAY.isoformat())
+    part = next(p for p in compaction_protocol.local_partitions(t.location) if p.date == DAY.isoformat())
 
     # 1. SIGKILL while Spark writes the compacted copy.
     proc = subprocess.Popen([command("logjam-sql"), "--spark", spark_server.url, "--warehouse", str(t.warehouse),
@@ -155,18 +156,18 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
     assert t.count() == (180, 180)
 
     # 2. Killed just after the catalog's location moved, before the marker said so.
-    real_set_location = compaction.set_location
+    real_set_location = compaction_protocol.set_location
 
     def swap_then_die(*args, **kwargs):
         real_set_location(*args, **kwargs)
         raise SystemExit("killed after the swap")
 
-    compaction.set_location = swap_then_die
+    compaction_protocol.set_location = swap_then_die
     try:
         with pytest.raises(SystemExit):
             compaction.compact_partition(t.spark, t.database, part, grace=0)
     finally:
-        compaction.set_location = real_set_location
+        compaction_protocol.set_location = real_set_location
     assert read_marker(t.pdir()).state == "swapping"
     assert t.count() == (180, 180)
     # An importer's next write settles it and its rows are visible at once.
@@ -179,12 +180,12 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
         raise SystemExit("killed before the swap")
 
     t.land(3)
-    compaction.set_location = die_before
+    compaction_protocol.set_location = die_before
     try:
         with pytest.raises(SystemExit):
             compaction.compact_partition(t.spark, t.database, part, grace=0)
     finally:
-        compaction.set_location = real_set_location
+        compaction_protocol.set_location = real_set_location
     assert t.count() == (186, 186)
     t.compact("--compact-grace", "0")
     assert t.count() == (186, 186)

@@ -1,6 +1,9 @@
 """The layers stay visible: the wire library imports nothing above it, and nothing below the tools imports them.
 
-logjam/ (wire library) <- runtime/ (flags, health, --check) <- devices/, bridges/, importer/ <- tools/.
+logjam/ (wire library) <- runtime/ (flags, health, --check) <- devices/, bridges/, table/ (the messages
+table's rules) <- importer/ (logjam-importer), warehouse/ (logjam-spark and its maintenance) <- tools/.
+importer/ and warehouse/ share the table through table/ and never import each other. No module takes
+part in an import cycle, not even through an import inside a function.
 Checked on the source with `ast`, so a stray import fails here, not in a code review.
 """
 
@@ -14,12 +17,16 @@ import pytest
 from tests.helpers import REPO
 
 ABOVE = {
-    "logjam": {"runtime", "devices", "bridges", "importer", "tools"},
-    "runtime": {"devices", "bridges", "importer", "tools"},
-    "devices": {"bridges", "importer", "tools"},
-    "bridges": {"devices", "importer", "tools"},
-    "importer": {"devices", "bridges", "tools"},
+    "logjam": {"runtime", "devices", "bridges", "table", "importer", "warehouse", "tools"},
+    "runtime": {"devices", "bridges", "table", "importer", "warehouse", "tools"},
+    "devices": {"bridges", "table", "importer", "warehouse", "tools"},
+    "bridges": {"devices", "table", "importer", "warehouse", "tools"},
+    "table": {"devices", "bridges", "importer", "warehouse", "tools"},
+    "importer": {"devices", "bridges", "warehouse", "tools"},
+    "warehouse": {"devices", "bridges", "importer", "tools"},
 }
+# Every first-party package: the import-cycle check covers all of their modules.
+PACKAGES = [*ABOVE, "tools"]
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -77,3 +84,97 @@ def test_the_wire_library_loads_no_upper_layer_module_by_name() -> None:
         if names:
             found[str(path.relative_to(REPO))] = names
     assert not found, f"logjam/ names modules of the layers above it: {found}"
+
+
+def module_names(root: Path, packages: list[str]) -> dict[str, Path]:
+    """Every module below `root` in `packages`, by its dotted name (a package by its own name)."""
+    out = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
+    """The first-party modules `name` imports anywhere in its body: at the top, inside functions,
+    under TYPE_CHECKING, or by a literal name given to importlib.import_module or __import__."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def deepest(dotted: str) -> str | None:
+        parts = dotted.split(".")
+        for n in range(len(parts), 0, -1):
+            if ".".join(parts[:n]) in known:
+                return ".".join(parts[:n])
+        return None
+
+    out: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {deepest(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            for alias in node.names:
+                out.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else deepest(base))
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func) and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                out.add(deepest(arg.value))
+    return {m for m in out if m is not None and m != name}
+
+
+def import_cycles(root: Path, packages: list[str]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a loop (Tarjan's strongly connected components)."""
+    modules = module_names(root, packages)
+    graph = {name: imported_modules(name, path, set(modules)) for name, path in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return sorted(cycles)
+
+
+def test_no_module_takes_part_in_an_import_cycle() -> None:
+    assert import_cycles(REPO, PACKAGES) == []
+
+
+def test_the_cycle_check_sees_imports_inside_functions(tmp_path: Path) -> None:
+    """The cycle checker itself can fail: a pair that meets only through a function-level import."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from pkg import b\n    return b\n")
+    (pkg / "b.py").write_text("import pkg.a\n")
+    (pkg / "c.py").write_text("from . import a\nfrom .b import something\n")
+    (pkg / "d.py").write_text("import importlib\nimportlib.import_module('pkg.e')\n")
+    (pkg / "e.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.d import x\n")
+    assert import_cycles(tmp_path, ["pkg"]) == [["pkg.a", "pkg.b"], ["pkg.d", "pkg.e"]]

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from table.catalog import ensure_table, partition_clause, qualified
-from warehouse.spark_server import LOCALFS_CLASS, LOCALFS_JAR
+from table.catalog import ensure_table
+from table.schema import partition_clause, qualified
+from warehouse.spark_jvm import LOCALFS_CLASS, LOCALFS_JAR
 from tests.spark_fixture import database_for
 
 PARTITIONS = 300

@@ -20,12 +20,15 @@ from typing import Any, Sequence
 import orjson
 
 from table.catalog import ensure_table
-from warehouse.compaction import DEFAULT_GRACE_S, TARGET_BYTES
+from table.compaction_protocol import DEFAULT_GRACE_S
+from warehouse.tiers import TARGET_BYTES
 from warehouse.maintenance import maintenance_pass
 from table.paths import table_path
 from table.schema import DEFAULT_DATABASE
+from table.checks import local_dir, spark_url
 from table.session import DEFAULT_SPARK, is_connect, open_session, resolve_warehouse
 from runtime import lifecycle
+from runtime.check import Checker
 from runtime.config import add_config_flag, parse_args, setup_logging
 
 log = logging.getLogger("logjam-sql")
@@ -152,12 +155,26 @@ def maintain(spark: Any, args: argparse.Namespace) -> int:
     return 1 if done.failed else 0
 
 
+def check_sql(args: argparse.Namespace) -> int:
+    """`--check` (runtime/check.py): what the query or the maintenance pass would run, and on which Spark."""
+    c = Checker("logjam-sql")
+    spark_url(c, "--spark", args.spark)
+    local_dir(c, "--warehouse", args.warehouse)
+    if args.query is None and not (args.compact or args.retention_days):
+        c.error("give a query, or --compact / --retention-days")
+    if args.query is not None:
+        c.would_run(f"on {args.spark}, database {args.database}: {args.query}")
+    if args.compact:
+        c.would_run(f"compact partitions of {args.database}.messages closed at least {args.older_than:g}s ago")
+    if args.retention_days:
+        c.would_run(f"drop partitions of {args.database}.messages older than {args.retention_days} days")
+    return c.report()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse_args(parser, argv)
     if args.check:
-        from importer.checks import check_sql
-
         return check_sql(args)
     if args.query is None and not (args.compact or args.retention_days):
         parser.error("give a query, or --compact / --retention-days")

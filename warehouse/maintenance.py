@@ -22,13 +22,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from table.catalog import table_location
+from table.compaction_protocol import DEFAULT_GRACE_S, local_partitions
 from warehouse.compaction import (
-    DEFAULT_GRACE_S,
     SCRATCH,
     CompactionError,
     compaction_lock,
     is_closed,
-    local_partitions,
     plan,
     swap_all,
     write_merges,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from warehouse.compaction import PartitionRef, local_partitions
+from table.compaction_protocol import PartitionRef, local_partitions
 from table.partition_files import live_files, remove_tree, root_lock
 from table.schema import qualified
 

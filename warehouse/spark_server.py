@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,19 +30,11 @@ from typing import Any, Sequence
 from warehouse.maintenance import TableMetrics, add_maintenance_flags, run_maintenance
 from table.paths import data_dir, default_warehouse, normalise_warehouse, table_path
 from table.schema import DEFAULT_DATABASE
-from table.session import driver_address
+from warehouse.spark_jvm import command, listening, localfs_note, spark_home
 from runtime.config import add_config_flag, parse_args, setup_logging
 
 log = logging.getLogger("logjam-spark")
 
-CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
-CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
-LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
-# Hadoop's local filesystem without its `chmod`/`ls` child processes (native/java/, built by
-# native/jar.py at install; docs/operations.md says why). Without the jar, Hadoop's own runs.
-LOCALFS_JAR = Path(__file__).with_name("jars") / "logjam-localfs.jar"
-LOCALFS_CLASS = "logjam.fs.NioRawLocalFileSystem"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -69,93 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def spark_home() -> Path:
-    from pyspark.find_spark_home import _find_spark_home
-
-    return Path(_find_spark_home())
-
-
-def spark_conf(args: argparse.Namespace, warehouse: str, metastore: Path) -> dict[str, str]:
-    """Every Spark setting of the server: ours first, then `--conf`, which wins."""
-    conf = {
-        "spark.connect.grpc.binding.port": str(args.port),
-        "spark.connect.grpc.binding.address": args.bind,
-        "spark.sql.warehouse.dir": warehouse,
-        "spark.sql.catalogImplementation": "hive",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.ui.enabled": "false",
-        # Importers add files to registered partitions; the next query must list them.
-        "spark.sql.hive.filesourcePartitionFileCacheSize": "0",
-        # Partition stats would list every new partition's files on ADD PARTITION; nobody reads them.
-        "spark.hadoop.hive.stats.autogather": "false",
-        "spark.sql.statistics.size.autoUpdate.enabled": "false",
-    }
-    if args.metastore_uri:
-        conf["spark.hadoop.hive.metastore.uris"] = args.metastore_uri
-    else:
-        conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
-            f"jdbc:derby:;databaseName={metastore / 'metastore_db'};create=true")
-        conf["spark.hadoop.datanucleus.schema.autoCreateAll"] = "true"
-        conf["spark.hadoop.hive.metastore.schema.verification"] = "false"
-    if args.jdbc_port:
-        conf["spark.plugins"] = CONNECT_PLUGIN
-        conf["spark.hadoop.hive.server2.thrift.port"] = str(args.jdbc_port)
-        conf["spark.hadoop.hive.server2.thrift.bind.host"] = args.bind
-    # Executors connect back to the driver: bind it where --bind says, and advertise an address
-    # they can reach (for a cluster on other hosts: this host's address towards the master).
-    if args.bind in ("0.0.0.0", "::"):
-        conf["spark.driver.bindAddress"] = args.bind
-        conf["spark.driver.host"] = driver_address(args.master)
-    else:
-        conf["spark.driver.bindAddress"] = conf["spark.driver.host"] = args.bind
-    if LOCALFS_JAR.exists():
-        conf["spark.hadoop.fs.file.impl"] = LOCALFS_CLASS
-    for item in args.conf or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"logjam-spark: --conf wants KEY=VALUE, got {item!r}")
-        conf[key.strip()] = value
-    if LOCALFS_JAR.exists():
-        # Added to what --conf gave, never replacing it: fs.file.impl needs the class everywhere.
-        # The driver's own classpath, so every class loader (the metastore's too) sees it;
-        # spark.jars ships it to a cluster's executors (local[*] runs tasks in the driver).
-        _append(conf, "spark.driver.extraClassPath", str(LOCALFS_JAR), os.pathsep)
-        if not args.master.startswith("local"):
-            _append(conf, "spark.jars", str(LOCALFS_JAR), ",")
-    return conf
-
-
-def _append(conf: dict[str, str], key: str, value: str, sep: str) -> None:
-    conf[key] = f"{conf[key]}{sep}{value}" if conf.get(key) else value
-
-
-def localfs_note() -> str | None:
-    """One line for the log when the filesystem jar is missing, else None."""
-    if LOCALFS_JAR.exists():
-        return None
-    return (f"{LOCALFS_JAR} is missing (built by `make venv` / `python native/jar.py`): using Hadoop's "
-            "local filesystem, which forks a chmod for every new directory")
-
-
-def command(args: argparse.Namespace, warehouse: str, metastore: Path) -> list[str]:
-    java_options = [f"-Dderby.system.home={metastore}",
-                    # A JVM out of heap is wedged, not dead; exit so supervisord restarts it.
-                    "-XX:+ExitOnOutOfMemoryError"]
-    if not args.verbose and LOG4J_CONFIG.exists():
-        java_options.append(f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}")
-    argv = [
-        str(spark_home() / "bin" / "spark-submit"),
-        "--class", THRIFT_SERVER_CLASS if args.jdbc_port else CONNECT_SERVER_CLASS,
-        "--name", "logjam Spark server",
-        "--master", args.master,
-        "--driver-memory", args.driver_memory,
-        "--driver-java-options", " ".join(java_options),
-    ]
-    for key, value in spark_conf(args, warehouse, metastore).items():
-        argv += ["--conf", f"{key}={value}"]
-    return argv
-
-
 def _die_with_parent() -> None:
     """In the child: get SIGTERM when logjam-spark dies, even by SIGKILL, so no JVM is orphaned."""
     try:
@@ -167,27 +71,18 @@ def _die_with_parent() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _listening(host: str, port: int) -> bool:
-    probe = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    try:
-        with socket.create_connection((probe, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 def _prepare(args: argparse.Namespace, warehouse: str, proc: subprocess.Popen, stopping: threading.Event,
              metrics: TableMetrics) -> None:
     """Announce the endpoints once they accept, create the table, then run maintenance until stopping."""
     host = "127.0.0.1" if args.bind in ("0.0.0.0", "::") else args.bind
-    while proc.poll() is None and not stopping.is_set() and not _listening(args.bind, args.port):
+    while proc.poll() is None and not stopping.is_set() and not listening(args.bind, args.port):
         time.sleep(0.25)
     if proc.poll() is not None or stopping.is_set():
         return
     log.info("Spark Connect server ready at sc://%s:%d", host, args.port)
     spark = _table_session(args, host, warehouse, stopping)
     if args.jdbc_port:
-        while proc.poll() is None and not stopping.is_set() and not _listening(args.bind, args.jdbc_port):
+        while proc.poll() is None and not stopping.is_set() and not listening(args.bind, args.jdbc_port):
             time.sleep(0.25)
         if proc.poll() is None:
             log.info("JDBC (HiveServer2) ready at jdbc:hive2://%s:%d", host, args.jdbc_port)
@@ -243,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, forward)
     metrics = TableMetrics()
     if args.metrics_port:
-        from importer.health import spark_server_health
+        from warehouse.health import spark_server_health
         from runtime.health import serve as serve_http
 
         serve_http(metrics.registry, args.metrics_port, "0.0.0.0" if args.bind in ("0.0.0.0", "::") else args.bind,
@@ -268,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     if args.check:
-        from importer.checks import check_spark_server
+        from warehouse.checks import check_spark_server
 
         return check_spark_server(args)
     setup_logging("logjam-spark", args.verbose)

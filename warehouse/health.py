@@ -1,0 +1,21 @@
+"""`/healthz` of logjam-spark: does its JVM run, and do its ports accept connections?"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+
+from runtime.health import Check
+from warehouse.spark_jvm import listening
+
+
+def spark_server_health(proc: "subprocess.Popen[bytes]", args: "argparse.Namespace") -> list[Check]:
+    """logjam-spark: the JVM runs and its Spark Connect (and JDBC, when on) ports accept connections."""
+    if proc.poll() is not None:
+        return [Check("jvm", False, f"the Spark JVM exited with status {proc.returncode}")]
+    checks = [Check("jvm", True, f"pid {proc.pid}")]
+    ports = [("connect", args.port)] + ([("jdbc", args.jdbc_port)] if args.jdbc_port else [])
+    for name, port in ports:
+        up = listening(args.bind, port)
+        checks.append(Check(name, up, f"port {port} {'accepts connections' if up else 'not answering (starting?)'}"))
+    return checks
