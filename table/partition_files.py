@@ -142,7 +142,7 @@ def relocate_strays(partition_dir: Path) -> int:
 
     Only a finished compaction ("done") is followed: while a marker says "swapping", the
     compaction that wrote it died, and only the catalog knows where the partition is
-    (warehouse/compaction.py `recover` settles it).
+    (table/compaction_protocol.py `recover` settles it).
     """
     marker = read_marker(partition_dir)
     if marker is None or marker.state != "done":

@@ -25,7 +25,7 @@ WAREHOUSE_CONF = "spark.sql.warehouse.dir"
 # Spark's own logging, cut to what an operator needs: classic sessions and logjam-spark's JVM use it.
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
-# What every classic session gets; `logjam-spark` sets the same on its server (warehouse/spark_server.py).
+# What every classic session gets; `logjam-spark` sets the same on its server (warehouse/spark_jvm.py).
 CLASSIC_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",

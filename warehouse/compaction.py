@@ -13,7 +13,8 @@ row, a bounded number of files per partition. One compaction pass (`compact_tabl
    `<partition dir>/_compacted-<gen>/`: the merged files plus hard links to every file of the
    current location it did not merge (including files the importer added meanwhile), writes
    `_compaction.json` in state "swapping", sets the catalog's location of the partition to the
-   new directory (the atomic swap: one metastore update), and marks it "done";
+   new directory (the atomic swap: one metastore update), and marks it "done" (the swap and its
+   recovery are the compaction protocol, table/compaction_protocol.py, which writers follow too);
 4. the replaced files and directories are deleted `grace` seconds later, so a query
    planned before the swap can still read them.
 Readers see either the old set of files or the new one, never a row missing or doubled.
