@@ -35,7 +35,7 @@ from table.schema import ARROW_SCHEMA
 from importer.receive import Receiver
 from importer.report import GapReport, Tally
 from importer.sequence import Ledger, Sequencer
-from table.session import (is_connect, open_session, quiesce_previous_session, resolve_warehouse,
+from table.session import (INGEST_POOL, is_connect, open_session, quiesce_previous_session, resolve_warehouse,
                               wait_for_connect_server)
 from importer.split import StreamFilter, owned_endpoints
 from table.compaction_protocol import settle_root
@@ -86,7 +86,7 @@ class Worker:
     # -- start-up -----------------------------------------------------------------------------
     def connect(self) -> Any:
         return open_session(self.args.spark, app_name=f"logjam-importer-{self.worker_id}",
-                            warehouse=self.args.warehouse, session_id=self.session_id)
+                            warehouse=self.args.warehouse, session_id=self.session_id, pool=INGEST_POOL)
 
     def start(self) -> int | None:
         """Connect, create or find the table, and work out where to resume; an exit status if that failed."""

@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SPARK = "sc://127.0.0.1:15002"
 WAREHOUSE_CONF = "spark.sql.warehouse.dir"
+# Scheduler pools of logjam-spark (warehouse/fairscheduler.xml): the importers' writes first.
+INGEST_POOL = "ingest"
+MAINTENANCE_POOL = "maintenance"
 # Spark's own logging, cut to what an operator needs: classic sessions and logjam-spark's JVM use it.
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
@@ -60,12 +63,24 @@ def driver_address(master: str) -> str:
 
 
 def open_session(url: str, *, app_name: str = "logjam", warehouse: str | None = None,
-                 session_id: str | None = None, conf: Mapping[str, str] | None = None) -> Any:
+                 session_id: str | None = None, conf: Mapping[str, str] | None = None, pool: str | None = None) -> Any:
     """A SparkSession for `url`. Classic sessions get `warehouse` (or the default) as their warehouse dir.
 
     `session_id` (Connect only) names the server-side session, so that a later process can
-    find the operations this one left running (see `quiesce_previous_session`).
+    find the operations this one left running (see `quiesce_previous_session`). `pool` is
+    the scheduler pool its jobs run in (INGEST_POOL, MAINTENANCE_POOL; people's queries
+    stay in Spark's default pool).
     """
+    spark = _session(url, app_name, warehouse, session_id, conf)
+    if pool is not None:
+        # A session setting reaches the scheduler: Spark copies "spark.*" settings into
+        # each job's properties, which is where the FAIR scheduler looks for the pool.
+        spark.conf.set("spark.scheduler.pool", pool)
+    return spark
+
+
+def _session(url: str, app_name: str, warehouse: str | None, session_id: str | None,
+             conf: Mapping[str, str] | None) -> Any:
     from pyspark.sql import SparkSession
 
     if is_connect(url):

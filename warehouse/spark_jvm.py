@@ -21,6 +21,8 @@ CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 # native/jar.py at install; docs/operations.md says why). Without the jar, Hadoop's own runs.
 LOCALFS_JAR = Path(__file__).with_name("jars") / "logjam-localfs.jar"
 LOCALFS_CLASS = "logjam.fs.NioRawLocalFileSystem"
+# The pools that keep compaction from delaying the importers' writes (the file says how).
+SCHEDULER_POOLS = Path(__file__).with_name("fairscheduler.xml")
 
 
 def spark_home() -> Path:
@@ -43,6 +45,8 @@ def spark_conf(args: argparse.Namespace, warehouse: str, metastore: Path) -> dic
         # Partition stats would list every new partition's files on ADD PARTITION; nobody reads them.
         "spark.hadoop.hive.stats.autogather": "false",
         "spark.sql.statistics.size.autoUpdate.enabled": "false",
+        "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": f"file://{SCHEDULER_POOLS}",
     }
     if args.metastore_uri:
         conf["spark.hadoop.hive.metastore.uris"] = args.metastore_uri

@@ -92,11 +92,11 @@ def _prepare(args: argparse.Namespace, warehouse: str, proc: subprocess.Popen, s
 
 def _table_session(args: argparse.Namespace, host: str, warehouse: str, stopping: threading.Event) -> Any:
     from table.catalog import ensure_table
-    from table.session import open_session
+    from table.session import MAINTENANCE_POOL, open_session
 
     while not stopping.is_set():
         try:
-            spark = open_session(f"sc://{host}:{args.port}")
+            spark = open_session(f"sc://{host}:{args.port}", pool=MAINTENANCE_POOL)
             location = ensure_table(spark, args.database, table_path(warehouse))
             log.info("table %s.messages ready at %s", args.database, location)
             return spark
