@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,11 +53,43 @@ from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string
 log = logging.getLogger(__name__)
 
 _SORT = [("app_env", "ascending"), ("date", "ascending")]
-# New partitions one Spark job registers at most (2-3 ms each, and about as much again to
-# write into): a burst of new streams waits in the spill, so the streams that flow keep landing.
-NEW_PARTITIONS_PER_JOB = 250
+# New partitions one Spark job may register: a burst of new streams waits in the spill, so the
+# streams that flow keep landing. A new partition costs a metastore registration and a file of
+# its own: 2-3 ms each on a quiet machine, ten times that on a busy one, so the budget follows
+# what the last jobs cost, aiming at NEW_PARTITION_JOB_SECONDS a job. Two such jobs, one under
+# way and the one a row rides in, plus the 2 s group commit, keep a flowing stream within 10 s.
+NEW_PARTITIONS_PER_JOB = 100  # the first job's budget
+NEW_PARTITIONS_RANGE = (16, 2000)
+NEW_PARTITION_JOB_SECONDS = 2.5
 # Row groups per staged file: Spark splits a file only between row groups.
 _STAGED_ROW_GROUPS = 16
+
+
+class JobTimes(NamedTuple):
+    """Where the last job's time went: seconds registering its new partitions, waiting for the lock, writing."""
+
+    new_partitions: int
+    register: float
+    lock: float
+    write: float
+
+
+class NewPartitionBudget:
+    """How many new partitions the next job may take, so that such a job takes about `seconds`."""
+
+    def __init__(self, seconds: float = NEW_PARTITION_JOB_SECONDS) -> None:
+        self.seconds = seconds
+        self.allowed = NEW_PARTITIONS_PER_JOB
+
+    def observe(self, new: int, seconds: float) -> None:
+        """Learn from a job that took all it was allowed (a burst): only those say what a partition costs."""
+        if new < self.allowed or seconds <= 0:
+            return
+        # The geometric mean of the last budget and the one this job asks for damps the noise
+        # of a shared machine; the job's fixed cost makes it converge below `seconds`, not past it.
+        wanted = new * self.seconds / seconds
+        low, high = NEW_PARTITIONS_RANGE
+        self.allowed = max(low, min(high, round((self.allowed * wanted) ** 0.5)))
 
 
 class WriteFailed(RuntimeError):
@@ -78,6 +110,8 @@ class TableWriter:
         self.spill = Spill(spill_dir) if spill_dir is not None else None
         self._loaded = False
         self._plan: tuple[pa.Table, pa.Table, tuple[Path, pa.Table | None] | None] | None = None
+        self.last_job = JobTimes(0, 0.0, 0.0, 0.0)
+        self.budget = NewPartitionBudget()
         staged = local_path(staging_dir(location, importer)) if staging else None
         self.staging: Path | None = staged
 
@@ -108,7 +142,7 @@ class TableWriter:
               retry: bool = False) -> None:
         """Write one batch in one Spark job; rows of the (app_env, date) pairs in `quarantine` go to the quarantine.
 
-        A job registers at most NEW_PARTITIONS_PER_JOB new partitions, so that a burst of new
+        A job registers at most `self.budget.allowed` new partitions, so that a burst of new
         streams never holds up the streams that already flow: the rest of the burst waits in
         the spill (importer/spill.py), durably, and each later job takes a share of it. A retry
         of the same batch repeats the same job, and skips it if it had committed after all.
@@ -132,7 +166,8 @@ class TableWriter:
 
     def _plan_job(self, table: pa.Table) -> tuple[pa.Table, tuple[Path, pa.Table | None] | None]:
         """This batch's job: its rows within the new-partition budget, plus a share of the spill if it has room."""
-        job, later, used = self._share(table, NEW_PARTITIONS_PER_JOB)
+        allowed = self.budget.allowed
+        job, later, used = self._share(table, allowed)
         if later is not None:
             if self.spill is None:
                 return table, None
@@ -140,11 +175,11 @@ class TableWriter:
             log.info("%d rows of new streams wait for their partitions (%d new in this job; %d rows waiting)",
                      later.num_rows, used, self.spill.rows)
             return job, None
-        head = self.spill.head() if self.spill is not None and used < NEW_PARTITIONS_PER_JOB else None
+        head = self.spill.head() if self.spill is not None and used < allowed else None
         if head is None:
             return job, None
         path, spilled = head
-        share, rest, _ = self._share(spilled, NEW_PARTITIONS_PER_JOB - used)
+        share, rest, _ = self._share(spilled, allowed - used)
         return pa.concat_tables([share, job]), (path, rest)
 
     def _share(self, table: pa.Table, budget: int) -> tuple[pa.Table, pa.Table | None, int]:
@@ -164,13 +199,22 @@ class TableWriter:
         return table.filter(mask), table.filter(pc.invert(mask)), budget
 
     def _commit(self, spark: Any, table: pa.Table, specs: list[tuple[str, str]]) -> None:
-        self.partitions.register(spark, specs)
+        started = time.monotonic()
+        new = self.partitions.register(spark, specs)
+        registered = time.monotonic()
         # The lock keeps compaction from swapping a partition between this job's commit and
         # the move of its files into a compacted partition's location (partition_files.py).
         with root_lock(self.root_dir):
+            locked = time.monotonic()
             self._write(spark, table)
             if self.root_dir is not None:
                 self._follow_compaction(spark, specs)
+        done = time.monotonic()
+        self.last_job = JobTimes(new, registered - started, locked - registered, done - locked)
+        self.budget.observe(new, done - started)
+        if new:
+            log.info("wrote %d rows with %d new partitions in %.1fs (registering %.1fs, waiting for compaction's "
+                     "lock %.1fs, writing %.1fs)", table.num_rows, new, done - started, *self.last_job[1:])
 
     def isolate(self, spark: Any, table: pa.Table) -> frozenset[tuple[str, str]]:
         """The (app_env, date) pairs whose rows fail by themselves while others succeed; empty when the

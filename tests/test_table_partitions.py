@@ -172,6 +172,30 @@ def test_directory_names_stay_within_the_limit() -> None:
         assert len(Path(partition_dir("/r", name, "2026-01-01")).parent.name.encode()) <= MAX_DIR_NAME
 
 
+@pytest.mark.timeout(10)
+def test_the_new_partition_budget_follows_what_a_burst_job_costs() -> None:
+    from importer.write import NEW_PARTITIONS_PER_JOB, NEW_PARTITIONS_RANGE, NewPartitionBudget
+
+    budget = NewPartitionBudget(seconds=2.5)
+    assert budget.allowed == NEW_PARTITIONS_PER_JOB
+    budget.observe(NEW_PARTITIONS_PER_JOB // 2, 60.0)
+    assert budget.allowed == NEW_PARTITIONS_PER_JOB, "a job that did not use its budget says nothing of a burst"
+    seen = []
+    for _ in range(12):  # a busy machine: 40 ms a partition plus 1 s a job
+        budget.observe(budget.allowed, 1.0 + 0.04 * budget.allowed)
+        seen.append(budget.allowed)
+    assert seen[-1] == seen[-2] and 35 <= seen[-1] <= 40, seen  # (2.5 s - 1 s) / 40 ms = 37.5
+    for _ in range(30):  # a quiet one: 2 ms a partition plus 0.5 s a job
+        budget.observe(budget.allowed, 0.5 + 0.002 * budget.allowed)
+    assert 950 <= budget.allowed <= 1050  # (2.5 s - 0.5 s) / 2 ms = 1000
+    for _ in range(30):  # so fast that the bound holds it
+        budget.observe(budget.allowed, 0.0005 * budget.allowed)
+    assert budget.allowed == NEW_PARTITIONS_RANGE[1]
+    for _ in range(30):  # a metastore that takes a second a partition
+        budget.observe(budget.allowed, 1.0 * budget.allowed)
+    assert budget.allowed == NEW_PARTITIONS_RANGE[0]
+
+
 @pytest.mark.timeout(300)
 def test_a_burst_of_new_streams_waits_in_the_spill_and_lands_once_across_a_restart(spark_server, tmp_path,
                                                                                    monkeypatch) -> None:
@@ -183,6 +207,7 @@ def test_a_burst_of_new_streams_waits_in_the_spill_and_lands_once_across_a_resta
     from tests.test_compaction import Table
 
     monkeypatch.setattr(write, "NEW_PARTITIONS_PER_JOB", 10)
+    monkeypatch.setattr(write, "NEW_PARTITIONS_RANGE", (10, 10))
     t = Table(spark_server, tmp_path / "wh")
     spill = tmp_path / "spill"
     writer = TableWriter(t.database, 0, t.location, spill_dir=spill)
