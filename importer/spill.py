@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from importer.partition_files import fsync_dir, replace_file
+from runtime.durable import fsync_dir, replace_file
 from importer.schema import qualified
 
 log = logging.getLogger(__name__)
