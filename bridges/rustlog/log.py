@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from bridges.host.files import store_id
-from runtime.durable import fsync_dir, replace_file, write_all
-from runtime.seglog import SegmentedLog
+from runtime.durable import fsync_dir, replace_file
+from runtime.seglog import AppendFile, SegmentedLog
 
 from bridges.rustlog.log_segment import (  # noqa: F401 (re-exported: the log's one vocabulary)
     _WATERMARK_CHECK, FRAMING, HEADER, HEADER_SIZE, INDEX_ENTRY, WATERMARK, LogConfig, LogError, StorageError,
@@ -219,8 +219,7 @@ class Log:
         self.offsets: dict[tuple[str, str, int], int] = {}
         self._offsets_path = self.root / "offsets.log"
         self._load_offsets()
-        self._offsets_fd = os.open(self._offsets_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._offsets_dirty = False
+        self._offsets = AppendFile(self._offsets_path)
 
     # -- topics
 
@@ -279,11 +278,9 @@ class Log:
         self.partition(topic, partition)
         line = (json.dumps([group, topic, partition, offset]) + "\n").encode()
         try:
-            write_all(self._offsets_fd, line)
+            self._offsets.append([line])
             if self.config.fsync == "always":
-                os.fsync(self._offsets_fd)
-            else:
-                self._offsets_dirty = True
+                self._offsets.sync()
         except OSError as e:
             raise _storage_error("writing offsets.log", e) from None
         self.offsets[(group, topic, partition)] = offset
@@ -299,14 +296,13 @@ class Log:
     def sync(self) -> None:
         for _, _, plog in self.all_partitions():
             plog.sync()
-        if self._offsets_dirty:
-            os.fsync(self._offsets_fd)
-            self._offsets_dirty = False
+        self._offsets.sync()
 
     def close(self) -> None:
         for _, _, plog in self.all_partitions():
             plog.close()
-        if self._offsets_dirty:
-            os.fsync(self._offsets_fd)
-        os.close(self._offsets_fd)
+        try:
+            self._offsets.sync()
+        finally:
+            self._offsets.release()
         self.partitions.clear()
