@@ -181,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     stop = lifecycle.stop_event()
     try:
-        device = Device(config)
+        device = Device(config).open()  # the journal, the sockets, the replay thread: here, in the loop's thread
     except Exception as e:  # a port in use, a bad address: say which, exit non-zero
         log.error("cannot start: %s", e)
         return 1

@@ -14,8 +14,14 @@ what we control is the Python work per message, so:
 
 Where it was built, both input sockets instead take the C fast path in
 `devices.native`, which holds a whole batch as zmq_msg_t's and never makes a Python
-object per message; the Python loop below is the fallback (LOGJAM_NATIVE=off, no
-build, and always with --compress).
+object per message; the one Python drain below (`_drain_python`, for ROUTER and PULL
+alike) is the fallback (LOGJAM_NATIVE=off, no build, and always with --compress).
+
+`Device(config)` only takes the configuration; `open()` (called by `run()` unless the
+entry point called it first, to report a port in use before it says it started)
+recovers the journal, creates and binds the sockets with LINGER set, and starts the
+replay thread, all in the thread that then runs the loop, after any fork. ETERM is a
+clean exit. What the device counts is its `counters` (devices/counters.py).
 
 Everything accepted goes through `_commit`, the one place where messages are
 numbered, journaled (with --data-dir) and published, in that order. Replies to
@@ -36,7 +42,7 @@ import logging
 import socket as pysocket
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import zmq
 from zmq.backend import Socket as _RawSocket
@@ -48,7 +54,7 @@ from devices import stamp
 from devices import native
 from devices.batch import TupleBatch
 from devices.config import DeviceConfig
-from devices.counters import NAME_CACHE, Counters
+from devices.counters import Counters
 from devices.hold import Held, JournalHealth
 from devices.journal import Journal, JournalWriteError, new_journal_id
 from devices.native import NativeBatch
@@ -81,12 +87,11 @@ _send = _RawSocket.send
 _Again = zmq.Again
 
 
-class Device(Counters):
-    """Owns the sockets and counters; `run()` serves until `stop` is set."""
+class Device:
+    """Holds the configuration, the counters and, once `open()`, the sockets; `run()` serves until `stop` is set."""
 
     def __init__(self, config: DeviceConfig, context: zmq.Context | None = None) -> None:
         self.config = config
-        self.ctx = context or zmq.Context()
         self.fqdn = pysocket.getfqdn()
         self._fqdn = self.fqdn.encode()
         self.heartbeat_address = f"tcp://{self.fqdn}:{config.pub_port}".encode()
@@ -94,29 +99,71 @@ class Device(Counters):
         stamp.device_bytes(config.device_id)  # range check
         self._device_label = str(config.device_id).encode()
         self._compress = int(config.compress)
-
-        Counters.__init__(self)
-
-        linger = config.linger_ms
-        self.router = sockets.socket(self.ctx, zmq.ROUTER, linger_ms=linger, rcvhwm=config.rcv_hwm, sndhwm=config.rcv_hwm)
-        self.pull = sockets.socket(self.ctx, zmq.PULL, linger_ms=linger, rcvhwm=config.rcv_hwm)
-        # XPUB in manual mode: a subscription counts only once `_welcome` applied it.
-        self.pub = sockets.socket(self.ctx, zmq.XPUB, linger_ms=linger, sndhwm=config.snd_hwm, xpub_manual=1)
-        self.stats = sockets.socket(self.ctx, zmq.PUB, linger_ms=linger)
-        self._native: NativeBatch | None = None
+        self.counters = Counters()
+        self.seq = 0
         # LOGJAM_NATIVE picks the loop (logjam.native); `require` raises here without a build.
         # Loaded even with --compress, so that `require` checks the build in every device.
         loaded = native.load()
-        if loaded is not None and not self._compress:  # the C loop does not compress
-            self._native = NativeBatch(*loaded)
-            self._native_router = NativeBatch(*loaded)
-            self._pull_handle = loaded[0].cast("void *", self.pull.underlying)
-            self._router_handle = loaded[0].cast("void *", self.router.underlying)
-        self.engine = "native" if self._native is not None else "python"
-        # CURVE is a socket option set before bind: the C loop reads the same (decrypted) sockets.
+        self._loaded = loaded if not self._compress else None  # the C loop does not compress
+        self.engine = "native" if self._loaded is not None else "python"
+        self._context = context
+        self.ctx: zmq.Context | None = None
+        self.router = self.pull = self.pub = self.stats = None  # type: ignore[assignment]
+        self._native: NativeBatch | None = None
+        self._native_router: NativeBatch | None = None
+        self._drains: tuple[Callable[[], int], Callable[[], int]] | None = None  # (PULL, ROUTER), set by open()
+        self._router_handle: object = None
+        self._thread: int | None = None
         self.gate: Gatekeeper | None = None
+        self.journal: Journal | None = None
+        self.health = JournalHealth()
+        self._held: Held | None = None
+        self.replay: ReplayServer | None = None
+        self._replay_stop = threading.Event()
+        self.journal_id = ""
+        self.lag: ImporterLag | None = None
+
+    def open(self) -> "Device":
+        """Recover the journal, bind the sockets and start the replay endpoint, in the thread that runs the loop."""
+        if self._thread is not None:
+            return self
+        config = self.config
+        self.ctx = self._context or zmq.Context()
+        self._bind(config)
+        if config.data_dir is not None:
+            self._open_journal(config)
+            self.journal_id = self.journal.journal_id  # type: ignore[union-attr]
+        else:
+            # No journal: numbering restarts at 1 with every start, so does the identity.
+            self.journal_id = new_journal_id()
+        self.lag = ImporterLag(self.journal_id, config.max_importer_lag, config.importer_evict_after,
+                               max_messages=config.max_importer_lag_messages)
+        self._start_replay(config)
+        self._thread = threading.get_ident()
+        return self
+
+    def _bind(self, config: DeviceConfig) -> None:
+        """Create the loop's four sockets (LINGER set) and bind them; choose the drains that read them."""
+        linger = config.linger_ms
+        ctx = self.ctx
+        self.router = sockets.socket(ctx, zmq.ROUTER, linger_ms=linger, rcvhwm=config.rcv_hwm, sndhwm=config.rcv_hwm)
+        self.pull = sockets.socket(ctx, zmq.PULL, linger_ms=linger, rcvhwm=config.rcv_hwm)
+        # XPUB in manual mode: a subscription counts only once `_welcome` applied it.
+        self.pub = sockets.socket(ctx, zmq.XPUB, linger_ms=linger, sndhwm=config.snd_hwm, xpub_manual=1)
+        self.stats = sockets.socket(ctx, zmq.PUB, linger_ms=linger)
+        if self._loaded is not None:
+            ffi = self._loaded[0]
+            self._native = NativeBatch(*self._loaded)
+            self._native_router = NativeBatch(*self._loaded)
+            pull = ffi.cast("void *", self.pull.underlying)
+            self._router_handle = ffi.cast("void *", self.router.underlying)
+            self._drains = (lambda: self._drain_native(self._native, pull, "pull"),  # type: ignore[arg-type]
+                            lambda: self._drain_native(self._native_router, self._router_handle, "router"))  # type: ignore[arg-type]
+        else:
+            self._drains = (lambda: self._drain_python(self.pull, "pull"), lambda: self._drain_python(self.router, "router"))
+        # CURVE is a socket option set before bind: the C loop reads the same (decrypted) sockets.
         if config.curve is not None and config.curve.key is not None:
-            self.gate = Gatekeeper(self.ctx, config.curve.allow_dir)
+            self.gate = Gatekeeper(ctx, config.curve.allow_dir)
             self.gate.start()
         for sock, name, port in (
             (self.router, "router", config.router_port),
@@ -127,21 +174,6 @@ class Device(Counters):
             endpoint = f"tcp://{config.bind}:{port}"
             self._secure(sock, name, endpoint)
             sock.bind(endpoint)
-
-        self.journal: Journal | None = None
-        self.health = JournalHealth()
-        self._held: Held | None = None
-        self.replay: ReplayServer | None = None
-        self._replay_stop = threading.Event()
-        if config.data_dir is not None:
-            self._open_journal(config)
-            self.journal_id = self.journal.journal_id  # type: ignore[union-attr]
-        else:
-            # No journal: numbering restarts at 1 with every start, so does the identity.
-            self.journal_id = new_journal_id()
-        self.lag = ImporterLag(self.journal_id, config.max_importer_lag, config.importer_evict_after,
-                               max_messages=config.max_importer_lag_messages)
-        self._start_replay(config)
 
     def _secure(self, sock: zmq.Socket, name: str, endpoint: str) -> None:
         """Make `sock` a CURVE server watched by the gatekeeper, unless --allow-plaintext leaves it open."""
@@ -168,7 +200,8 @@ class Device(Counters):
         """The replay endpoint: ranges and `info` with a journal, `info` alone without one."""
         endpoint = f"tcp://{config.bind}:{config.replay_port}"
         replay = ReplayServer(self.ctx, self.journal, endpoint, self._replay_stop,
-                              journal_id=self.journal_id, last_seq=lambda: self.seq, on_progress=self.lag.progress,
+                              journal_id=self.journal_id, last_seq=lambda: self.seq,
+                              on_progress=self.lag.progress,  # type: ignore[union-attr]
                               secure=lambda sock: self._secure(sock, "replay", endpoint))
         replay.start()
         # The replay socket is created and bound in its own thread; wait for the outcome so
@@ -212,8 +245,8 @@ class Device(Counters):
     def _published(self, batch: "TupleBatch | NativeBatch", n: int, then: Callable[[], None] | None) -> None:
         self.seq += n
         batch.publish(self.pub)
-        self.lag.published(self.seq, time.monotonic())
-        self.published += n
+        self.lag.published(self.seq, time.monotonic())  # type: ignore[union-attr]
+        self.counters.published += n
         if then is not None:
             then()
 
@@ -234,123 +267,18 @@ class Device(Counters):
 
     # -- input -------------------------------------------------------------------
 
-    def _drain_pull(self) -> int:
-        """Take up to BATCH messages from PULL, check them, and commit the good ones."""
-        sock = self.pull
+    def _drain_python(self, sock: zmq.Socket, source: str) -> int:
+        """Take up to BATCH messages from ROUTER or PULL, check them, commit the good ones, then answer requests.
+
+        PULL takes [app-env, topic, body] (a legacy client without meta) or [..., meta];
+        ROUTER takes [identity, "", app-env, topic, body, meta] (a request, answered 202 or
+        400, or a ping) or the same without the empty frame (not answered).
+        """
+        routed = source == "router"
         recv = _recv
-        per_app = self.per_app_env
-        topics = self._topics
-        heads = HEADS
-        compress_to = self._compress
-        batch = TupleBatch()
-        add = batch.append
-        n = 0
-        while n < BATCH:
-            try:
-                f1 = recv(sock, _NB, False)
-            except _Again:
-                break
-            n += 1
-            # Unrolled for the 3- and 4-frame shapes: no list, one branch per frame.
-            if f1.more:
-                f2 = recv(sock, 0, False)
-                if f2.more:
-                    f3 = recv(sock, 0, False)
-                    if f3.more:
-                        f4 = recv(sock, 0, False)
-                        if f4.more:
-                            while f4.more:
-                                f4 = recv(sock, 0, False)
-                            self._drop("frame_count", f1.bytes)
-                            continue
-                        meta = f4.bytes
-                        if len(meta) != META_SIZE or meta[META_HEAD] not in heads:
-                            self._drop("broken_meta", f1.bytes)
-                            continue
-                    else:
-                        meta = FRESH_META  # a legacy client without meta
-                    app = f1.bytes
-                    c = per_app.get(app)
-                    if c is None and not self._new_app_env(app):
-                        self._drop("bad_app_env", None)
-                        continue
-                    topic = f2.bytes
-                    if topic not in topics and not self._new_topic(topic):
-                        self._drop("bad_topic", app)
-                        continue
-                    if c is None:
-                        self._count_app_env(app)
-                    else:
-                        per_app[app] = c + 1
-                    if compress_to and meta[META_COMPRESSION_AT] == 0:
-                        add((app, topic, compress(compress_to, f3.bytes), stamp.with_compression(meta, compress_to)))
-                    else:
-                        add((app, topic, f3, meta))
-                    continue
-            self._drop("frame_count", f1.bytes)
-        self.received["pull"] += n
-        if batch:
-            self._commit(batch)
-        return n
-
-    def _drain_pull_native(self) -> int:
-        """The PULL drain of the C fast path: checks run in C, Python only does bookkeeping per batch."""
-        batch = self._native
-        assert batch is not None
-        taken = batch.drain(self._pull_handle, BATCH)
-        if taken <= 0:
-            if taken < 0:
-                raise zmq.ZMQError(-taken)
-            return 0
-        self.received["pull"] += taken
-        self._account_native(batch)
-        if len(batch):
-            self._commit(batch)
-        return taken
-
-    def _drain_router_native(self) -> int:
-        """ROUTER on the C fast path: as for PULL, then the replies, after the publish."""
-        batch = self._native_router
-        taken = batch.drain_router(self._router_handle, BATCH)
-        if taken <= 0:
-            if taken < 0:
-                raise zmq.ZMQError(-taken)
-            return 0
-        pings = batch.b.pings
-        self.received["router"] += taken - pings
-        self.pings += pings
-        self._account_native(batch)
-        then = self._native_reply if batch.b.nreplies else None
-        if len(batch):
-            self._commit(batch, then)
-        elif then is not None:
-            then()
-        return taken
-
-    def _native_reply(self) -> None:
-        self._native_router.reply(self._router_handle, self._fqdn)
-
-    def _account_native(self, batch: NativeBatch) -> None:
-        """Per-batch bookkeeping of the C path: drops, and accepted messages per stream."""
-        if batch.b.ndrops:
-            for reason, app in batch.drops():
-                self._drop(reason, None if reason == "bad_app_env" else app)
-        if len(batch):
-            per_app = self.per_app_env
-            for app, count in batch.app_env_counts():
-                if app in per_app:
-                    per_app[app] += count
-                elif len(per_app) < NAME_CACHE:
-                    per_app[app] = count
-                else:
-                    self.other_app_envs += count
-
-    def _drain_router(self) -> int:
-        """Take up to BATCH messages from ROUTER; commit the good ones, then answer requests."""
-        sock = self.router
-        recv = _recv
-        per_app = self.per_app_env
-        topics = self._topics
+        counters = self.counters
+        per_app = counters.per_app_env
+        topics = counters.topics
         heads = HEADS
         compress_to = self._compress
         batch = TupleBatch()
@@ -359,6 +287,9 @@ class Device(Counters):
         answer = replies.append
         n = 0
         pings = 0
+        rid = b""
+        request = False
+        first = 0
         while n < BATCH:
             try:
                 f = recv(sock, _NB, False)
@@ -369,42 +300,36 @@ class Device(Counters):
             while f.more:
                 f = recv(sock, 0, False)
                 parts.append(f)
-            rid = parts[0].bytes
-            request = len(parts) > 1 and len(parts[1]) == 0
-            first = 2 if request else 1
+            if routed:
+                rid = parts[0].bytes
+                request = len(parts) > 1 and len(parts[1]) == 0
+                first = 2 if request else 1
             count = len(parts) - first
             app = parts[first].bytes if count > 0 else b""
-
-            if request and count >= 1 and app == PING:
+            if request and app == PING:
                 pings += 1
                 answer(self._ping(rid, parts))
                 continue
-
-            if count != 4:
-                self._drop("frame_count", app if count > 0 else None)
-                if request:
-                    answer((rid, app, BAD_REQUEST))
-                continue
-            meta = parts[first + 3].bytes
-            if len(meta) != META_SIZE or meta[META_HEAD] not in heads:
-                self._drop("broken_meta", app)
-                if request:
-                    answer((rid, app, BAD_REQUEST))
+            if count == 4:
+                meta = parts[first + 3].bytes
+                if len(meta) != META_SIZE or meta[META_HEAD] not in heads:
+                    self._refuse("broken_meta", app, rid, app, request, answer)
+                    continue
+            elif count == 3 and not routed:
+                meta = FRESH_META  # a legacy client without meta
+            else:
+                self._refuse("frame_count", app if count > 0 else None, rid, app, request, answer)
                 continue
             c = per_app.get(app)
-            if c is None and not self._new_app_env(app):
-                self._drop("bad_app_env", None)
-                if request:
-                    answer((rid, app, BAD_REQUEST))
+            if c is None and not counters.new_app_env(app):
+                self._refuse("bad_app_env", None, rid, app, request, answer)
                 continue
             topic = parts[first + 1].bytes
-            if topic not in topics and not self._new_topic(topic):
-                self._drop("bad_topic", app)
-                if request:
-                    answer((rid, app, BAD_REQUEST))
+            if topic not in topics and not counters.new_topic(topic):
+                self._refuse("bad_topic", app, rid, app, request, answer)
                 continue
             if c is None:
-                self._count_app_env(app)
+                counters.count_app_env(app)
             else:
                 per_app[app] = c + 1
             body = parts[first + 2]
@@ -414,8 +339,8 @@ class Device(Counters):
             add((app, topic, body, meta))
             if request:
                 answer((rid, app, ACCEPTED))
-        self.received["router"] += n - pings
-        self.pings += pings
+        counters.received[source] += n - pings
+        counters.pings += pings
         then = (lambda: self._reply(replies)) if replies else None
         if batch:
             self._commit(batch, then)
@@ -423,18 +348,52 @@ class Device(Counters):
             then()
         return n
 
+    def _refuse(self, reason: str, label: bytes | None, rid: bytes, app: bytes, request: bool,
+                answer: Callable[[tuple[bytes, bytes, bytes | None]], None]) -> None:
+        """Count a dropped message (under `label`); a request gets its 400."""
+        self.counters.drop(reason, label)
+        if request:
+            answer((rid, app, BAD_REQUEST))
+
+    def _drain_native(self, batch: NativeBatch, handle: object, source: str) -> int:
+        """The C fast path: drain and check in C; Python counts per batch, commits, then replies (ROUTER)."""
+        routed = source == "router"
+        taken = batch.drain_router(handle, BATCH) if routed else batch.drain(handle, BATCH)
+        if taken <= 0:
+            if taken < 0:
+                raise zmq.ZMQError(-taken)
+            return 0
+        counters = self.counters
+        pings = batch.b.pings if routed else 0
+        counters.received[source] += taken - pings
+        counters.pings += pings
+        if batch.b.ndrops:
+            for reason, app in batch.drops():
+                counters.drop(reason, None if reason == "bad_app_env" else app)
+        if len(batch):
+            counters.count_batch(batch.app_env_counts())
+        then = self._native_reply if routed and batch.b.nreplies else None
+        if len(batch):
+            self._commit(batch, then)
+        elif then is not None:
+            then()
+        return taken
+
+    def _native_reply(self) -> None:
+        self._native_router.reply(self._router_handle, self._fqdn)  # type: ignore[union-attr]
+
     def _ping(self, rid: bytes, parts: list) -> tuple[bytes, bytes, bytes | None]:
         """["", "ping", app-env, body, meta]: never published, answered at once."""
         count = len(parts) - 2
         if count == 4 and stamp.meta_ok(parts[5].bytes):
             return (rid, PING, PONG)
-        self._drop("frame_count" if count != 4 else "broken_meta", parts[3].bytes if count > 1 else None)
+        self.counters.drop("frame_count" if count != 4 else "broken_meta", parts[3].bytes if count > 1 else None)
         return (rid, PING, None)
 
     def _reply(self, replies: list[tuple[bytes, bytes, bytes | None]]) -> None:
         """Answers go out after the publish; ROUTER drops them for peers that are gone."""
         sock = self.router
-        fqdn = self.fqdn.encode()
+        fqdn = self._fqdn
         for rid, first, status in replies:
             try:
                 _send(sock, rid, _SM | _NB)
@@ -460,11 +419,7 @@ class Device(Counters):
         # Without a journal nothing older than this heartbeat can be had: `first` is its own seq.
         first = self.journal.first_seq if self.journal is not None else self.seq + 1
         body = b'{"journal":"%s","first":%d}' % (self.journal_id.encode(), first)
-        self._commit(TupleBatch([(HEARTBEAT, self.heartbeat_address, body, FRESH_META)]), self._count_heartbeat)
-
-    def _count_heartbeat(self) -> None:
-        self.heartbeats += 1
-        self.last_heartbeat = time.monotonic()
+        self._commit(TupleBatch([(HEARTBEAT, self.heartbeat_address, body, FRESH_META)]), self.counters.heartbeat)
 
     def _welcome(self) -> None:
         """Apply the subscriptions that arrived since the last call, then publish a heartbeat.
@@ -498,7 +453,14 @@ class Device(Counters):
     # -- loop --------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Serve until `stop` is set, then take in what is already queued and return."""
+        """Serve until `stop` is set, then take in what is already queued and return.
+
+        Opens the device first unless `open()` was called; either way in this thread, the
+        one its sockets belong to.
+        """
+        self.open()
+        if self._thread != threading.get_ident():
+            raise RuntimeError("Device.run must run in the thread that opened it (ZeroMQ sockets are not thread-safe)")
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.pull, zmq.POLLIN)
@@ -511,14 +473,15 @@ class Device(Counters):
         tick_every = min(1.0, max(0.01, self.config.journal_fsync_interval_ms / 1000))
         next_tick = now + tick_every if self.journal is not None else float("inf")
         monotonic = time.monotonic
-        drain_pull = self._drain_pull_native if self._native is not None else self._drain_pull
-        drain_router = self._drain_router_native if self._native is not None else self._drain_router
+        drain_pull, drain_router = self._drains  # type: ignore[misc]
+        lag = self.lag
+        assert lag is not None
         with sockets.eterm_is_clean():
             self.heartbeat()  # the journal id, before anything else is published or journaled
             while not stop.is_set():
                 busy = 0
                 now = monotonic()
-                if self._held is None and self.lag.admit(now):
+                if self._held is None and lag.admit(now):
                     busy = drain_pull()
                     if self._held is None:
                         busy += drain_router()
@@ -564,11 +527,9 @@ class Device(Counters):
     def _final_drain(self, budget_s: float = 1.0) -> None:
         """On shutdown, publish what already sits in our input queues (bounded in time)."""
         deadline = time.monotonic() + budget_s
+        drain_pull, drain_router = self._drains  # type: ignore[misc]
         while self._retry_held() and time.monotonic() < deadline:
-            if self._native is not None:
-                busy = self._drain_pull_native() + self._drain_router_native()
-            else:
-                busy = self._drain_pull() + self._drain_router()
+            busy = drain_pull() + drain_router()
             if not busy and self._held is None:
                 return
         if self._held is not None:
@@ -584,9 +545,41 @@ class Device(Counters):
             self.journal.close()
         if self._native is not None:
             self._native.discard()
-            self._native_router.discard()
+            self._native_router.discard()  # type: ignore[union-attr]
         for sock in (self.router, self.pull, self.pub, self.stats):
-            sock.close()
+            if sock is not None:
+                sock.close()
         if self.gate is not None:
             self.gate.close()
-        self.ctx.term()
+        if self.ctx is not None:
+            self.ctx.term()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters, the sequence, the journal and the importers' lag: what metrics and logs read."""
+        return {"journal_id": self.journal_id, "seq": self.seq, **self.counters.snapshot(),
+                "journal": self._journal_snapshot(), "importers": self._importers_snapshot()}
+
+    def _importers_snapshot(self) -> dict[str, Any]:
+        lag = self.lag
+        if lag is None:
+            return {"lag": {}, "holding": False, "held_seconds": 0.0}
+        now = time.monotonic()
+        return {"lag": lag.lags(now), "holding": lag.holding, "held_seconds": lag.held_total(now)}
+
+    def _journal_snapshot(self) -> dict[str, Any] | None:
+        journal, replay = self.journal, self.replay
+        if journal is None:
+            return None
+        return {
+            "bytes": journal.size,
+            "segments": journal.segment_count,
+            "first_seq": journal.first_seq,
+            "last_seq": journal.last_seq,
+            "fsyncs": journal.fsyncs,
+            "bytes_written": journal.bytes_written,
+            "segments_deleted": journal.segments_deleted,
+            **self.health.stats(),
+            "replay_requests": replay.requests if replay else 0,
+            "replay_messages": replay.served if replay else 0,
+            "replay_bad_requests": replay.bad if replay else 0,
+        }

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import uuid
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
+from runtime.durable import replace_file
 from table.paths import data_dir
 
 log = logging.getLogger(__name__)
@@ -95,18 +95,7 @@ def _position(value: object) -> Position:
 
 def atomic_write(path: Path, data: str) -> None:
     """Write tmp, fsync, rename, fsync the directory: after a crash the file is the old or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_file(path, data)
 
 
 def new_session_id(state_dir: Path, worker: int) -> tuple[str | None, str]:

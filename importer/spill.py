@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from table.partition_files import fsync_dir, replace_file
+from runtime.durable import fsync_dir, replace_file
 from table.schema import qualified
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import time
 from typing import Any, Iterable
 
 from table.compaction_protocol import adopt_compacted
-from table.partition_files import replace_file
+from runtime.durable import replace_file
 from table.paths import NAME_FILE, dir_value, local_path, partition_dir, unescape_partition_value
 from table.schema import (DEFAULT_DATABASE, TABLE_NAME, missing_columns, partition_clause, qualified, sql_string,
                           table_ddl)

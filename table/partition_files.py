@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from runtime.durable import fsync_dir, replace_file
+
 MARKER = "_compaction.json"
 LOCK = "_lock"
 COMPACTED_PREFIX = "_compacted-"
@@ -95,25 +97,6 @@ def write_marker(partition_dir: Path, marker: Marker | None) -> None:
         fsync_dir(partition_dir)
     else:
         replace_file(path, json.dumps(marker.__dict__).encode())
-
-
-def replace_file(path: Path, data: bytes) -> None:
-    """Write `data` to `path` durably and atomically: a temporary file, fsync, rename, fsync the directory."""
-    tmp = path.with_name(f"{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,8 @@
-"""Durable-file primitives shared by the bridges that store what they accept (segment, rustlog)."""
+"""What the bridges that store what they accept (segment, rustlog) share: the store's id and its health.
+
+The durable-file primitives themselves (whole writes, directory fsyncs, atomic
+replacement) are runtime/durable.py's, and the logs run on runtime/seglog.py.
+"""
 
 from __future__ import annotations
 
@@ -10,26 +14,10 @@ from pathlib import Path
 from prometheus_client import Counter, Gauge
 
 from bridges.host.metrics import BridgeMetrics
+from runtime.durable import replace_file
 
 # A store write that failed (a full disk) is tried again about this often.
 RETRY_EVERY = 1.0
-
-
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    """os.write until every byte is written (a single write may be short)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory, so a file created, renamed or removed in it survives a crash."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def store_id(root: Path) -> str:
@@ -43,11 +31,7 @@ def store_id(root: Path) -> str:
         return path.read_text().strip()
     except FileNotFoundError:
         pass
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f"store-id.{os.getpid()}.tmp"
-    tmp.write_text(os.urandom(8).hex() + "\n")
-    os.replace(tmp, path)
-    fsync_dir(root)
+    replace_file(path, os.urandom(8).hex() + "\n")
     return path.read_text().strip()
 
 

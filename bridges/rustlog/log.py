@@ -23,11 +23,13 @@ import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from bridges.host.files import fsync_dir, store_id, write_all
+from bridges.host.files import store_id
+from runtime.durable import fsync_dir, replace_file
+from runtime.seglog import AppendFile, SegmentedLog
 
 from bridges.rustlog.log_segment import (  # noqa: F401 (re-exported: the log's one vocabulary)
-    _SEGMENT_NAME, _WATERMARK_CHECK, HEADER, HEADER_SIZE, INDEX_ENTRY, WATERMARK, LogConfig, LogError, Segment,
-    StorageError, StoredRecord, _storage_error, now_us,
+    _WATERMARK_CHECK, FRAMING, HEADER, HEADER_SIZE, INDEX_ENTRY, WATERMARK, LogConfig, LogError, StorageError,
+    StoredRecord, _storage_error, now_us,
 )
 
 
@@ -48,51 +50,40 @@ class BadPartitionCount(LogError):
 
 
 class PartitionLog:
-    """One topic-partition: an ordered list of segments, the last one active."""
+    """One topic-partition: the engine's segmented log of records, and how far the device has it."""
 
     def __init__(self, directory: Path, config: LogConfig) -> None:
         self.dir = directory
         self.config = config
-        directory.mkdir(parents=True, exist_ok=True)
-        bases = sorted(int(m.group(1)) for p in directory.iterdir() if (m := _SEGMENT_NAME.match(p.name)))
-        self.segments: list[Segment] = []
-        for i, base in enumerate(bases):
-            seg = Segment(directory, base, config)
-            last = i == len(bases) - 1
-            if last:
-                seg.recover(full=True)
-            else:
-                seg.load_index()
-                seg.recover(full=False)
-                seg.next_offset = bases[i + 1]
-            seg.release()
-            self.segments.append(seg)
-        if not self.segments:
-            self.segments.append(Segment(directory, 0, config))
-            self.segments[-1].release()
-            if config.fsync != "never":
-                fsync_dir(directory)
+        # Segments are opened on use and released when sealed or idle, so that a
+        # thousand-partition topic does not hold thousands of files open.
+        self._log = SegmentedLog(
+            directory, FRAMING, suffix=".log", index_suffix=".index", start=0, segment_bytes=config.segment_bytes,
+            index_every=config.index_interval_bytes, fsync=config.fsync, verify_sealed=False, release_idle=True,
+            retention_bytes=config.retention_bytes,
+            retention_age=config.retention_ms * 1000 if config.retention_ms is not None else None,
+            clock=now_us, time_of=lambda fields: fields[3], what=f"rustlog {directory}", frame="record",
+        )
         self._wm_path = directory / "forwarded"
         self._forwarded = self._read_watermark()
-        self._dirty = False
 
     # -- positions
 
     @property
     def high_watermark(self) -> int:
-        return self.segments[-1].next_offset
+        return self._log.next
 
     @property
     def log_start_offset(self) -> int:
-        return self.segments[0].base
+        return self._log.first
 
     @property
     def segment_count(self) -> int:
-        return len(self.segments)
+        return len(self._log.segments)
 
     @property
     def size_bytes(self) -> int:
-        return sum(s.size for s in self.segments)
+        return self._log.size
 
     # -- the forwarded watermark (see docs/protocols/rustlog.md, "Crash between log and device")
 
@@ -138,71 +129,46 @@ class PartitionLog:
         """
         ts = now_us() if timestamp is None else timestamp
         base = self.high_watermark
-        offset = base
-        batch: list[bytes] = []
-        batch_bytes = 0
-        limit = self.config.segment_bytes
-        before = (len(self.segments), self.segments[-1].state())
+        encode = FRAMING.encode
+        frames = [(base + i, base + i + 1, encode(payload, base + i, ts), payload) for i, payload in enumerate(records)]
         try:
-            for payload in records:
-                size = HEADER_SIZE + len(payload)
-                active = self.segments[-1]
-                if active.size + batch_bytes + size > limit and (active.size + batch_bytes) > 0:
-                    if batch:
-                        active.append(batch, offset, ts)
-                        offset += len(batch)
-                        batch, batch_bytes = [], 0
-                    self._roll()
-                batch.append(payload)
-                batch_bytes += size
-            if batch:
-                self.segments[-1].append(batch, offset, ts)
-            self._dirty = True
-            if sync and self.config.fsync == "always":
-                self.sync()
-        except (OSError, StorageError) as e:
-            self._undo(*before)
-            if isinstance(e, StorageError):
-                raise
+            self._log.append(frames, sync=sync, when=ts)
+        except OSError as e:
             raise _storage_error(f"appending in {self.dir}", e) from None
         return base
 
-    def _undo(self, count: int, state: tuple[int, int, int, int, int]) -> None:
-        """Back to `count` segments, the last one as `state` says (after a failed append)."""
-        while len(self.segments) > count:
-            self.segments.pop().delete()
-        self.segments[-1].restore(state)
-
-    def _roll(self) -> None:
-        """Seal the active segment (synced unless fsync is never) and start the next one."""
-        old = self.segments[-1]
-        if self.config.fsync != "never":
-            old.sync()
-        old.release()
-        seg = Segment(self.dir, self.high_watermark, self.config)
-        self.segments.append(seg)
-        if self.config.fsync != "never":
-            fsync_dir(self.dir)
-
     def sync(self) -> None:
-        if self._dirty:
-            try:
-                self.segments[-1].sync()
-            except OSError as e:
-                raise _storage_error(f"fsync in {self.dir}", e) from None
-            self._dirty = False
+        try:
+            self._log.sync()
+        except OSError as e:
+            raise _storage_error(f"fsync in {self.dir}", e) from None
 
     def read(self, offset: int, max_bytes: int) -> list[StoredRecord]:
         """Records from `offset` (must be within [log_start, high_watermark]); at least one if any."""
         out: list[StoredRecord] = []
         budget = max(max_bytes, 1)
-        i = bisect.bisect_right([s.base for s in self.segments], offset) - 1
+        segments = self._log.segments
+        i = bisect.bisect_right([s.base for s in segments], offset) - 1
+        # Read about what the answer needs plus the distance from the index entry, in one go.
+        chunk = min(max(budget + self.config.index_interval_bytes + HEADER_SIZE, 1 << 16), 8 << 20)
         try:
-            for seg in self.segments[max(i, 0):]:
-                if seg.next_offset <= offset:
+            for seg in segments[max(i, 0):]:
+                if seg.next <= offset:
                     continue
-                budget = seg.read(offset, max_bytes, out, budget)
-                if seg is not self.segments[-1]:
+                for (_, _, rec_offset, ts), payload, _, _ in self._log.read(seg, seg.offset_of(offset), seg.size, chunk=chunk):
+                    if rec_offset >= seg.next:
+                        break
+                    if rec_offset < offset:
+                        continue
+                    size = HEADER_SIZE + len(payload)
+                    if out and size > budget:
+                        budget = 0
+                        break
+                    out.append(StoredRecord(rec_offset, ts, bytes(payload)))
+                    budget -= size
+                    if budget <= 0:
+                        break
+                if seg is not segments[-1]:
                     seg.release()
                 if budget <= 0:
                     break
@@ -218,36 +184,20 @@ class PartitionLog:
         A segment holding records the device has not accepted yet is never deleted:
         retention waits for the device rather than lose what it was promised.
         """
-        deleted = 0
-        cfg = self.config
-
-        def deletable() -> bool:
-            first = self.segments[0]
-            return len(self.segments) > 1 and first.next_offset <= self._forwarded
-
-        if cfg.retention_ms is not None:
-            cutoff = (now_us() if now is None else now) - cfg.retention_ms * 1000
-            active = self.segments[-1]
+        now = now_us() if now is None else now
+        if self.config.retention_ms is not None:
+            cutoff = now - self.config.retention_ms * 1000
+            active = self._log.active
             # An expired active segment is rolled first so that it can go too.
-            if active.size and active.max_timestamp < cutoff and all(s.max_timestamp < cutoff for s in self.segments):
-                self._roll()
-            while deletable() and self.segments[0].max_timestamp < cutoff:
-                self.segments.pop(0).delete()
-                deleted += 1
-        if cfg.retention_bytes is not None:
-            while deletable() and self.size_bytes > cfg.retention_bytes:
-                self.segments.pop(0).delete()
-                deleted += 1
-        if deleted and cfg.fsync != "never":
-            fsync_dir(self.dir)
-        return deleted
+            if active.size and all(s.time < cutoff for s in self._log.segments):
+                self._log.roll()
+        return self._log.enforce_retention(now, lambda seg: seg.next <= self._forwarded)
 
     def close(self) -> None:
         try:
             self.sync()
         finally:
-            for seg in self.segments:
-                seg.close()
+            self._log.close()
 
 
 class Log:
@@ -269,8 +219,7 @@ class Log:
         self.offsets: dict[tuple[str, str, int], int] = {}
         self._offsets_path = self.root / "offsets.log"
         self._load_offsets()
-        self._offsets_fd = os.open(self._offsets_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._offsets_dirty = False
+        self._offsets = AppendFile(self._offsets_path)
 
     # -- topics
 
@@ -287,15 +236,7 @@ class Log:
         try:
             tdir.mkdir(parents=True, exist_ok=True)
             parts = [PartitionLog(tdir / str(p), self.config) for p in range(partition_count)]
-            tmp = tdir / "topic.json.tmp"
-            tmp.write_text(json.dumps({"partition_count": partition_count}))
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, tdir / "topic.json")
-            fsync_dir(tdir)
+            replace_file(tdir / "topic.json", json.dumps({"partition_count": partition_count}))
             fsync_dir(self.topics_dir)
         except OSError as e:
             raise _storage_error(f"creating topic {name!r}", e) from None
@@ -331,23 +272,15 @@ class Log:
             except (ValueError, TypeError):
                 continue  # a torn last line
         # Compact: one line per key, replaced atomically.
-        tmp = self._offsets_path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write("".join(json.dumps([g, t, p, o]) + "\n" for (g, t, p), o in self.offsets.items()))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._offsets_path)
-        fsync_dir(self.root)
+        replace_file(self._offsets_path, "".join(json.dumps([g, t, p, o]) + "\n" for (g, t, p), o in self.offsets.items()))
 
     def commit(self, group: str, topic: str, partition: int, offset: int) -> None:
         self.partition(topic, partition)
         line = (json.dumps([group, topic, partition, offset]) + "\n").encode()
         try:
-            write_all(self._offsets_fd, line)
+            self._offsets.append([line])
             if self.config.fsync == "always":
-                os.fsync(self._offsets_fd)
-            else:
-                self._offsets_dirty = True
+                self._offsets.sync()
         except OSError as e:
             raise _storage_error("writing offsets.log", e) from None
         self.offsets[(group, topic, partition)] = offset
@@ -363,14 +296,13 @@ class Log:
     def sync(self) -> None:
         for _, _, plog in self.all_partitions():
             plog.sync()
-        if self._offsets_dirty:
-            os.fsync(self._offsets_fd)
-            self._offsets_dirty = False
+        self._offsets.sync()
 
     def close(self) -> None:
         for _, _, plog in self.all_partitions():
             plog.close()
-        if self._offsets_dirty:
-            os.fsync(self._offsets_fd)
-        os.close(self._offsets_fd)
+        try:
+            self._offsets.sync()
+        finally:
+            self._offsets.release()
         self.partitions.clear()

@@ -15,6 +15,9 @@ No sockets here. Layout, one directory per segment under `<data-dir>/segments/`:
   between it and the end of the segment before the segment takes new writers.
 - `sealed`: present once the segment is sealed.
 
+The files are runtime/seglog.py's: `AppendFile`s (whole writes at the valid length, cut
+back after a failure), with `index` and `forwarded` in the engine's CRC framing.
+
 An append writes the data, then its index record. At open, index records are checked
 in order (record CRC, contiguous offsets, data CRC); the first bad one and everything
 after it is cut off, and the data file is truncated to the last good record, so a
@@ -36,7 +39,6 @@ import asyncio
 import hashlib
 import logging
 import os
-import struct
 import time
 import uuid
 import zlib
@@ -45,16 +47,19 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 from urllib.parse import quote
 
-from bridges.host.files import fsync_dir, store_id, write_all
+from bridges.host.files import store_id
 from runtime.config import FSYNC_POLICIES
+from runtime.durable import fsync_dir, replace_file
+from runtime.seglog import AppendFile, Framing
 
 log = logging.getLogger(__name__)
 
 NULL_EVENT_NUMBER = -(2**63)
 
-_RECORD = struct.Struct(">QQ16sqiI")  # start, end, writer, last event number, events, data crc
-RECORD_SIZE = _RECORD.size + 4
-_MARK = struct.Struct(">QI")  # forwarded offset, crc
+# start, end, writer, last event number, events, data crc, then the record's own crc.
+INDEX = Framing(">QQ16sqiII", crc=6, covers_header=True, span=lambda f: (f[0], f[1]))
+RECORD_SIZE = INDEX.size
+MARK = Framing(">QI", crc=1, covers_header=True, span=lambda f: (f[0], f[0]))  # forwarded offset, crc
 _MARK_COMPACT_AT = 64 * 1024
 
 
@@ -74,11 +79,6 @@ class AppendRecord(NamedTuple):
     num_events: int
 
 
-def _pack_record(r: AppendRecord, data_crc: int) -> bytes:
-    body = _RECORD.pack(r.start, r.end, r.writer_id.bytes, r.last_event_number, r.num_events, data_crc)
-    return body + struct.pack(">I", zlib.crc32(body))
-
-
 def dir_name(segment: str) -> str:
     """A safe, unique directory name for a segment name (names may hold '/', '#', anything)."""
     escaped = quote(segment.encode("utf-8", "surrogatepass"), safe="")
@@ -94,62 +94,51 @@ class Segment:
         self.name = name
         self.path = path
         self.fsync = fsync
-        self._data = os.open(path / "data", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self._index = os.open(path / "index", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self._marks = os.open(path / "forwarded", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._data = AppendFile(path / "data")
+        self._index = AppendFile(path / "index")
+        self._marks = AppendFile(path / "forwarded")
         self.length = 0
         self.writers: dict[uuid.UUID, int] = {}
         self.sealed = (path / "sealed").exists()
         records = self._recover()
         self.durable = self.length
-        self.last_modified = int(os.fstat(self._data).st_mtime * 1000)
+        self.last_modified = int(os.fstat(self._data.fd).st_mtime * 1000)
         self.forwarded = min(self._read_mark(), self.length)
         # Appends not yet accepted by the device, in offset order: [record, done].
         self._pending: deque[list] = deque([r, False] for r in records if r.end > self.forwarded)
         self._sync_lock = asyncio.Lock()
         self._advanced: asyncio.Event | None = None
-        self._torn = False  # a failed append left bytes that could not be cut off yet
 
     # --- recovery ---------------------------------------------------------------------------
 
     def _recover(self) -> list[AppendRecord]:
         records: list[AppendRecord] = []
-        raw = os.pread(self._index, os.fstat(self._index).st_size, 0)
-        data_size = os.fstat(self._data).st_size
+        data_size = self._data.size
         good = 0
         end = 0
-        for pos in range(0, len(raw) - RECORD_SIZE + 1, RECORD_SIZE):
-            body = raw[pos : pos + _RECORD.size]
-            (crc,) = struct.unpack_from(">I", raw, pos + _RECORD.size)
-            if zlib.crc32(body) != crc:
-                break
-            start, stop, writer, last, num, data_crc = _RECORD.unpack(body)
+        for (start, stop, writer, last, num, data_crc, _), _, _, record_end in INDEX.frames(self._index.read, 0, self._index.size):
             if start != end or stop < start or stop > data_size:
                 break
-            if zlib.crc32(os.pread(self._data, stop - start, start)) != data_crc:
+            if zlib.crc32(self._data.read(stop - start, start)) != data_crc:
                 break
             rec = AppendRecord(start, stop, uuid.UUID(bytes=writer), last, num)
             records.append(rec)
             self.writers[rec.writer_id] = last
             end = stop
-            good = pos + RECORD_SIZE
-        if good != len(raw):
-            log.warning("segment %s: dropping %d bytes of torn index", self.name, len(raw) - good)
-            os.ftruncate(self._index, good)
+            good = record_end
+        if good != self._index.size:
+            log.warning("segment %s: dropping %d bytes of torn index", self.name, self._index.size - good)
+            self._index.truncate(good)
         if data_size != end:
             log.warning("segment %s: dropping %d unindexed bytes (an append that was never acknowledged)", self.name, data_size - end)
-            os.ftruncate(self._data, end)
+            self._data.truncate(end)
         self.length = end
-        self._index_size = good
         return records
 
     def _read_mark(self) -> int:
-        raw = os.pread(self._marks, os.fstat(self._marks).st_size, 0)
         mark = 0
-        for pos in range(0, len(raw) - _MARK.size + 1, _MARK.size):
-            offset, crc = _MARK.unpack_from(raw, pos)
-            if zlib.crc32(raw[pos : pos + 8]) == crc:
-                mark = offset
+        for (offset, _), _, _, _ in MARK.frames(self._marks.read, 0, self._marks.size):
+            mark = offset
         return mark
 
     def unforwarded(self) -> list[AppendRecord]:
@@ -166,32 +155,24 @@ class Segment:
         start = self.length
         rec = AppendRecord(start, start + len(data), writer_id, last_event_number, num_events)
         try:
-            if self._torn:
-                self._cut()
-            write_all(self._data, data)
-            write_all(self._index, _pack_record(rec, zlib.crc32(data)))
-        except OSError as e:
-            # Undo a partial write so the files stay consistent with what we report; if even
-            # that fails, the next append cuts first (the files are opened O_APPEND).
-            self._torn = True
+            # Each file cuts back a failed write of its own (or before its next append); a failed
+            # index record takes its data back too, so the files stay consistent with what we report.
+            self._data.append([data])
             try:
-                self._cut()
+                self._index.append([INDEX.encode(b"", rec.start, rec.end, writer_id.bytes, last_event_number,
+                                                 num_events, zlib.crc32(data))])
             except OSError:
-                pass
+                self._data.rewind(start)
+                raise
+        except OSError as e:
             raise StoreError(f"segment {self.name}: append failed: {e}") from e
         self.length = rec.end
-        self._index_size += RECORD_SIZE
         self.writers[writer_id] = last_event_number
         self.last_modified = int(time.time() * 1000)
         self._pending.append([rec, False])
         if self.fsync != "always":
             self.durable = self.length
         return rec
-
-    def _cut(self) -> None:
-        os.ftruncate(self._data, self.length)
-        os.ftruncate(self._index, self._index_size)
-        self._torn = False
 
     async def sync(self, end: int) -> None:
         """Return once bytes up to `end` are durable under the fsync policy (group commit)."""
@@ -205,8 +186,8 @@ class Segment:
             self.durable = max(self.durable, target)
 
     def _fsync_files(self) -> None:
-        os.fsync(self._data)
-        os.fsync(self._index)
+        self._data.sync()
+        self._index.sync()
 
     async def flush(self) -> None:
         """Fsync now (used by the interval policy and at shutdown)."""
@@ -234,16 +215,15 @@ class Segment:
                 self._advanced = None
 
     def _write_mark(self) -> None:
-        mark = struct.pack(">Q", self.forwarded)
+        mark = MARK.encode(b"", self.forwarded)
         try:
-            if os.fstat(self._marks).st_size >= _MARK_COMPACT_AT:
-                tmp = self.path / "forwarded.tmp"
-                tmp.write_bytes(mark + struct.pack(">I", zlib.crc32(mark)))
-                os.replace(tmp, self.path / "forwarded")
-                os.close(self._marks)
-                self._marks = os.open(self.path / "forwarded", os.O_RDWR | os.O_APPEND)
+            if self._marks.size >= _MARK_COMPACT_AT:
+                # Never fsynced (see the module docstring): a lost mark only re-forwards.
+                replace_file(self._marks.path, mark, fsync="never")
+                self._marks.release()
+                self._marks = AppendFile(self._marks.path)
             else:
-                write_all(self._marks, mark + struct.pack(">I", zlib.crc32(mark)))
+                self._marks.append([mark])
         except OSError as e:
             # Only costs re-forwarding after a crash; keep serving.
             log.error("segment %s: cannot record the forwarded watermark: %s", self.name, e)
@@ -261,7 +241,7 @@ class Segment:
         """(data, at_tail, end_of_segment) for a read at `offset`; only durable bytes are served."""
         visible = self.durable
         n = max(0, min(max_length, visible - offset))
-        data = os.pread(self._data, n, offset) if n else b""
+        data = self._data.read(n, offset) if n else b""
         at_tail = offset + len(data) >= visible
         end_of_segment = self.sealed and offset + len(data) >= self.length
         return data, at_tail, end_of_segment
@@ -273,13 +253,13 @@ class Segment:
             self.sealed = True
 
     def close(self) -> None:
-        for fd in (self._data, self._index, self._marks):
+        for f in (self._data, self._index, self._marks):
             try:
                 if self.fsync != "never":
-                    os.fsync(fd)
+                    f.sync()
             except OSError:
                 pass
-            os.close(fd)
+            f.release()
 
 
 class SegmentStore:
