@@ -125,7 +125,7 @@ class _Session:
         self.slots = asyncio.Semaphore(args.max_pending_batches)
         self.batch: Batches = self.mapper.batches()
         self.run_bodies: list[dict[str, Any]] = []
-        self.run_raws: list[bytes] = []
+        self.run_raws: list[bytes | None] = []
         self.run_index: list[int] = []
         self.batch_payload: _Payload | None = None
         self.failure: ProtocolError | None = None
@@ -208,21 +208,18 @@ class _Session:
             self.conn.write(self.engine.send(Unknown()))
 
     def _add_event(self, ev: EventReceived) -> None:
-        body = ev.body
-        if ev.raw is not None and body and "@metadata" not in body:
-            # Collected for one native splice (EventMapper.add_run) when the batch is sent.
-            self.run_bodies.append(body)
-            self.run_raws.append(ev.raw)
-            self.run_index.append(ev.index)
-            return
-        self._end_run()
-        meta = {**self.base_meta, "nonce": self.nonce_hex, "index": ev.index}
-        self.mapper.add(self.batch, body, meta, created_ms=self.base_meta["received_at"], raw=ev.raw)
+        # Mapped as one run when the batch is sent: the engine parsed the event already
+        # (`raw` is its text when `body` is that object), and the run's @metadata is
+        # encoded once.
+        self.run_bodies.append(ev.body)
+        self.run_raws.append(ev.raw)
+        self.run_index.append(ev.index)
 
     def _end_run(self) -> None:
         if self.run_raws:
-            self.mapper.add_run(self.batch, self.run_bodies, self.run_raws, {**self.base_meta, "nonce": self.nonce_hex},
-                                Positions("index", self.run_index), created_ms=self.base_meta["received_at"])
+            self.mapper.add_payloads(self.batch, self.run_raws, {**self.base_meta, "nonce": self.nonce_hex},
+                                     Positions("index", self.run_index), bodies=self.run_bodies,
+                                     created_ms=self.base_meta["received_at"])
             self.run_bodies, self.run_raws, self.run_index = [], [], []
 
     # -- device side -------------------------------------------------------------

@@ -345,13 +345,13 @@ class Session:
             kind = item.__class__
             if kind is WindowFrame:
                 continue
-            # A run of v2 J frames is mapped in one call (its JSON objects spliced in C);
-            # v1 string maps one by one, in order.
+            # A run of v2 J frames is mapped in one call, so its @metadata is encoded once
+            # for the run; v1 string maps one by one, in order.
             common = dict(base)
             common["protocol_version"] = "1" if item.version == V1 else "2"  # type: ignore[union-attr]
             if kind is JsonFrames:
-                mapper.add_texts(out, item.data, item.offsets, item.lengths, common,  # type: ignore[union-attr]
-                                 Positions("seq", item.seqs), created_ms=received)  # type: ignore[union-attr]
+                mapper.add_payloads(out, item.texts(), common, Positions("seq", item.seqs),  # type: ignore[union-attr]
+                                    created_ms=received)
             else:
                 common["seq"] = item.seq  # type: ignore[union-attr]
                 mapper.add(out, data_body(item), common, created_ms=received)  # type: ignore[arg-type]
