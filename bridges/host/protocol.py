@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bridges.host.budget import InflateBudget
+from bridges.host.budget import Budget
 from bridges.host.connection import Connection
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
@@ -21,7 +21,7 @@ class Host:
     link: DeviceLink
     mapper: EventMapper
     metrics: BridgeMetrics
-    inflate: InflateBudget  # decompressed bytes not yet acked, all connections together
+    inflate: Budget  # decompressed bytes not yet acked, all connections together (--max-inflated-bytes)
 
 
 class BridgeProtocol:

@@ -15,7 +15,7 @@ import signal
 import ssl
 
 from bridges.host.admission import Admission, RateLimitedLog, raise_open_file_limit, tls_refusal_reason
-from bridges.host.budget import InflateBudget
+from bridges.host.budget import Budget
 from bridges.host.connection import Connection, IdleTimeout
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
@@ -50,7 +50,8 @@ class BridgeServer:
             compression=Compression.parse(args.compress),
             on_fallback=self.metrics.app_env_fallbacks.inc,
         )
-        self.host = Host(args, self.link, mapper, self.metrics, InflateBudget(args.max_inflated_bytes, self.metrics))
+        inflate = Budget(args.max_inflated_bytes, gauge=self.metrics.inflated_bytes.set, on_wait=self.metrics.inflate_waits.inc)
+        self.host = Host(args, self.link, mapper, self.metrics, inflate)
         self.protocol = protocol_cls(args, self.host)
         self.name = protocol_cls.name
         self.stopping = asyncio.Event()
