@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, Positions
+from bridges.host import Batches, BridgeProtocol, Connection, Host, Positions, forward
 from bridges.host.admission import raise_open_file_limit
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.rustlog import engine as e
@@ -249,14 +249,9 @@ class Bridge(BridgeProtocol):
 
     async def _publish(self, messages: Batches) -> int:
         """Publish; returns how many the device rejected (counted and logged, never retried)."""
-        try:
-            await self.host.link.publish(messages.batches)
-            return 0
-        except DeviceRejected as err:
-            self.stats.device_rejected += err.rejected
-            self.host.metrics.device_rejected.inc(err.rejected)
-            log.error("device rejected %d of %d records: check --topic and --app-env", err.rejected, err.total)
-            return err.rejected
+        rejected = await forward(self.host, messages, "rustlog records")
+        self.stats.device_rejected += rejected
+        return rejected
 
     async def _forward_backlog(self, topic: str, partition: int, plog: PartitionLog, end: int) -> int:
         sent = 0
