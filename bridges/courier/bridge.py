@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from bridges.courier.engine import (
@@ -38,7 +39,7 @@ from bridges.courier.engine import (
     UnknownMessage,
     Version,
 )
-from bridges.host import Batches, BridgeProtocol, Connection, IdleTimeout, KeepaliveTimer, Pipeline, Positions
+from bridges.host import Batches, BridgeProtocol, Connection, Host, IdleTimeout, KeepaliveTimer, Pipeline, Positions
 
 log = logging.getLogger("logjam-bridge.courier")
 
@@ -59,11 +60,24 @@ class _Payload:
         return self.total is not None and not self.open
 
 
+@dataclass(frozen=True, slots=True)
+class CourierConfig:
+    """The flags `Bridge.add_arguments` adds (their help text is there)."""
+
+    max_event_size: int
+    max_decompressed: int
+    max_payload_events: int
+    ack_interval: float
+    batch_size: int
+    max_pending_batches: int
+
+
 class Bridge(BridgeProtocol):
     name = "courier"
     default_port = 5043
     default_max_frame = DEFAULT_MAX_MESSAGE
     default_idle_timeout = 1800.0
+    Config = CourierConfig
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -81,9 +95,9 @@ class Bridge(BridgeProtocol):
         g.add_argument("--max-pending-batches", type=int, default=16, metavar="N",
                        help="device batches in flight per connection before it stops reading (default %(default)s)")
 
-    def __init__(self, args: argparse.Namespace, host: Any) -> None:
-        super().__init__(args, host)
-        if not 0 < args.ack_interval <= 5:
+    def __init__(self, config: CourierConfig, host: Host) -> None:
+        super().__init__(config, host)
+        if not 0 < config.ack_interval <= 5:
             raise SystemExit("logjam-bridge courier: --ack-interval must be in (0, 5] seconds")
 
     async def serve(self, conn: Connection) -> None:
@@ -92,16 +106,16 @@ class Bridge(BridgeProtocol):
 
 class _Session:
     def __init__(self, bridge: Bridge, conn: Connection) -> None:
-        args = bridge.args
-        self.args = args
+        config: CourierConfig = bridge.config
+        self.batch_size = config.batch_size
         self.conn = conn
         self.mapper = bridge.host.mapper
         self.metrics = bridge.host.metrics
         self.engine = CourierServer(
-            max_message=args.max_frame_size,
-            max_event=args.max_event_size,
-            max_decompressed=args.max_decompressed,
-            max_events=args.max_payload_events,
+            max_message=bridge.host.config.max_frame_size,
+            max_event=config.max_event_size,
+            max_decompressed=config.max_decompressed,
+            max_events=config.max_payload_events,
         )
         self.inflated_seen = 0
         conn.partial = lambda: self.engine.mid_message
@@ -109,11 +123,11 @@ class _Session:
         # With --max-pending-batches at the device, or the process's inflate budget spent,
         # this session stops reading its client (the engine inflates lazily, so it stops too).
         self.pipeline: Pipeline[tuple[_Payload, int]] = Pipeline(
-            bridge.host, conn, accepted=self._accepted, refused=self._refused, depth=args.max_pending_batches,
+            bridge.host, conn, accepted=self._accepted, refused=self._refused, depth=config.max_pending_batches,
             # Courier has no way to say so but closing; nothing of the payload is acked.
             consequence="closing without acking them",
         )
-        self.keepalive = KeepaliveTimer(conn, args.ack_interval, self._still_working)
+        self.keepalive = KeepaliveTimer(conn, config.ack_interval, self._still_working)
         self.batch: Batches = self.mapper.batches()
         self.run_bodies: list[dict[str, Any]] = []
         self.run_raws: list[bytes | None] = []
@@ -160,7 +174,7 @@ class _Session:
                 for ev in events:
                     if type(ev) is EventReceived:
                         self._add_event(ev)
-                        if self.batch.n + len(self.run_raws) >= self.args.batch_size:
+                        if self.batch.n + len(self.run_raws) >= self.batch_size:
                             await self._flush()
                     else:
                         await self._on_control(ev)

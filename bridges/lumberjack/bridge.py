@@ -21,6 +21,7 @@ import asyncio
 import base64
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bridges.host import (
@@ -90,25 +91,25 @@ class Session:
     """One client connection."""
 
     def __init__(self, bridge: "Bridge", conn: Connection) -> None:
-        args = bridge.args
+        config: LumberjackConfig = bridge.config
         self.host: Host = bridge.host
         self.conn = conn
-        self.engine = LumberjackServer(args.max_frame_size, args.max_decompressed_size)
+        self.engine = LumberjackServer(bridge.host.config.max_frame_size, config.max_decompressed_size)
         conn.partial = lambda: self.engine.buffered > 0
-        self.max_batch: int = max(1, min(args.max_batch, args.max_pending_events))
+        self.max_batch = max(1, min(config.max_batch, config.max_pending_events))
         # Decoded, not yet in a batch, in arrival order; `queued_items` is their weight.
         # Batches are cut only when the pipeline can take one, so they grow while the
         # device is busy, and their decoded events are dropped once mapped.
         self.queue: deque[Item] = deque()
         self.queued_items = 0
         self.pipeline: Pipeline[_Acks] = Pipeline(
-            bridge.host, conn, accepted=self._accepted, refused=self._refused, depth=args.pipeline,
-            max_pending=args.max_pending_events, shared=bridge.budget,
+            bridge.host, conn, accepted=self._accepted, refused=self._refused, depth=config.pipeline,
+            max_pending=config.max_pending_events, shared=bridge.budget,
             # Lumberjack has no error reply: the client keeps the events and sends them
             # again once the cause is fixed.
             consequence="closing without ack (check --app-env/--topic)",
         )
-        self.keepalive = KeepaliveTimer(conn, args.keepalive_interval, self._still_working)
+        self.keepalive = KeepaliveTimer(conn, config.keepalive_interval, self._still_working)
         self.error: BaseException | None = None
         self.inflated_seen = 0
         # Inside a window of 2^32-1 the client has said it never waits for acks (stashward).
@@ -283,6 +284,18 @@ class Session:
         return self.engine.send(Keepalive(window))
 
 
+@dataclass(frozen=True, slots=True)
+class LumberjackConfig:
+    """The flags `Bridge.add_arguments` adds (their help text is there)."""
+
+    max_decompressed_size: int
+    keepalive_interval: float
+    max_pending_events: int
+    max_process_pending_events: int
+    max_batch: int
+    pipeline: int
+
+
 class Bridge(BridgeProtocol):
     """Lumberjack v1 (logstash-forwarder) and v2 (Beats) clients into a Logjam device."""
 
@@ -291,6 +304,7 @@ class Bridge(BridgeProtocol):
     default_max_frame: ClassVar[int] = DEFAULT_MAX_FRAME
     # Logstash's beats input closes clients after 60 s without data.
     default_idle_timeout: ClassVar[float] = 60.0
+    Config = LumberjackConfig
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -308,14 +322,14 @@ class Bridge(BridgeProtocol):
         parser.add_argument("--pipeline", type=int, default=2, metavar="N",
                             help="per connection: batches awaiting the device at once (default %(default)s)")
 
-    def __init__(self, args: argparse.Namespace, host: Host) -> None:
-        super().__init__(args, host)
+    def __init__(self, config: LumberjackConfig, host: Host) -> None:
+        super().__init__(config, host)
         try:  # refuse bad limits at start, not on every connection
-            LumberjackServer(args.max_frame_size, args.max_decompressed_size)
+            LumberjackServer(host.config.max_frame_size, config.max_decompressed_size)
         except LocalProtocolError as e:
             raise SystemExit(f"logjam-bridge lumberjack: {e}") from None
         # Events decoded and not yet acked, all connections together.
-        self.budget = Budget(args.max_process_pending_events)
+        self.budget = Budget(config.max_process_pending_events)
 
     async def serve(self, conn: Connection) -> None:
         await Session(self, conn).run()

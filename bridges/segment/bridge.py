@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, KeepaliveTimer, Pipeline, Positions, forward
@@ -49,11 +50,25 @@ ILLEGAL_ARGUMENT = 0  # ErrorMessage.ErrorCode.ILLEGAL_ARGUMENT_EXCEPTION
 UNSPECIFIED = -1
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentConfig:
+    """The flags `Bridge.add_arguments` adds (their help text is there)."""
+
+    data_dir: str
+    fsync: str
+    fsync_interval: float
+    max_read_size: int
+    max_pending_appends: int
+    max_pending_bytes: int
+    keepalive_interval: float
+
+
 class Bridge(BridgeProtocol):
     name = "segment"
     default_port = 12345
     default_max_frame = wire.MAX_COMMAND_SIZE
     default_idle_timeout = 120.0
+    Config = SegmentConfig
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -72,9 +87,9 @@ class Bridge(BridgeProtocol):
         parser.add_argument("--keepalive-interval", type=float, default=10.0, metavar="SECONDS",
                             help="KeepAlive sent to a client whose acks wait on the device")
 
-    def __init__(self, args: argparse.Namespace, host: Host) -> None:
-        super().__init__(args, host)
-        self.store = SegmentStore(args.data_dir, args.fsync)
+    def __init__(self, config: SegmentConfig, host: Host) -> None:
+        super().__init__(config, host)
+        self.store = SegmentStore(config.data_dir, config.fsync)
         self.health = StoreHealth(log, host.metrics, "segment store")
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -85,13 +100,13 @@ class Bridge(BridgeProtocol):
             if pending:
                 log.warning("segment %s: %d stored appends not yet accepted by the device; forwarding them", seg.name, len(pending))
                 self._tasks.append(asyncio.create_task(self._recover(seg, pending), name=f"recover {seg.name}"))
-        if self.args.fsync == "interval":
+        if self.config.fsync == "interval":
             self._tasks.append(asyncio.create_task(self._flusher(), name="fsync"))
-        log.info("segment store at %s: %d segments, fsync %s", self.store.root, len(self.store.segments), self.args.fsync)
+        log.info("segment store at %s: %d segments, fsync %s", self.store.root, len(self.store.segments), self.config.fsync)
 
     async def _flusher(self) -> None:
         while True:
-            await asyncio.sleep(self.args.fsync_interval)
+            await asyncio.sleep(self.config.fsync_interval)
             try:
                 await self.store.flush()
             except OSError as e:
@@ -137,6 +152,10 @@ class Bridge(BridgeProtocol):
         positions = Positions("event_number", numbers, "segment_offset", offsets, key, offsets)
         self.host.mapper.add_payloads(out, payloads, common, positions)
 
+    @classmethod
+    def data_dir(cls, config: SegmentConfig) -> str:
+        return config.data_dir
+
     async def serve(self, conn: Connection) -> None:
         await Session(self, conn).run()
 
@@ -144,7 +163,7 @@ class Bridge(BridgeProtocol):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.args.fsync != "never":
+        if self.config.fsync != "never":
             try:
                 await self.store.flush()
             except OSError as e:
@@ -177,17 +196,17 @@ class Session:
         self.store = bridge.store
         self.host = bridge.host
         self.conn = conn
-        self.engine = wire.SegmentServer(min(bridge.args.max_frame_size, wire.MAX_COMMAND_SIZE))
+        self.engine = wire.SegmentServer(min(bridge.host.config.max_frame_size, wire.MAX_COMMAND_SIZE))
         conn.partial = lambda: self.engine.mid_frame
         # Replies leave in request order. The pipeline's units are append bytes not yet
         # accepted by the device: they bound this connection's memory.
         self.pipeline: Pipeline[_Answer] = Pipeline(
-            bridge.host, conn, accepted=self._answer, refused=self._refused, depth=bridge.args.max_pending_appends,
-            max_pending=bridge.args.max_pending_bytes,
+            bridge.host, conn, accepted=self._answer, refused=self._refused, depth=bridge.config.max_pending_appends,
+            max_pending=bridge.config.max_pending_bytes,
             # Stored but refused by the device: say so, and let the writer reconnect.
             consequence="answering ErrorMessage and closing",
         )
-        self.keepalive = KeepaliveTimer(conn, bridge.args.keepalive_interval, self._still_working)
+        self.keepalive = KeepaliveTimer(conn, bridge.config.keepalive_interval, self._still_working)
         self.acked: dict[uuid.UUID, int] = {}
         self.version = str(wire.WIRE_VERSION)
         self.ending = False  # read no more requests
@@ -347,7 +366,7 @@ class Session:
             )
         # The reply must fit one command: leave room for its header and fields.
         room = self.engine.max_command - 64 - len(req.segment.encode("utf-8", "surrogatepass")) * 3
-        size = max(wire.HEADER_SIZE, min(req.suggested_length, self.bridge.args.max_read_size, room))
+        size = max(wire.HEADER_SIZE, min(req.suggested_length, self.bridge.config.max_read_size, room))
         data, at_tail, end = seg.read(req.offset, size)
         return wire.SegmentRead(req.segment, req.offset, at_tail, end, data, req.request_id)
 
