@@ -123,7 +123,8 @@ class _Session:
         # With --max-pending-batches at the device, or the process's inflate budget spent,
         # this session stops reading its client (the engine inflates lazily, so it stops too).
         self.pipeline: Pipeline[tuple[_Payload, int]] = Pipeline(
-            bridge.host, conn, accepted=self._accepted, refused=self._refused, depth=config.max_pending_batches,
+            bridge.host, f"courier {conn.peer}", accepted=self._accepted, refused=self._refused,
+            depth=config.max_pending_batches,
             # Courier has no way to say so but closing; nothing of the payload is acked.
             consequence="closing without acking them",
         )

@@ -34,7 +34,6 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Generic, TypeVar
 
 from bridges.host.budget import Budget
-from bridges.host.connection import Connection
 from bridges.host.mapping import Batches
 from bridges.host.protocol import Host
 from logjam.errors import DeviceRejected
@@ -66,7 +65,7 @@ class Pipeline(Generic[P]):
     def __init__(
         self,
         host: Host,
-        conn: Connection,
+        who: str,
         *,
         accepted: Callable[[P], None],
         refused: Callable[[P, BaseException], None],
@@ -78,7 +77,7 @@ class Pipeline(Generic[P]):
         self.link = host.link
         self.metrics = host.metrics
         self.inflate = host.inflate
-        self.conn = conn
+        self.who = who  # "<protocol> <peer>", for the log line of a refusal
         self.accepted = accepted
         self.refused = refused
         self.consequence = consequence  # what a refusal does, for the log line
@@ -187,7 +186,7 @@ class Pipeline(Generic[P]):
                 flight.task.result()
             except DeviceRejected as e:
                 self.metrics.device_rejected.inc(e.rejected)
-                log.error("%s %s: %s; %s", self.conn.protocol, self.conn.peer, e, self.consequence)
+                log.error("%s: %s; %s", self.who, e, self.consequence)
                 self._fail(flight.plan, e)
                 break
             except (Exception, asyncio.CancelledError) as e:

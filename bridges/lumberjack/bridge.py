@@ -103,8 +103,8 @@ class Session:
         self.queue: deque[Item] = deque()
         self.queued_items = 0
         self.pipeline: Pipeline[_Acks] = Pipeline(
-            bridge.host, conn, accepted=self._accepted, refused=self._refused, depth=config.pipeline,
-            max_pending=config.max_pending_events, shared=bridge.budget,
+            bridge.host, f"lumberjack {conn.peer}", accepted=self._accepted, refused=self._refused,
+            depth=config.pipeline, max_pending=config.max_pending_events, shared=bridge.budget,
             # Lumberjack has no error reply: the client keeps the events and sends them
             # again once the cause is fixed.
             consequence="closing without ack (check --app-env/--topic)",

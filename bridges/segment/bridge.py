@@ -201,8 +201,8 @@ class Session:
         # Replies leave in request order. The pipeline's units are append bytes not yet
         # accepted by the device: they bound this connection's memory.
         self.pipeline: Pipeline[_Answer] = Pipeline(
-            bridge.host, conn, accepted=self._answer, refused=self._refused, depth=bridge.config.max_pending_appends,
-            max_pending=bridge.config.max_pending_bytes,
+            bridge.host, f"segment {conn.peer}", accepted=self._answer, refused=self._refused,
+            depth=bridge.config.max_pending_appends, max_pending=bridge.config.max_pending_bytes,
             # Stored but refused by the device: say so, and let the writer reconnect.
             consequence="answering ErrorMessage and closing",
         )
