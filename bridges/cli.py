@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from bridges.host.config import HostConfig
 from bridges.host.protocol import BridgeProtocol
 from logjam import native
 from runtime import curve
@@ -77,30 +78,36 @@ def check(cls: type[BridgeProtocol], args: argparse.Namespace) -> int:
     from bridges.host.tls import server_context
 
     c = Checker(f"logjam-bridge {cls.name}")
-    listen = c.attempt(f"--listen {args.listen}", lambda: split_listen(args.listen))
+    config = HostConfig.from_flags(args)
+    try:
+        protocol_config = cls.config_from_flags(args)
+    except ValueError as e:
+        c.error(str(e))
+        protocol_config = None
+    listen = c.attempt(f"--listen {config.listen}", lambda: split_listen(config.listen))
     if listen is not None:
         c.port("--listen", listen[1], zero_ok=True)
-    for endpoint in args.device:
+    for endpoint in config.device:
         scheme, _, rest = endpoint.partition("://")
         if scheme not in ("tcp", "ipc") or not rest or (scheme == "tcp" and not rest.rpartition(":")[2].isdigit()):
             c.error(f"--device {endpoint}: not tcp://HOST:PORT")
-    c.port("--metrics-port", args.metrics_port)
+    c.port("--metrics-port", config.metrics_port)
     if listen is not None:
-        c.distinct_ports({"--listen": listen[1], "--metrics-port": args.metrics_port})
+        c.distinct_ports({"--listen": listen[1], "--metrics-port": config.metrics_port})
     tls = "plain TCP"
-    if args.tls_cert or args.tls_key or args.tls_client_ca:
-        for flag in ("--tls-cert", "--tls-key", "--tls-client-ca"):
-            c.readable_file(flag, getattr(args, flag[2:].replace("-", "_")))
-        if c.attempt("TLS certificate, key and client CA load", lambda: server_context(args)) is not None:
-            auth = args.tls_client_auth or ("required" if args.tls_client_ca else "none")
-            tls = f"TLS (client certificates: {auth}; SIGHUP reloads the files)"
-    data_dir = getattr(args, "data_dir", None)
+    if config.tls.cert or config.tls.key or config.tls.client_ca:
+        for flag, path in (("--tls-cert", config.tls.cert), ("--tls-key", config.tls.key),
+                           ("--tls-client-ca", config.tls.client_ca)):
+            c.readable_file(flag, path)
+        if c.attempt("TLS certificate, key and client CA load", lambda: server_context(config.tls)) is not None:
+            tls = f"TLS (client certificates: {config.tls.auth}; SIGHUP reloads the files)"
+    data_dir = cls.data_dir(protocol_config) if protocol_config is not None else None
     c.writable_dir("--data-dir", data_dir)
-    c.would_run(f"{cls.name} bridge on {args.listen} ({tls}), forwarding to {', '.join(args.device)} "
-                f"as app-env {args.app_env!r}, topic {args.topic!r}")
+    c.would_run(f"{cls.name} bridge on {config.listen} ({tls}), forwarding to {', '.join(config.device)} "
+                f"as app-env {config.app_env!r}, topic {config.topic!r}")
     if data_dir:
         c.would_run(f"store in {Path(data_dir).absolute()}")
-    c.would_run(f"metrics and /healthz on :{args.metrics_port}" if args.metrics_port else "no metrics port")
+    c.would_run(f"metrics and /healthz on :{config.metrics_port}" if config.metrics_port else "no metrics port")
     curve.check_client(c, args)
     return c.report()
 
@@ -115,11 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if wanted in ("-h", "--help") else (1 if "--check" in argv else 2)
     cls = load_protocol(argv[0])
     args = parse_args(build_parser(cls), argv[1:])
-    # One flag may carry every device of a mesh, comma-separated (supervisord passes one value).
-    args.device = [d.strip() for v in (args.device or ["tcp://127.0.0.1:9604"]) for d in v.split(",") if d.strip()]
     if args.check:
         return check(cls, args)
     log = setup_logging(f"logjam-bridge-{cls.name}", args.verbose)
+    config = HostConfig.from_flags(args)
+    try:
+        protocol_config = cls.config_from_flags(args)
+    except ValueError as e:
+        log.error("cannot start: %s", e)
+        return 1
     from bridges.host.server import BridgeServer
 
     # Which C paths run (LOGJAM_NATIVE); under `require` a missing build stops the bridge here.
@@ -137,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # every in-flight batch each time. Nothing is lost by collecting rarely here.
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-    asyncio.run(BridgeServer(cls, args, key).run())
+    asyncio.run(BridgeServer(cls, config, protocol_config, key).run())
     return 0
 
 

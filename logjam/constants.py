@@ -28,6 +28,12 @@ TOPIC_PREFIXES: tuple[bytes, ...] = (
     b"frontend.ajax",
     b"mobile",
 )
+# The device's reply statuses (the second frame of a reply): one request accepted or
+# refused, and the answer to a ping. The device, the producer and the bridges' link read
+# them from here; native/device.c and native/link.c still spell them out.
+ACCEPTED = b"202 Accepted"
+BAD_REQUEST = b"400 Bad Request"
+PONG = b"200 OK"
 
 
 def c_header() -> str:

@@ -91,8 +91,9 @@ class MessageBatch:
     compression: int = Compression.NONE
     bodies: list[bytes] = field(default_factory=list)
     created_ms: Sequence[int] = field(default_factory=list)
-    # Or the bodies already joined, with their lengths (what the native splice produces):
-    # then `bodies` stays empty and nothing is sliced per message on the way to the device.
+    # Or the bodies already joined, with their lengths (a bridge's mapper builds a run of
+    # events this way): the link hands the blob to the wire as it is, so nothing is
+    # sliced or copied per message on the way to the device.
     packed: tuple[bytes, Sequence[int]] | None = None
 
     def __len__(self) -> int:

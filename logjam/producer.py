@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import zmq
 
 from logjam import sockets
+from logjam.constants import ACCEPTED, PONG
 from logjam.curve import ClientKey, secure
 from logjam.message import Message
 from logjam.meta import Compression, Meta
@@ -23,9 +24,6 @@ from logjam.meta import Compression, Meta
 # Spark; wrapping at 2**63 - 1 keeps every consumer's arithmetic exact.
 SEQ_WRAP = 2**63 - 1
 
-ACCEPTED = b"202 Accepted"
-BAD_REQUEST = b"400 Bad Request"
-PONG = b"200 OK"
 
 
 class ReplyTimeout(TimeoutError):

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridges.host.mapping import EventMapper, Positions, body_and_raw, body_from_bytes, parse_timestamp
+from logjam.message import Message
 from logjam.meta import Compression
 
 
@@ -44,11 +45,18 @@ def test_parse_timestamp(value, ms):
     assert parse_timestamp(value) == ms
 
 
+def one_message(mapper: EventMapper, body: dict, metadata: dict, **kw) -> Message:
+    out = mapper.batches()
+    mapper.add(out, body, metadata, **kw)
+    [msg] = out.messages()
+    return msg
+
+
 def test_message_adds_metadata_and_timestamp():
     fallbacks = []
     m = EventMapper(app_env="lj-default", topic="logs.lumberjack", app_env_field="fields.app",
                     on_fallback=lambda: fallbacks.append(1), instance="b1")
-    msg = m.message(
+    msg = one_message(m, 
         {"message": "x", "@timestamp": "2024-01-02T03:04:05.678Z", "fields": {"app": "shop-prod"}, "@metadata": {"beat": "filebeat"}},
         {"protocol": "lumberjack", "seq": 3},
         created_ms=5,
@@ -63,7 +71,7 @@ def test_idempotency_key_client_then_bridge_position_then_counter():
     m = EventMapper(app_env="a-b", topic="logs", instance="inst")
     shared = {"protocol": "p"}
     keys = [
-        orjson.loads(m.message(body, meta).body)["@metadata"]["_id"]
+        orjson.loads(one_message(m, body, meta).body)["@metadata"]["_id"]
         for body, meta in [
             ({"@metadata": {"_id": "fp-1"}}, shared),          # the client's key wins
             ({"@metadata": {"_id": "fp-2"}}, {"_id": "pos"}),  # ... even over the bridge's position
@@ -95,13 +103,13 @@ def test_batches_split_on_app_env_and_keep_order():
 def test_invalid_app_env_field_falls_back_and_counts(fields):
     fallbacks = []
     m = EventMapper(app_env="lj-default", topic="logs", app_env_field="fields.app", on_fallback=lambda: fallbacks.append(1))
-    msg = m.message({"fields": fields}, {}, created_ms=42)
+    msg = one_message(m, {"fields": fields}, {}, created_ms=42)
     assert msg.app_env == "lj-default" and msg.meta.created_ms == 42 and fallbacks == [1]
 
 
 def test_compression_and_override():
     m = EventMapper(app_env="a-b", topic="logs", compression=Compression.LZ4)
-    msg = m.message({"message": "y" * 100}, {"protocol": "t"}, app_env="c-d")
+    msg = one_message(m, {"message": "y" * 100}, {"protocol": "t"}, app_env="c-d")
     assert msg.app_env == "c-d" and msg.meta.compression == Compression.LZ4
     assert msg.json()["message"] == "y" * 100
 
@@ -155,7 +163,7 @@ _timestamps = st.one_of(
     own_keys=st.booleans(),
 )
 def test_spliced_run_is_exactly_add_per_event(events, common, fields, own_keys):
-    """`add_run` (the batch splice) must give byte-for-byte what `add` gives each event."""
+    """`add_payloads` with parsed bodies (the batch splice) must give byte-for-byte what `add` gives each event."""
     f1, f2 = fields
     bodies, raws, v1, v2 = [], [], [], []
     for body, ts, nested, v in events:
@@ -173,8 +181,8 @@ def test_spliced_run_is_exactly_add_per_event(events, common, fields, own_keys):
     keys = [v * 3 for v in v1] if own_keys else None
     fast, slow = EventMapper(app_env="a-b", topic="t", instance="i"), EventMapper(app_env="a-b", topic="t", instance="i")
     out_fast, out_slow = fast.batches(), slow.batches()
-    fast.add_run(out_fast, bodies, raws, common, Positions(f1, v1, f2, v2, "seg:x@" if own_keys else "", keys),
-                 created_ms=77)
+    fast.add_payloads(out_fast, raws, common, Positions(f1, v1, f2, v2, "seg:x@" if own_keys else "", keys),
+                      bodies=bodies, created_ms=77)
     for i, (body, raw) in enumerate(zip(bodies, raws)):
         meta = dict(common)
         if f1:
@@ -210,8 +218,8 @@ def test_add_payloads_mixes_runs_and_single_events_in_order():
     ]
 
 
-def test_add_run_without_the_splice_gives_the_same_events():
-    """With compression (or --app-env-field) add_run maps event by event in Python: same JSON, same keys."""
+def test_parsed_payloads_without_the_splice_give_the_same_events():
+    """With compression (or --app-env-field) add_payloads maps event by event in Python: same JSON, same keys."""
     raws = [b'{"a":1,"@timestamp":"2024-01-02T03:04:05.678Z"}', b'{"b":"x"}  ', b'{"c":[1,{"@timestamp":5}]}']
     bodies = [orjson.loads(r) for r in raws]
     native = EventMapper(app_env="a-b", topic="t", instance="i")
@@ -219,7 +227,8 @@ def test_add_run_without_the_splice_gives_the_same_events():
     outs = []
     for m in (native, python):
         out = m.batches()
-        m.add_run(out, [dict(b) for b in bodies], raws, {"protocol": "p"}, Positions("seq", [4, 5, 6]), created_ms=9)
+        m.add_payloads(out, raws, {"protocol": "p"}, Positions("seq", [4, 5, 6]), bodies=[dict(b) for b in bodies],
+                       created_ms=9)
         outs.append([(list(msg.json().items()), msg.meta.created_ms) for msg in out.messages()])
     assert outs[0] == outs[1]
     assert [meta for items, _ in outs[1] for key, meta in items if key == "@metadata"] == [

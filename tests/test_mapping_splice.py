@@ -4,7 +4,7 @@ A run of events is mapped by writing each plain object's text with its @metadata
 in, joined into one packed batch; orjson decides what is a plain, non-empty object
 without "@metadata", and everything else goes through `add` on its own. (This replaced a
 hand-written C validator that had to agree with orjson byte for byte.) The differential
-properties feed arbitrary bytes and mutated JSON-ish text and require `add_texts` to give
+properties feed arbitrary bytes and mutated JSON-ish text and require `add_payloads` to give
 byte for byte what the per-event mapping (`add`, one event at a time) gives.
 """
 
@@ -25,11 +25,18 @@ pytestmark = pytest.mark.timeout(300)
 CREATED = 4242
 
 
+def add_texts(mapper: EventMapper, out: Batches, data: bytes, offsets, lengths, common: dict,
+              positions: Positions = Positions(), **kw) -> None:
+    """Payloads as slices of one buffer, the way the Lumberjack bridge hands a run of J frames over."""
+    view = memoryview(data)
+    mapper.add_payloads(out, [view[o:o + n] for o, n in zip(offsets, lengths)], common, positions, **kw)
+
+
 def scan(text: bytes) -> tuple[int, int | None]:
     """(1, its created_ms) when the splice takes `text` as a plain event (a packed batch), else (0, None)."""
     m = EventMapper(app_env="a-b", topic="t", instance="i")
     out = m.batches()
-    m.add_texts(out, text, [0], [len(text)], {"p": 1}, created_ms=CREATED)
+    add_texts(m, out, text, [0], [len(text)], {"p": 1}, created_ms=CREATED)
     batch = out.batches[0]
     return (1, batch.created_ms[0]) if batch.packed is not None else (0, None)
 
@@ -119,7 +126,7 @@ def test_timestamp(text, stamp):
     assert scan(text) == (1, stamp)
 
 
-# -- differential: add_texts against the per-event Python mapping ------------------------
+# -- differential: add_payloads against the per-event Python mapping ------------------------
 
 def reference(mapper: EventMapper, payloads: list[bytes], common: dict, positions: Positions, created: int) -> Batches:
     """The per-event Python mapping, as add_payloads did it before the C validator."""
@@ -147,11 +154,11 @@ def pack(payloads: list[bytes], gaps: list[bytes]) -> tuple[bytes, array, array]
 
 
 def check_same(payloads: list[bytes], common: dict, positions: Positions, gaps: list[bytes]) -> int:
-    """add_texts is the per-event mapping for these payloads; only plain objects are spliced. Returns how many are."""
+    """add_payloads is the per-event mapping for these payloads; only plain objects are spliced. Returns how many are."""
     data, offsets, lengths = pack(payloads, gaps)
     native, python = EventMapper(app_env="a-b", topic="t", instance="i"), EventMapper(app_env="a-b", topic="t", instance="i")
     out = native.batches()
-    native.add_texts(out, data, offsets, lengths, common, positions, created_ms=CREATED)
+    add_texts(native, out, data, offsets, lengths, common, positions, created_ms=CREATED)
     assert messages(out) == messages(reference(python, payloads, common, positions, CREATED))
     assert native._next_n == python._next_n
     accepted = 0
@@ -288,7 +295,7 @@ def test_add_texts_is_the_python_mapping_for_arbitrary_bytes(payloads, common, k
 @settings(max_examples=200, deadline=None)
 @given(payloads=st.lists(_payload, min_size=1, max_size=8), kind=st.integers(0, 2))
 def test_python_fallback_and_add_payloads_give_the_same(payloads, kind):
-    """Where the splice does not apply (`_splice_applies` false) add_texts maps event by event: the same events."""
+    """Where the splice does not apply (`_splice_applies` false) add_payloads maps event by event: the same events."""
     data, offsets, lengths = pack(payloads, [b"--"])
     outs = []
     for how in ("splice", "each", "payloads"):
@@ -300,13 +307,13 @@ def test_python_fallback_and_add_payloads_give_the_same(payloads, kind):
         if how == "payloads":
             m.add_payloads(out, payloads, {"protocol": "x"}, positions, created_ms=CREATED)
         else:
-            m.add_texts(out, data, offsets, lengths, {"protocol": "x"}, positions, created_ms=CREATED)
+            add_texts(m, out, data, offsets, lengths, {"protocol": "x"}, positions, created_ms=CREATED)
         outs.append((messages(out), m._next_n))
     assert outs[0] == outs[1] == outs[2]
 
 
-def test_add_run_is_add_per_event_with_and_without_the_splice():
-    """add_run's events are valid objects (one with a surrogate pair): the same messages, in order, either way."""
+def test_parsed_payloads_are_add_per_event_with_and_without_the_splice():
+    """Payloads the engine already parsed are valid objects (one with a surrogate pair): the same messages, in order, either way."""
     raws = [b'{"a":1}', b'{"s":"\\ud83d\\ude00","@timestamp":"2024-01-02T03:04:05Z"}', b'{"b":2,"@timestamp":5}']
     got = []
     for splice in (True, False):
@@ -314,7 +321,8 @@ def test_add_run_is_add_per_event_with_and_without_the_splice():
         if not splice:
             m._splice_applies = lambda *_: False  # type: ignore[method-assign]
         out = m.batches()
-        m.add_run(out, [orjson.loads(r) for r in raws], raws, {"protocol": "p"}, Positions("seq", [1, 2, 3]), created_ms=9)
+        m.add_payloads(out, raws, {"protocol": "p"}, Positions("seq", [1, 2, 3]), bodies=[orjson.loads(r) for r in raws],
+                       created_ms=9)
         got.append(messages(out))
     assert got[0] == got[1]
     assert [c for _, _, c, _ in got[0]] == [9, 1704164645000, 5000]
@@ -327,7 +335,7 @@ def test_keys_number_on_across_declined_events():
     data, offsets, lengths = pack(payloads, [])
     m = EventMapper(app_env="a-b", topic="t", instance="i")
     out = m.batches()
-    m.add_texts(out, data, offsets, lengths, {}, created_ms=1)
+    add_texts(m, out, data, offsets, lengths, {}, created_ms=1)
     ids = [orjson.loads(b)["@metadata"]["_id"] for _, b, _, _ in messages(out)]
     assert ids == ["i:1", "mine", "i:2", "i:3", "i:4"]
     assert m._next_n == 5
@@ -341,7 +349,7 @@ def test_common_naming_a_position_field_maps_in_python():
         m, ref = EventMapper(app_env="a-b", topic="t", instance="i"), EventMapper(app_env="a-b", topic="t", instance="i")
         out = m.batches()
         positions = Positions("seq", [5, 6])
-        m.add_texts(out, data, offsets, lengths, common, positions, created_ms=1)
+        add_texts(m, out, data, offsets, lengths, common, positions, created_ms=1)
         assert messages(out) == messages(reference(ref, payloads, common, positions, 1))
 
 

@@ -5,12 +5,12 @@ Logjam message (the event object as is, plus `@metadata` with the payload's nonc
 and the event's index) and is published to the device in pipelined batches.
 
 Acknowledgement follows the delivery rule of the bridge contract: an ACKN for a
-payload never covers an event the device has not accepted. Batches complete in any
-order, so each payload counts only the contiguous prefix of accepted batches, and
-only the oldest unfinished payload is ever acknowledged, so ACKNs go out in payload
-order. A timer sends a partial ACKN for that payload every `--ack-interval` seconds
-(Courier clients give up after 15 s without one), including while the device is
-slow or paused and this session has stopped reading.
+payload never covers an event the device has not accepted. The host's `Pipeline` settles
+batches in the order they were sent, so a payload's count only ever grows over a prefix
+of its events, and only the oldest unfinished payload is ever acknowledged, so ACKNs go
+out in payload order. A timer sends a partial ACKN for that payload every
+`--ack-interval` seconds (Courier clients give up after 15 s without one), including
+while the device is slow or paused and this session has stopped reading.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from bridges.courier.engine import (
@@ -38,38 +39,37 @@ from bridges.courier.engine import (
     UnknownMessage,
     Version,
 )
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, IdleTimeout, Positions
-from logjam.errors import ProtocolError
+from bridges.host import Batches, BridgeProtocol, Connection, Host, IdleTimeout, KeepaliveTimer, Pipeline, Positions
 
 log = logging.getLogger("logjam-bridge.courier")
-
-
-class _Batch:
-    __slots__ = ("n", "done")
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.done = False
 
 
 class _Payload:
     """One JDAT/EVNT payload awaiting its final ACKN."""
 
-    __slots__ = ("nonce", "total", "accepted", "batches")
+    __slots__ = ("nonce", "total", "accepted", "open")
 
     def __init__(self, nonce: bytes) -> None:
         self.nonce = nonce
         self.total: int | None = None  # known once the payload ended
-        self.accepted = 0  # contiguous prefix of events the device accepted
-        self.batches: deque[_Batch] = deque()
-
-    def collect(self) -> None:
-        while self.batches and self.batches[0].done:
-            self.accepted += self.batches.popleft().n
+        self.accepted = 0  # events the device accepted, a prefix of the payload
+        self.open = 0  # its batches still at the device
 
     @property
     def finished(self) -> bool:
-        return self.total is not None and not self.batches
+        return self.total is not None and not self.open
+
+
+@dataclass(frozen=True, slots=True)
+class CourierConfig:
+    """The flags `Bridge.add_arguments` adds (their help text is there)."""
+
+    max_event_size: int
+    max_decompressed: int
+    max_payload_events: int
+    ack_interval: float
+    batch_size: int
+    max_pending_batches: int
 
 
 class Bridge(BridgeProtocol):
@@ -77,6 +77,7 @@ class Bridge(BridgeProtocol):
     default_port = 5043
     default_max_frame = DEFAULT_MAX_MESSAGE
     default_idle_timeout = 1800.0
+    Config = CourierConfig
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -94,9 +95,9 @@ class Bridge(BridgeProtocol):
         g.add_argument("--max-pending-batches", type=int, default=16, metavar="N",
                        help="device batches in flight per connection before it stops reading (default %(default)s)")
 
-    def __init__(self, args: argparse.Namespace, host: Any) -> None:
-        super().__init__(args, host)
-        if not 0 < args.ack_interval <= 5:
+    def __init__(self, config: CourierConfig, host: Host) -> None:
+        super().__init__(config, host)
+        if not 0 < config.ack_interval <= 5:
             raise SystemExit("logjam-bridge courier: --ack-interval must be in (0, 5] seconds")
 
     async def serve(self, conn: Connection) -> None:
@@ -105,53 +106,54 @@ class Bridge(BridgeProtocol):
 
 class _Session:
     def __init__(self, bridge: Bridge, conn: Connection) -> None:
-        args = bridge.args
-        self.args = args
+        config: CourierConfig = bridge.config
+        self.batch_size = config.batch_size
         self.conn = conn
-        self.link = bridge.host.link
         self.mapper = bridge.host.mapper
         self.metrics = bridge.host.metrics
         self.engine = CourierServer(
-            max_message=args.max_frame_size,
-            max_event=args.max_event_size,
-            max_decompressed=args.max_decompressed,
-            max_events=args.max_payload_events,
+            max_message=bridge.host.config.max_frame_size,
+            max_event=config.max_event_size,
+            max_decompressed=config.max_decompressed,
+            max_events=config.max_payload_events,
         )
-        self.inflate = bridge.host.inflate
         self.inflated_seen = 0
         conn.partial = lambda: self.engine.mid_message
         self.pending: deque[_Payload] = deque()
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.slots = asyncio.Semaphore(args.max_pending_batches)
+        # With --max-pending-batches at the device, or the process's inflate budget spent,
+        # this session stops reading its client (the engine inflates lazily, so it stops too).
+        self.pipeline: Pipeline[tuple[_Payload, int]] = Pipeline(
+            bridge.host, f"courier {conn.peer}", accepted=self._accepted, refused=self._refused,
+            depth=config.max_pending_batches,
+            # Courier has no way to say so but closing; nothing of the payload is acked.
+            consequence="closing without acking them",
+        )
+        self.keepalive = KeepaliveTimer(conn, config.ack_interval, self._still_working)
         self.batch: Batches = self.mapper.batches()
         self.run_bodies: list[dict[str, Any]] = []
-        self.run_raws: list[bytes] = []
+        self.run_raws: list[bytes | None] = []
         self.run_index: list[int] = []
         self.batch_payload: _Payload | None = None
-        self.failure: ProtocolError | None = None
+        self.failure: BaseException | None = None
         self.base_meta: dict[str, Any] = {}
         self.nonce_hex = ""
 
     # -- main loop --------------------------------------------------------------
     async def run(self) -> None:
-        keepalive = asyncio.create_task(self._keepalive(), name=f"courier acks {self.conn.peer}")
+        keepalive = self.keepalive.start(f"courier acks {self.conn.peer}")
         try:
             await self._read_loop()
             # EOF or shutdown: finish what was forwarded, ack it, then close.
             await self._flush()
-            await self._wait_inflight()
+            await self.pipeline.finish()
             self._check_failure()
             self._advance()
             self._partial_ack()
             await self.conn.drain()
-        except BaseException:
-            for t in self.tasks:
-                t.cancel()
-            await asyncio.gather(*self.tasks, return_exceptions=True)
-            raise
         finally:
             keepalive.cancel()
             await asyncio.gather(keepalive, return_exceptions=True)
+            await self.pipeline.close()
 
     async def _read_loop(self) -> None:
         conn, engine = self.conn, self.engine
@@ -173,7 +175,7 @@ class _Session:
                 for ev in events:
                     if type(ev) is EventReceived:
                         self._add_event(ev)
-                        if self.batch.n + len(self.run_raws) >= self.args.batch_size:
+                        if self.batch.n + len(self.run_raws) >= self.batch_size:
                             await self._flush()
                     else:
                         await self._on_control(ev)
@@ -208,21 +210,18 @@ class _Session:
             self.conn.write(self.engine.send(Unknown()))
 
     def _add_event(self, ev: EventReceived) -> None:
-        body = ev.body
-        if ev.raw is not None and body and "@metadata" not in body:
-            # Collected for one native splice (EventMapper.add_run) when the batch is sent.
-            self.run_bodies.append(body)
-            self.run_raws.append(ev.raw)
-            self.run_index.append(ev.index)
-            return
-        self._end_run()
-        meta = {**self.base_meta, "nonce": self.nonce_hex, "index": ev.index}
-        self.mapper.add(self.batch, body, meta, created_ms=self.base_meta["received_at"], raw=ev.raw)
+        # Mapped as one run when the batch is sent: the engine parsed the event already
+        # (`raw` is its text when `body` is that object), and the run's @metadata is
+        # encoded once.
+        self.run_bodies.append(ev.body)
+        self.run_raws.append(ev.raw)
+        self.run_index.append(ev.index)
 
     def _end_run(self) -> None:
         if self.run_raws:
-            self.mapper.add_run(self.batch, self.run_bodies, self.run_raws, {**self.base_meta, "nonce": self.nonce_hex},
-                                Positions("index", self.run_index), created_ms=self.base_meta["received_at"])
+            self.mapper.add_payloads(self.batch, self.run_raws, {**self.base_meta, "nonce": self.nonce_hex},
+                                     Positions("index", self.run_index), bodies=self.run_bodies,
+                                     created_ms=self.base_meta["received_at"])
             self.run_bodies, self.run_raws, self.run_index = [], [], []
 
     # -- device side -------------------------------------------------------------
@@ -233,40 +232,28 @@ class _Session:
         messages, self.batch = self.batch, self.mapper.batches()
         payload = self.batch_payload
         assert payload is not None
-        self.metrics.events_received.inc(len(messages))
+        n = len(messages)
+        self.metrics.events_received.inc(n)
+        pipeline = self.pipeline
+        pipeline.take(n)
         # The inflated bytes these events came from count against --max-inflated-bytes
         # until the device answered.
-        inflated = self.engine.inflated_total - self.inflated_seen
+        pipeline.charge_inflated(self.engine.inflated_total - self.inflated_seen)
         self.inflated_seen = self.engine.inflated_total
-        self.inflate.take(inflated)
-        # Back-pressure: with every slot taken, or the process's inflate budget spent, this
-        # session stops reading its client (the engine inflates lazily, so it stops too).
-        await self.slots.acquire()
-        batch = _Batch(len(messages))
-        payload.batches.append(batch)
-        task = asyncio.create_task(self._publish(batch, messages))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        # A callback, not a finally: a task cancelled before it ran never runs its finally.
-        task.add_done_callback(lambda _t: self.inflate.give(inflated))
-        await self.inflate.wait()
-
-    async def _publish(self, batch: _Batch, messages: Batches) -> None:
-        try:
-            await self.link.publish(messages.batches)
-        except DeviceRejected as e:
-            self.metrics.device_rejected.inc(e.rejected)
-            log.error("%s: device rejected %d of %d events; closing without acking them", self.conn.peer, e.rejected, e.total)
-            # Courier has no way to say so but closing.
-            self._fail(e)
+        await pipeline.slot()
+        if pipeline.failed:
             return
-        finally:
-            self.slots.release()
-        batch.done = True
-        self.metrics.events_acked.inc(batch.n)
+        payload.open += 1
+        pipeline.launch((payload, n), batches=messages, units=n, events=n)
+        await pipeline.room()
+
+    def _accepted(self, plan: tuple[_Payload, int]) -> None:
+        payload, n = plan
+        payload.accepted += n
+        payload.open -= 1
         self._advance()
 
-    def _fail(self, error: ProtocolError) -> None:
+    def _refused(self, _plan: tuple[_Payload, int], error: BaseException) -> None:
         if self.failure is None:
             self.failure = error
             # Wake a read that waits for client bytes so the session ends now.
@@ -276,34 +263,27 @@ class _Session:
         if self.failure is not None:
             raise self.failure
 
-    async def _wait_inflight(self) -> None:
-        while self.tasks:
-            await asyncio.gather(*list(self.tasks), return_exceptions=True)
-
     # -- acks ---------------------------------------------------------------------
     def _advance(self) -> None:
         """Send the final ACKN of every finished payload at the head, in order."""
         if self.failure is not None:
             return
         pending = self.pending
-        while pending:
-            head = pending[0]
-            head.collect()
-            if not head.finished:
-                return
+        while pending and pending[0].finished:
+            head = pending.popleft()
             self.conn.write(self.engine.send(Ack(head.nonce, head.accepted)))
-            pending.popleft()
+
+    def _head_ack(self) -> bytes | None:
+        if self.failure is not None or not self.pending:
+            return None
+        head = self.pending[0]
+        return self.engine.send(Ack(head.nonce, head.accepted))
 
     def _partial_ack(self) -> None:
-        if self.failure is not None or not self.pending:
-            return
-        head = self.pending[0]
-        head.collect()
-        self.conn.write(self.engine.send(Ack(head.nonce, head.accepted)))
+        ack = self._head_ack()
+        if ack is not None:
+            self.conn.write(ack)
 
-    async def _keepalive(self) -> None:
-        interval = self.args.ack_interval
-        while True:
-            await asyncio.sleep(interval)
-            self._advance()
-            self._partial_ack()
+    def _still_working(self) -> bytes | None:
+        self._advance()
+        return self._head_ack()

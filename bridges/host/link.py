@@ -263,6 +263,11 @@ class DeviceLink:
         return self._inflight
 
     @property
+    def max_inflight(self) -> int:
+        """The process-wide bound on events awaiting the device (--max-inflight)."""
+        return self._max_inflight
+
+    @property
     def connected(self) -> dict[str, bool]:
         """Endpoint -> whether its TCP connection is up now."""
         return {ep.endpoint: ep.connected for ep in self._endpoints}

@@ -81,8 +81,8 @@ def _lookup(body: dict[str, Any], path: list[str]) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Positions:
-    """The per-event part of a run's @metadata, in the order `lj_splice_texts` writes it: up to two
-    numbered fields (`field1` with `values1[i]`, `field2` with `values2[i]`), then `_id` =
+    """The per-event part of a run's @metadata, in the order the splice's template writes it (so
+    that `metadata` and the template give the same bytes): up to two numbered fields (`field1` with `values1[i]`, `field2` with `values2[i]`), then `_id` =
     `key_prefix` + `keys[i]`. Without `keys` the mapper gives its own `<instance>:<counter>`."""
 
     field1: str = ""
@@ -129,7 +129,7 @@ class Batches:
         self.n += 1
 
     def add_packed(self, app_env: str, blob: bytes, lens: Sequence[int], created_ms: Sequence[int]) -> None:
-        """Uncompressed bodies already joined (the native splice's output), as a batch of their own."""
+        """Uncompressed bodies already joined (`EventMapper._splice`'s output), as a batch of their own."""
         self.batches.append(MessageBatch(app_env, self.topic, self.compression, created_ms=created_ms, packed=(blob, lens)))
         self._cur = None
         self.n += len(lens)
@@ -156,7 +156,8 @@ class EventMapper:
         self._on_fallback = on_fallback
         # 64 random bits: two bridge processes never share a prefix in practice.
         self.instance = instance or secrets.token_hex(8)
-        self._key_prefix = orjson.dumps(f"{self.instance}:")[1:-1]  # as JSON string text, like C writes it
+        # As JSON string text: `add` writes it straight into the @metadata bytes.
+        self._key_prefix = orjson.dumps(f"{self.instance}:")[1:-1]
         self._next_n = 1
 
     def batches(self) -> Batches:
@@ -231,74 +232,32 @@ class EventMapper:
         ts = parse_timestamp(body.get("@timestamp"))
         out.add(app_env or self.app_env_for(body), orjson.dumps(body, default=str), ts or created_ms or now_ms())
 
-    def add_run(
-        self,
-        out: Batches,
-        bodies: list[dict[str, Any]],
-        raws: list[bytes | memoryview],
-        common: dict[str, Any],
-        positions: Positions = Positions(),
-        *,
-        created_ms: int,
-        app_env: str | None = None,
-    ) -> None:
-        """`add` for a run of events that are non-empty JSON objects without their own @metadata,
-        already parsed (`bodies`) from `raws`: each event's @metadata is `common`, then its
-        `positions`. The result is exactly what `add` gives each event
-        (tests/test_bridge_mapping.py checks it), joined into packed batches (`_splice`)."""
-        n = len(raws)
-        if not n:
-            return
-        created_ms = created_ms or now_ms()  # as `add` would: 0 is no time
-        if positions.keys is None:
-            first = self._take_keys(n)
-            positions = dataclasses.replace(positions, key_prefix=self.instance + ":", keys=range(first, first + n))
-        if not self._splice_applies(common, positions):
-            for i in range(n):
-                self.add(out, bodies[i], positions.metadata(common, i), created_ms=created_ms, app_env=app_env,
-                         raw=raws[i])
-            return
-        self._splice(out, raws, bodies, common, positions, created_ms, app_env)
-
-    def add_texts(
-        self,
-        out: Batches,
-        data: bytes,
-        offsets: Sequence[int],
-        lengths: Sequence[int],
-        common: dict[str, Any],
-        positions: Positions = Positions(),
-        *,
-        created_ms: int,
-        app_env: str | None = None,
-    ) -> None:
-        """Map n raw event payloads, event i being `data[offsets[i] : offsets[i] + lengths[i]]`:
-        exactly what `add_payloads` gives for those slices. Without `positions.keys` events
-        are numbered from this mapper's counter in order, as `add` would number them."""
-        view = memoryview(data)
-        views = [view[o:o + n] for o, n in zip(offsets, lengths)]
-        self.add_payloads(out, views, common, positions, created_ms=created_ms, app_env=app_env)
-
     def add_payloads(
         self,
         out: Batches,
-        payloads: Sequence[bytes | memoryview],
+        payloads: Sequence[bytes | memoryview | None],
         common: dict[str, Any],
         positions: Positions = Positions(),
         *,
+        bodies: Sequence[Any] | None = None,
         created_ms: int | None = None,
         app_env: str | None = None,
     ) -> None:
-        """Map raw event payloads (JSON objects, text or bytes), in order, each with `common`
-        and its `positions` as @metadata."""
+        """Map a run of events as the client sent them (JSON objects, other JSON, text or
+        bytes), in order, each with `common` and its `positions` as @metadata: exactly what
+        `add` gives each event (tests/test_mapping_splice.py checks it byte for byte).
+
+        `bodies`, when the engine already parsed the payloads, are those values; then
+        `payloads[i]` may be None where `bodies[i]` is not the object that text holds.
+        Without `positions.keys` events are numbered from this mapper's counter in order."""
         if not payloads:
             return
-        created = created_ms or now_ms()
+        created = created_ms or now_ms()  # as `add` would: 0 is no time
         if self._splice_applies(common, positions):
-            self._splice(out, payloads, None, common, positions, created, app_env)
+            self._splice(out, payloads, bodies, common, positions, created, app_env)
             return
         for i, payload in enumerate(payloads):
-            body, raw = body_and_raw(payload)
+            body, raw = body_and_raw(payload) if bodies is None else (bodies[i], payload)  # type: ignore[arg-type]
             self.add(out, body, positions.metadata(common, i), created_ms=created, app_env=app_env, raw=raw)
 
     def _splice(self, out: Batches, texts: Sequence[bytes | memoryview], bodies: Sequence[Any] | None,
@@ -385,16 +344,3 @@ class EventMapper:
         if "_id" in common or (p.field1 and p.field1 in common) or (p.field2 and p.field2 in common):
             return False
         return not (p.field1 and p.field1 == p.field2)
-
-    def message(
-        self,
-        body: dict[str, Any],
-        metadata: dict[str, Any],
-        *,
-        created_ms: int | None = None,
-        app_env: str | None = None,
-    ) -> Message:
-        """The same mapping as `add`, for one event as a `Message`."""
-        out = self.batches()
-        self.add(out, body, metadata, created_ms=created_ms, app_env=app_env)
-        return out.messages()[0]

@@ -24,13 +24,13 @@ from typing import Any
 import zmq
 
 from logjam import native as _native
+from logjam.constants import ACCEPTED
 from logjam.message import MessageBatch
 from logjam.meta import Meta
 
 log = logging.getLogger(__name__)
 
 MODULE = "bridges.host._native_link"
-ACCEPTED = b"202 Accepted"
 # Status codes that lj_link_drain writes per reply (LJ_REPLY_* in native/link.h).
 OK, REFUSED, UNEXPECTED = 0, 1, 2
 MAX_DRAIN = 4096

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from bridges.host.budget import InflateBudget
+from bridges.host.budget import Budget
+from bridges.host.config import HostConfig, from_flags
 from bridges.host.connection import Connection
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
@@ -17,11 +18,11 @@ from bridges.host.metrics import BridgeMetrics
 class Host:
     """The shared services a protocol session uses."""
 
-    args: argparse.Namespace
+    config: HostConfig
     link: DeviceLink
     mapper: EventMapper
     metrics: BridgeMetrics
-    inflate: InflateBudget  # decompressed bytes not yet acked, all connections together
+    inflate: Budget  # decompressed bytes not yet acked, all connections together (--max-inflated-bytes)
 
 
 class BridgeProtocol:
@@ -31,14 +32,26 @@ class BridgeProtocol:
     default_port: ClassVar[int]
     default_max_frame: ClassVar[int]
     default_idle_timeout: ClassVar[float]
+    # The protocol's own config: a frozen dataclass whose fields are its flags' names.
+    Config: ClassVar[type]
 
-    def __init__(self, args: argparse.Namespace, host: Host) -> None:
-        self.args = args
+    def __init__(self, config: Any, host: Host) -> None:
+        self.config = config
         self.host = host
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Protocol-only flags; the common ones are added by the host."""
+
+    @classmethod
+    def config_from_flags(cls, args: argparse.Namespace) -> Any:
+        """`Config` from the parsed flags and TOML, once, at start; ValueError says what is wrong."""
+        return from_flags(cls.Config, args)
+
+    @classmethod
+    def data_dir(cls, config: Any) -> str | None:
+        """Where the protocol stores what it received (--data-dir), if it stores anything."""
+        return None
 
     async def start(self) -> None:
         """Called once, before the listener opens (e.g. to recover a store)."""

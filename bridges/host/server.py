@@ -8,14 +8,15 @@ files (bridges/host/tls.py); `--metrics-port` serves /metrics and /healthz (devi
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
 import ssl
+from typing import Any
 
 from bridges.host.admission import Admission, RateLimitedLog, raise_open_file_limit, tls_refusal_reason
-from bridges.host.budget import InflateBudget
+from bridges.host.budget import Budget
+from bridges.host.config import HostConfig
 from bridges.host.connection import Connection, IdleTimeout
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
@@ -38,25 +39,27 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 class BridgeServer:
-    def __init__(self, protocol_cls: type[BridgeProtocol], args: argparse.Namespace,
+    def __init__(self, protocol_cls: type[BridgeProtocol], config: HostConfig, protocol_config: Any,
                  curve: ClientKey | None = None) -> None:
-        self.args = args
+        self.config = config
         self.metrics = BridgeMetrics(protocol_cls.name)
-        self.link = DeviceLink(args.device, max_inflight=args.max_inflight, curve=curve)
+        self.link = DeviceLink(config.device, max_inflight=config.max_inflight, curve=curve)
         mapper = EventMapper(
-            app_env=args.app_env,
-            topic=args.topic,
-            app_env_field=args.app_env_field,
-            compression=Compression.parse(args.compress),
+            app_env=config.app_env,
+            topic=config.topic,
+            app_env_field=config.app_env_field,
+            compression=Compression.parse(config.compress),
             on_fallback=self.metrics.app_env_fallbacks.inc,
         )
-        self.host = Host(args, self.link, mapper, self.metrics, InflateBudget(args.max_inflated_bytes, self.metrics))
-        self.protocol = protocol_cls(args, self.host)
+        inflate = Budget(config.max_inflated_bytes, gauge=self.metrics.inflated_bytes.set,
+                         on_wait=self.metrics.inflate_waits.inc)
+        self.host = Host(config, self.link, mapper, self.metrics, inflate)
+        self.protocol = protocol_cls(protocol_config, self.host)
         self.name = protocol_cls.name
         self.stopping = asyncio.Event()
         self.listening = False
         self.connections: dict[asyncio.Task[None], Connection] = {}
-        self.admission = Admission(args.max_connections, args.max_connections_per_peer, args.shed_idle_after)
+        self.admission = Admission(config.max_connections, config.max_connections_per_peer, config.shed_idle_after)
         self.refusals = RateLimitedLog()
         self.tls_refusals = RateLimitedLog()
         self.sheds = RateLimitedLog(level=logging.INFO)
@@ -78,7 +81,7 @@ class BridgeServer:
         self.refusals(
             "refusing %s: %s (%d open, %d from this address, none idle for --shed-idle-after %gs)",
             conn.peer, "--max-connections-per-peer" if refused == "per_peer" else "--max-connections",
-            self.admission.live, self.admission.per_peer[conn.peer_host], self.args.shed_idle_after,
+            self.admission.live, self.admission.per_peer[conn.peer_host], self.config.shed_idle_after,
         )
         return False
 
@@ -86,7 +89,7 @@ class BridgeServer:
         """TLS on an accepted connection; a refusal is logged (rate-limited) and counted."""
         assert self.tls is not None
         try:
-            await writer.start_tls(self.tls, ssl_handshake_timeout=self.args.tls_handshake_timeout)
+            await writer.start_tls(self.tls, ssl_handshake_timeout=self.config.tls.handshake_timeout)
         except (OSError, TimeoutError) as e:  # ssl.SSLError is an OSError
             reason, detail = tls_refusal_reason(e)
             self.metrics.tls_refused(reason)
@@ -104,9 +107,9 @@ class BridgeServer:
         down = [ep for ep, up in links.items() if not up]
         listening = self.listening and not self.stopping.is_set()
         return [
-            Check("listening", listening, self.args.listen if listening else "not accepting connections"),
+            Check("listening", listening, self.config.listen if listening else "not accepting connections"),
             Check("device_link", bool(links) and not down,
-                  f"not connected to {', '.join(down or self.args.device)}" if down or not links
+                  f"not connected to {', '.join(down or self.config.device)}" if down or not links
                   else f"connected to {', '.join(links)}"),
         ]
 
@@ -116,8 +119,8 @@ class BridgeServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = Connection(
             reader, writer, protocol=self.name,
-            idle_timeout=self.args.idle_timeout or None, stopping=self.stopping,
-            frame_timeout=self.args.frame_timeout or None,
+            idle_timeout=self.config.idle_timeout or None, stopping=self.stopping,
+            frame_timeout=self.config.frame_timeout or None,
         )
         if not self._admit(conn):
             await conn.close()
@@ -155,12 +158,12 @@ class BridgeServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         self.link.start()
-        if self.args.metrics_port:
-            self.metrics.serve(self.args.metrics_port, health=self.health)
+        if self.config.metrics_port:
+            self.metrics.serve(self.config.metrics_port, health=self.health)
         await self.protocol.start()
-        host, port = split_listen(self.args.listen)
-        raise_open_file_limit(self.args.max_connections + 256)
-        reloadable = ReloadableTLS(self.args)
+        host, port = split_listen(self.config.listen)
+        raise_open_file_limit(self.config.max_connections + 256)
+        reloadable = ReloadableTLS(self.config.tls)
         tls = self.tls = reloadable.context
         loop.add_signal_handler(signal.SIGHUP, self.reload_tls, reloadable)
         # TLS is started per connection in _handle (not by the server) so that a refused
@@ -172,7 +175,7 @@ class BridgeServer:
         self.listening = True
         log.info(
             "%s bridge listening on %s:%d%s, forwarding to %s",
-            self.name, host, port, " (TLS)" if tls else "", ", ".join(self.args.device),
+            self.name, host, port, " (TLS)" if tls else "", ", ".join(self.config.device),
         )
         await self.stopping.wait()
         log.info("stopping: no new connections; finishing in-flight work")

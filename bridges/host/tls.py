@@ -1,4 +1,4 @@
-"""Server TLS from the common flags: certificate, key, optional client CA and client auth.
+"""Server TLS from the common flags (`TLSConfig`): certificate, key, optional client CA and client auth.
 
 `ReloadableTLS` lets SIGHUP swap in freshly read files without dropping anyone: asyncio
 keeps serving one context, whose SNI callback (OpenSSL calls it for every ClientHello,
@@ -9,31 +9,32 @@ do not load is refused and the previous context stays in use.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import ssl
 
+from bridges.host.config import TLSConfig
+
 log = logging.getLogger("logjam-bridge")
 
 
-def server_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+def server_context(tls: TLSConfig) -> ssl.SSLContext | None:
     """None when TLS is off (no --tls-cert); raises ValueError, OSError or ssl.SSLError for bad files."""
-    if not args.tls_cert:
+    if not tls.cert:
         return None
-    if not args.tls_key:
+    if not tls.key:
         raise ValueError("--tls-cert needs --tls-key")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     # TLS 1.3 session tickets that a never-reading client (stashward) leaves unread turn
     # its close into a TCP reset, and its kernel then discards data it had not sent yet.
     ctx.num_tickets = 0
-    ctx.load_cert_chain(args.tls_cert, args.tls_key, password=args.tls_key_password)
-    auth = args.tls_client_auth or ("required" if args.tls_client_ca else "none")
+    ctx.load_cert_chain(tls.cert, tls.key, password=tls.key_password)
+    auth = tls.auth
     if auth != "none":
-        if not args.tls_client_ca:
+        if not tls.client_ca:
             raise ValueError(f"--tls-client-auth {auth} needs --tls-client-ca")
-        ctx.load_verify_locations(cafile=args.tls_client_ca)
+        ctx.load_verify_locations(cafile=tls.client_ca)
         ctx.verify_mode = ssl.CERT_REQUIRED if auth == "required" else ssl.CERT_OPTIONAL
     return ctx
 
@@ -56,9 +57,9 @@ def fingerprint(path: str) -> str:
 class ReloadableTLS:
     """The server's TLS: `context` for asyncio, `reload()` on SIGHUP."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.context = server_context(args)
+    def __init__(self, tls: TLSConfig) -> None:
+        self.tls = tls
+        self.context = server_context(tls)
         self.current = self.context
         self.reloads = 0
         self.reload_failures = 0
@@ -77,7 +78,7 @@ class ReloadableTLS:
             log.info("SIGHUP: TLS is off; nothing to reload")
             return False
         try:
-            fresh = server_context(self.args)
+            fresh = server_context(self.tls)
         except (OSError, ValueError, ssl.SSLError) as e:
             self.reload_failures += 1
             log.error("SIGHUP: cannot reload TLS files (%s); keeping the previous certificate", e)
@@ -85,5 +86,5 @@ class ReloadableTLS:
         self.current = fresh
         self.reloads += 1
         log.info("SIGHUP: reloaded TLS certificate %s (sha256 %s); new connections use it, open ones keep theirs",
-                 self.args.tls_cert, fingerprint(self.args.tls_cert))
+                 self.tls.cert, fingerprint(self.tls.cert))  # type: ignore[arg-type]
         return True

@@ -1,10 +1,11 @@
 """`logjam-bridge lumberjack`: the asyncio glue between one Lumberjack client and the device.
 
-Each connection runs three tasks around one `LumberjackServer` engine:
-- the reader decodes frames into a bounded queue and stops reading while the queue is
-  full (the device is slow, paused or down), so memory stays flat;
-- the publisher sends whatever is queued to the device as one pipelined batch and,
-  once the device has accepted all of it, acks the last event of each window it covered;
+Each connection runs one `LumberjackServer` engine and the host's `Pipeline`:
+- the reader decodes frames into a queue and stops reading while the pipeline says the
+  connection holds enough (the device is slow, paused or down), so memory stays flat;
+- whenever the pipeline can take a batch, whatever is queued goes to the device as one
+  batch and, once the device has accepted it (and everything before it), the acks it
+  earned go out: the last event of each window it covered;
 - the keepalive timer repeats the last ack of the pending window (or 0) while events
   wait, so clients keep waiting instead of timing out.
 
@@ -19,11 +20,22 @@ import argparse
 import asyncio
 import base64
 import logging
-import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, IdleTimeout, Positions
+from bridges.host import (
+    Batches,
+    BridgeProtocol,
+    Budget,
+    Connection,
+    DeviceRejected,
+    Host,
+    IdleTimeout,
+    KeepaliveTimer,
+    Pipeline,
+    Positions,
+)
 from bridges.lumberjack.engine import (
     DEFAULT_MAX_DECOMPRESSED,
     DEFAULT_MAX_FRAME,
@@ -64,46 +76,14 @@ def data_body(event: DataFrame) -> dict[str, Any]:
     return body
 
 
-class Budget:
-    """Items decoded and not yet acked, summed over every connection: the per-process bound.
+class _Acks:
+    """What a batch earns once the device accepted it: the acks to write, in order."""
 
-    Readers wait while it is spent; any connection's ack refunds it and wakes them all to
-    re-check (their own per-connection bound included).
-    """
+    __slots__ = ("acks", "first_window", "silent_after")
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._refunded = asyncio.Event()
-
-    @property
-    def spent(self) -> bool:
-        return self.used >= self.limit
-
-    def take(self, n: int) -> None:
-        self.used += n
-
-    def refund(self, n: int) -> None:
-        self.used -= n
-        self._refunded.set()
-
-    async def wait_refund(self) -> None:
-        self._refunded.clear()
-        await self._refunded.wait()
-
-
-class _Flight:
-    """A batch at the device: the acks to write once it is accepted, and what it covers."""
-
-    __slots__ = ("task", "acks", "items", "events", "first_window", "silent_after")
-
-    def __init__(self, task: asyncio.Future[None], acks: list[Ack], items: int, events: int,
-                 first_window: int, silent_after: bool) -> None:
-        self.task = task
+    def __init__(self, acks: list[Ack], first_window: int, silent_after: bool) -> None:
         self.acks = acks
-        self.items = items
-        self.events = events
-        self.first_window = first_window
+        self.first_window = first_window  # the window a keepalive names while this batch waits
         self.silent_after = silent_after
 
 
@@ -111,36 +91,27 @@ class Session:
     """One client connection."""
 
     def __init__(self, bridge: "Bridge", conn: Connection) -> None:
-        args = bridge.args
+        config: LumberjackConfig = bridge.config
         self.host: Host = bridge.host
-        self.budget: Budget = bridge.budget
         self.conn = conn
-        self.engine = LumberjackServer(args.max_frame_size, args.max_decompressed_size)
+        self.engine = LumberjackServer(bridge.host.config.max_frame_size, config.max_decompressed_size)
         conn.partial = lambda: self.engine.buffered > 0
-        self.max_pending: int = args.max_pending_events
-        self.max_batch: int = max(1, min(args.max_batch, self.max_pending))
-        self.keepalive_interval: float = args.keepalive_interval
-        self.pipeline: int = max(1, args.pipeline)
-        self.max_inflight: int | None = getattr(args, "max_inflight", None)
+        self.max_batch = max(1, min(config.max_batch, config.max_pending_events))
         # Decoded, not yet in a batch, in arrival order; `queued_items` is their weight.
+        # Batches are cut only when the pipeline can take one, so they grow while the
+        # device is busy, and their decoded events are dropped once mapped.
         self.queue: deque[Item] = deque()
         self.queued_items = 0
-        # Batches at the device, oldest first. Their decoded events are dropped once mapped:
-        # only the acks they will need are kept.
-        self.inflight: deque[_Flight] = deque()
-        self.in_flight_items = 0
-        self.queued = asyncio.Event()  # the reader added items, or finished
-        self.reader_done = False
+        self.pipeline: Pipeline[_Acks] = Pipeline(
+            bridge.host, f"lumberjack {conn.peer}", accepted=self._accepted, refused=self._refused,
+            depth=config.pipeline, max_pending=config.max_pending_events, shared=bridge.budget,
+            # Lumberjack has no error reply: the client keeps the events and sends them
+            # again once the cause is fixed.
+            consequence="closing without ack (check --app-env/--topic)",
+        )
+        self.keepalive = KeepaliveTimer(conn, config.keepalive_interval, self._still_working)
         self.error: BaseException | None = None
-        self.last_write = time.monotonic()
-        # Inflated bytes charged to the process budget: (items decoded when charged, bytes),
-        # refunded once acks have covered those items.
-        self.inflate = bridge.host.inflate
-        self.inflate_marks: deque[tuple[int, int]] = deque()
-        self.inflate_held = 0
         self.inflated_seen = 0
-        self.items_taken = 0
-        self.items_acked = 0
         # Inside a window of 2^32-1 the client has said it never waits for acks (stashward).
         # Like Logstash, which acks a full window, we send none there: such a client never
         # reads, and closing a socket with unread data turns its FIN into a reset that
@@ -148,142 +119,79 @@ class Session:
         self.plan_silent = False  # as of the newest batch planned
         self.silent = False  # as of the newest batch acked
 
-    @property
-    def pending(self) -> int:
-        """Events (and windows) decoded and not yet acked."""
-        return self.queued_items + self.in_flight_items
-
-    # -- tasks
-
     async def run(self) -> None:
-        reader = asyncio.create_task(self._read(), name=f"lumberjack read {self.conn.peer}")
-        keepalive = asyncio.create_task(self._keepalive(), name=f"lumberjack keepalive {self.conn.peer}")
+        keepalive = self.keepalive.start(f"lumberjack keepalive {self.conn.peer}")
         try:
-            await self._publish()
+            await self._read()
+            self._launch_ready()
+            await self.pipeline.finish()  # what was read is forwarded and acked before the close
         finally:
-            self.budget.refund(self.pending)
-            self.inflate.give(self.inflate_held)
-            self.inflate_held = 0
             keepalive.cancel()
-            reader.cancel()
-            for flight in self.inflight:
-                flight.task.cancel()
-            await asyncio.gather(keepalive, reader, *(f.task for f in self.inflight), return_exceptions=True)
+            await asyncio.gather(keepalive, return_exceptions=True)
+            await self.pipeline.close()
         # A device rejection was logged and counted where it happened; the rest is the host's.
-        if self.error is not None and not isinstance(self.error, DeviceRejected):
-            raise self.error
+        error = self.error or self.pipeline.failure
+        if error is not None and not isinstance(error, DeviceRejected):
+            raise error
 
     async def _read(self) -> None:
-        # Bytes are read in up to 64 KiB but fed in small slices, checking the bound before
+        # Bytes are read in up to 64 KiB but fed in small slices, checking the bounds before
         # each: well-compressed input holds thousands of events per read, and decoded events
         # cost far more memory than the compressed bytes waiting here.
         pending = memoryview(b"")
+        pipeline = self.pipeline
         try:
             while not self.conn.stopping:
-                while self.pending >= self.max_pending or self.budget.spent:
-                    await self.budget.wait_refund()
-                if self.inflate.spent:
-                    await self.inflate.wait()
+                # Batches are cut before waiting, for the client or for room, not after every
+                # slice: the events of a whole read go out together.
+                if self.queue and (not pending or not pipeline.has_room):
+                    self._launch_ready()
+                await pipeline.room()
+                if pipeline.failed:
+                    return
                 if not pending:
                     try:
                         data = await self.conn.read()
                     except IdleTimeout:
-                        if self.pending:  # the client is waiting for us, not idle
+                        if pipeline.pending:  # the client is waiting for us, not idle
                             continue
                         raise
                     if not data:
-                        break
+                        return
                     pending = memoryview(data)
                 chunk, pending = pending[:FEED_SLICE], pending[FEED_SLICE:]
                 events = self.engine.feed(chunk)
                 if events:
                     self._enqueue(events)
                 if self.engine.inflated_total != self.inflated_seen:
-                    self._charge_inflated()
+                    pipeline.charge_inflated(self.engine.inflated_total - self.inflated_seen)
+                    self.inflated_seen = self.engine.inflated_total
         except (ProtocolError, IdleTimeout, ConnectionError, OSError) as e:
             self.error = e
-        finally:
-            self.reader_done = True
-            self.queued.set()
 
     def _enqueue(self, events: list[Item]) -> None:
         self.queue.extend(events)
         weight = sum(map(_weight, events))
         windows = sum(1 for e in events if e.__class__ is WindowFrame)
         self.queued_items += weight
-        self.items_taken += weight
-        self.budget.take(weight)
+        self.pipeline.take(weight)
         if weight > windows:
             self.host.metrics.events_received.inc(weight - windows)
-        self.queued.set()
 
-    def _charge_inflated(self) -> None:
-        delta = self.engine.inflated_total - self.inflated_seen
-        self.inflated_seen = self.engine.inflated_total
-        self.inflate.take(delta)
-        self.inflate_held += delta
-        self.inflate_marks.append((self.items_taken, delta))
-        self._refund_inflated()
+    def _launch_ready(self) -> None:
+        """Put batches in flight while the pipeline takes them."""
+        while self.queue and self.pipeline.can_launch(min(self.max_batch, self.queued_items)):
+            self._launch()
 
-    def _refund_inflated(self) -> None:
-        marks = self.inflate_marks
-        while marks and marks[0][0] <= self.items_acked:
-            _, n = marks.popleft()
-            self.inflate_held -= n
-            self.inflate.give(n)
+    def _accepted(self, plan: _Acks) -> None:
+        for ack in plan.acks:
+            self._write(self.engine.send(ack))
+        self.silent = plan.silent_after
+        self._launch_ready()
 
-    def _link_has_room(self) -> bool:
-        """Pipeline another batch only if the device link can take it now: a batch that would
-        just wait for room holds its mapped messages in memory for nothing."""
-        if self.max_inflight is None:
-            return True
-        # Our own batches may not be counted by the link yet; counting them twice errs on
-        # the side of not pipelining when the device is already busy.
-        ours = sum(f.events for f in self.inflight)
-        batch = min(self.max_batch, self.queued_items)
-        return self.host.link.inflight + ours + batch <= self.max_inflight
-
-    async def _publish(self) -> None:
-        """Keep up to `pipeline` batches at the device; ack them strictly in order."""
-        inflight = self.inflight
-        while True:
-            while self.queue and len(inflight) < self.pipeline and (not inflight or self._link_has_room()):
-                self._launch()
-            if not inflight:
-                if self.reader_done and not self.queue:
-                    return
-                self.queued.clear()
-                await self.queued.wait()
-                continue
-            flight = inflight[0]
-            if not flight.task.done():
-                # Wake for the device's answer, or for new input to put in flight meanwhile.
-                self.queued.clear()
-                waiter = asyncio.ensure_future(self.queued.wait())
-                await asyncio.wait((flight.task, waiter), return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                if not flight.task.done():
-                    continue
-            inflight.popleft()
-            try:
-                flight.task.result()
-            except DeviceRejected as e:
-                # Lumberjack has no error reply: ack nothing more and close, so the client
-                # keeps the events and sends them again once the cause is fixed.
-                self.host.metrics.device_rejected.inc(e.rejected)
-                log.error("lumberjack %s: %s; closing without ack (check --app-env/--topic)", self.conn.peer, e)
-                self.error = e
-                return
-            for ack in flight.acks:
-                self._write(self.engine.send(ack))
-            self.silent = flight.silent_after
-            if flight.events:
-                self.host.metrics.events_acked.inc(flight.events)
-            self.in_flight_items -= flight.items
-            self.budget.refund(flight.items)
-            self.items_acked += flight.items
-            if self.inflate_marks:
-                self._refund_inflated()
+    def _refused(self, _plan: _Acks, error: BaseException) -> None:
+        self.error = error
+        self.conn.stop_reading()  # ends a read that waits for the client
 
     def _launch(self) -> None:
         """Move the next batch, up to --max-batch events, from the queue to the device."""
@@ -308,10 +216,8 @@ class Session:
             batch.append(queue.popleft())
         items = events + windows
         self.queued_items -= items
-        acks = self._plan(batch)
-        task = asyncio.ensure_future(self.host.link.publish(self._messages(batch).batches))
-        self.inflight.append(_Flight(task, acks, items, events, batch[0].window, self.plan_silent))
-        self.in_flight_items += items
+        plan = _Acks(self._plan(batch), batch[0].window, self.plan_silent)
+        self.pipeline.launch(plan, batches=self._messages(batch), units=items, events=events)
 
     def _plan(self, batch: list[Item]) -> list[Ack]:
         """The acks for a batch: the last event of each window it touches (W 0 gets 0), none
@@ -345,13 +251,13 @@ class Session:
             kind = item.__class__
             if kind is WindowFrame:
                 continue
-            # A run of v2 J frames is mapped in one call (its JSON objects spliced in C);
-            # v1 string maps one by one, in order.
+            # A run of v2 J frames is mapped in one call, so its @metadata is encoded once
+            # for the run; v1 string maps one by one, in order.
             common = dict(base)
             common["protocol_version"] = "1" if item.version == V1 else "2"  # type: ignore[union-attr]
             if kind is JsonFrames:
-                mapper.add_texts(out, item.data, item.offsets, item.lengths, common,  # type: ignore[union-attr]
-                                 Positions("seq", item.seqs), created_ms=received)  # type: ignore[union-attr]
+                mapper.add_payloads(out, item.texts(), common, Positions("seq", item.seqs),  # type: ignore[union-attr]
+                                    created_ms=received)
             else:
                 common["seq"] = item.seq  # type: ignore[union-attr]
                 mapper.add(out, data_body(item), common, created_ms=received)  # type: ignore[arg-type]
@@ -360,27 +266,34 @@ class Session:
     def _write(self, ack: bytes) -> None:
         """Each ack is one write: pylogbeat reads it as recv(1), recv(1), recv(4)."""
         self.conn.write(ack)
-        self.last_write = time.monotonic()
+        self.keepalive.answered()
 
-    async def _keepalive(self) -> None:
-        interval = self.keepalive_interval
-        while True:
-            await asyncio.sleep(max(0.05, interval - (time.monotonic() - self.last_write)))
-            if time.monotonic() - self.last_write < interval:
-                continue
-            if self.silent:
-                self.last_write = time.monotonic()
-                continue
-            if self.inflight:
-                window = self.inflight[0].first_window
-            elif self.queue:
-                window = self.queue[0].window
-            elif self.engine.buffered:
-                window = self.engine.window
-            else:
-                self.last_write = time.monotonic()  # nothing pending: restart the clock
-                continue
-            self._write(self.engine.send(Keepalive(window)))
+    def _still_working(self) -> bytes | None:
+        """The last ack of the oldest window still waiting (or 0), repeated so the client waits."""
+        if self.silent:
+            return None
+        oldest = self.pipeline.oldest()
+        if oldest is not None:
+            window = oldest.first_window
+        elif self.queue:
+            window = self.queue[0].window
+        elif self.engine.buffered:
+            window = self.engine.window
+        else:
+            return None
+        return self.engine.send(Keepalive(window))
+
+
+@dataclass(frozen=True, slots=True)
+class LumberjackConfig:
+    """The flags `Bridge.add_arguments` adds (their help text is there)."""
+
+    max_decompressed_size: int
+    keepalive_interval: float
+    max_pending_events: int
+    max_process_pending_events: int
+    max_batch: int
+    pipeline: int
 
 
 class Bridge(BridgeProtocol):
@@ -391,6 +304,7 @@ class Bridge(BridgeProtocol):
     default_max_frame: ClassVar[int] = DEFAULT_MAX_FRAME
     # Logstash's beats input closes clients after 60 s without data.
     default_idle_timeout: ClassVar[float] = 60.0
+    Config = LumberjackConfig
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -408,13 +322,14 @@ class Bridge(BridgeProtocol):
         parser.add_argument("--pipeline", type=int, default=2, metavar="N",
                             help="per connection: batches awaiting the device at once (default %(default)s)")
 
-    def __init__(self, args: argparse.Namespace, host: Host) -> None:
-        super().__init__(args, host)
+    def __init__(self, config: LumberjackConfig, host: Host) -> None:
+        super().__init__(config, host)
         try:  # refuse bad limits at start, not on every connection
-            LumberjackServer(args.max_frame_size, args.max_decompressed_size)
+            LumberjackServer(host.config.max_frame_size, config.max_decompressed_size)
         except LocalProtocolError as e:
             raise SystemExit(f"logjam-bridge lumberjack: {e}") from None
-        self.budget = Budget(args.max_process_pending_events)
+        # Events decoded and not yet acked, all connections together.
+        self.budget = Budget(config.max_process_pending_events)
 
     async def serve(self, conn: Connection) -> None:
         await Session(self, conn).run()

@@ -144,6 +144,11 @@ class JsonFrames:
         start = self.offsets[i]
         return self.data[start : start + self.lengths[i]]
 
+    def texts(self) -> list[memoryview]:
+        """Every frame's JSON document as a view of `data`, for the mapper (nothing is copied)."""
+        view = memoryview(self.data)
+        return [view[o : o + n] for o, n in zip(self.offsets, self.lengths)]
+
     def frames(self) -> list[JsonFrame]:
         return [JsonFrame(self.version, seq, self.window, self.payload(i)) for i, seq in enumerate(self.seqs)]
 

@@ -26,8 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, Positions
+from bridges.host import Batches, BridgeProtocol, Connection, Host, Positions, forward
 from bridges.host.admission import raise_open_file_limit
+from bridges.host.config import from_flags
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.rustlog import engine as e
 from bridges.rustlog.log import (
@@ -131,12 +132,29 @@ class RustlogMetrics:
         return e.MetricsResponse(values, e.render_prometheus(metrics))
 
 
+@dataclass(frozen=True, slots=True)
+class RustlogConfig:
+    """The flags `Bridge.add_arguments` adds (their help text is there); `app_env_map` parsed."""
+
+    data_dir: str
+    fsync: str
+    fsync_interval_ms: int
+    segment_bytes: int
+    index_interval_bytes: int
+    retention_ms: int | None
+    retention_bytes: int | None
+    max_total_partitions: int
+    retention_check_interval_ms: int
+    app_env_map: dict[str, str]
+
+
 class Bridge(BridgeProtocol):
     name = "rustlog"
     default_port = 9092
     default_max_frame = e.MAX_FRAME_SIZE
     # Consumers often sit idle between polls; RustLog has no keepalive message.
     default_idle_timeout = 600.0
+    Config = RustlogConfig
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -155,35 +173,39 @@ class Bridge(BridgeProtocol):
         g.add_argument("--app-env-map", action="append", metavar="TOPIC=APP-ENV",
                        help="publish records of a rustlog topic under this app-env; repeatable or comma-separated")
 
-    def __init__(self, args: argparse.Namespace, host: Host) -> None:
-        super().__init__(args, host)
-        try:
-            self.app_env_map = parse_app_env_map(args.app_env_map)
-        except ValueError as err:
-            raise SystemExit(f"logjam-bridge rustlog: {err}") from None
-        self.config = LogConfig(
-            segment_bytes=args.segment_bytes,
-            index_interval_bytes=args.index_interval_bytes,
-            retention_ms=args.retention_ms,
-            retention_bytes=args.retention_bytes,
-            fsync=args.fsync,
-            max_total_partitions=args.max_total_partitions,
+    @classmethod
+    def config_from_flags(cls, args: argparse.Namespace) -> RustlogConfig:
+        return from_flags(RustlogConfig, args, app_env_map=parse_app_env_map(args.app_env_map))
+
+    @classmethod
+    def data_dir(cls, config: RustlogConfig) -> str:
+        return config.data_dir
+
+    def __init__(self, config: RustlogConfig, host: Host) -> None:
+        super().__init__(config, host)
+        self.log_config = LogConfig(
+            segment_bytes=config.segment_bytes,
+            index_interval_bytes=config.index_interval_bytes,
+            retention_ms=config.retention_ms,
+            retention_bytes=config.retention_bytes,
+            fsync=config.fsync,
+            max_total_partitions=config.max_total_partitions,
         )
         raise_open_file_limit()  # every partition in use holds a segment and an index open
-        self.log = Log(args.data_dir, self.config)
+        self.log = Log(config.data_dir, self.log_config)
         self.stats = RustlogMetrics()
         self.health = StoreHealth(log, host.metrics, "rustlog log")
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        log.info("data dir %s: %d topics, fsync %s", args.data_dir, len(self.log.partitions), args.fsync)
+        log.info("data dir %s: %d topics, fsync %s", config.data_dir, len(self.log.partitions), config.fsync)
 
     # -- lifecycle
 
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._recover(), name="rustlog recovery"))
-        if self.config.retention_ms is not None or self.config.retention_bytes is not None:
+        if self.log_config.retention_ms is not None or self.log_config.retention_bytes is not None:
             self._tasks.append(asyncio.create_task(self._retention_loop(), name="rustlog retention"))
-        if self.config.fsync == "interval":
+        if self.log_config.fsync == "interval":
             self._tasks.append(asyncio.create_task(self._fsync_loop(), name="rustlog fsync"))
 
     async def aclose(self) -> None:
@@ -214,7 +236,7 @@ class Bridge(BridgeProtocol):
             log.info("forwarded %d stored records of %s/%d that the device had not accepted", n, topic, p)
 
     async def _retention_loop(self) -> None:
-        interval = self.args.retention_check_interval_ms / 1000
+        interval = self.config.retention_check_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
             try:
@@ -226,7 +248,7 @@ class Bridge(BridgeProtocol):
                 log.info("retention deleted %d segments", deleted)
 
     async def _fsync_loop(self) -> None:
-        interval = self.args.fsync_interval_ms / 1000
+        interval = self.config.fsync_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
             try:
@@ -243,20 +265,15 @@ class Bridge(BridgeProtocol):
         self.host.mapper.add_payloads(
             out, records, {**metadata, "topic": topic, "partition": partition},
             Positions("offset", offsets, key_prefix=f"rustlog:{self.log.id}:{topic}/{partition}@", keys=offsets),
-            created_ms=timestamp_us // 1000, app_env=self.app_env_map.get(topic),
+            created_ms=timestamp_us // 1000, app_env=self.config.app_env_map.get(topic),
         )
         return out
 
     async def _publish(self, messages: Batches) -> int:
         """Publish; returns how many the device rejected (counted and logged, never retried)."""
-        try:
-            await self.host.link.publish(messages.batches)
-            return 0
-        except DeviceRejected as err:
-            self.stats.device_rejected += err.rejected
-            self.host.metrics.device_rejected.inc(err.rejected)
-            log.error("device rejected %d of %d records: check --topic and --app-env", err.rejected, err.total)
-            return err.rejected
+        rejected = await forward(self.host, messages, "rustlog records")
+        self.stats.device_rejected += rejected
+        return rejected
 
     async def _forward_backlog(self, topic: str, partition: int, plog: PartitionLog, end: int) -> int:
         sent = 0
@@ -279,7 +296,7 @@ class Bridge(BridgeProtocol):
     # -- the session
 
     async def serve(self, conn: Connection) -> None:
-        engine = e.RustlogServer(self.args.max_frame_size)
+        engine = e.RustlogServer(self.host.config.max_frame_size)
         conn.partial = lambda: engine.mid_frame
         self.stats.connections_total += 1
         self.stats.connections_active += 1
@@ -457,7 +474,7 @@ class Bridge(BridgeProtocol):
             )
         # max_bytes is the client's soft limit; the frame limit is ours: a JSON answer costs
         # up to about 3 bytes per stored byte (Base64 plus per-record fields).
-        frame = self.args.max_frame_size
+        frame = self.host.config.max_frame_size
         cap = frame // 3 if ev.dialect is e.Dialect.JSON else frame - 1024
         try:
             records: list[StoredRecord] = plog.read(offset, min(ev.max_bytes, cap)) if offset < hw else []

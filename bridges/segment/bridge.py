@@ -34,9 +34,10 @@ import argparse
 import asyncio
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, Positions
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, KeepaliveTimer, Pipeline, Positions, forward
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
@@ -49,11 +50,25 @@ ILLEGAL_ARGUMENT = 0  # ErrorMessage.ErrorCode.ILLEGAL_ARGUMENT_EXCEPTION
 UNSPECIFIED = -1
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentConfig:
+    """The flags `Bridge.add_arguments` adds (their help text is there)."""
+
+    data_dir: str
+    fsync: str
+    fsync_interval: float
+    max_read_size: int
+    max_pending_appends: int
+    max_pending_bytes: int
+    keepalive_interval: float
+
+
 class Bridge(BridgeProtocol):
     name = "segment"
     default_port = 12345
     default_max_frame = wire.MAX_COMMAND_SIZE
     default_idle_timeout = 120.0
+    Config = SegmentConfig
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -72,9 +87,9 @@ class Bridge(BridgeProtocol):
         parser.add_argument("--keepalive-interval", type=float, default=10.0, metavar="SECONDS",
                             help="KeepAlive sent to a client whose acks wait on the device")
 
-    def __init__(self, args: argparse.Namespace, host: Host) -> None:
-        super().__init__(args, host)
-        self.store = SegmentStore(args.data_dir, args.fsync)
+    def __init__(self, config: SegmentConfig, host: Host) -> None:
+        super().__init__(config, host)
+        self.store = SegmentStore(config.data_dir, config.fsync)
         self.health = StoreHealth(log, host.metrics, "segment store")
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -85,13 +100,13 @@ class Bridge(BridgeProtocol):
             if pending:
                 log.warning("segment %s: %d stored appends not yet accepted by the device; forwarding them", seg.name, len(pending))
                 self._tasks.append(asyncio.create_task(self._recover(seg, pending), name=f"recover {seg.name}"))
-        if self.args.fsync == "interval":
+        if self.config.fsync == "interval":
             self._tasks.append(asyncio.create_task(self._flusher(), name="fsync"))
-        log.info("segment store at %s: %d segments, fsync %s", self.store.root, len(self.store.segments), self.args.fsync)
+        log.info("segment store at %s: %d segments, fsync %s", self.store.root, len(self.store.segments), self.config.fsync)
 
     async def _flusher(self) -> None:
         while True:
-            await asyncio.sleep(self.args.fsync_interval)
+            await asyncio.sleep(self.config.fsync_interval)
             try:
                 await self.store.flush()
             except OSError as e:
@@ -120,12 +135,8 @@ class Bridge(BridgeProtocol):
             first = rec.last_event_number - rec.num_events + 1
             msgs = self.host.mapper.batches()
             self.add(msgs, [p for _, p in events], base, seg.name, rec.writer_id, first, [rec.start + off for off, _ in events])
-            try:
-                await self.host.link.publish(msgs.batches)
+            if not await forward(self.host, msgs, f"segment {seg.name}: recovered events at offset {rec.start}"):
                 self.host.metrics.events_acked.inc(len(msgs))
-            except DeviceRejected as e:
-                self.host.metrics.device_rejected.inc(e.rejected)
-                log.error("segment %s: device rejected %d of %d recovered events at offset %d", seg.name, e.rejected, e.total, rec.start)
             seg.mark_forwarded(rec)
         log.info("segment %s: recovery forwarding done", seg.name)
 
@@ -141,6 +152,10 @@ class Bridge(BridgeProtocol):
         positions = Positions("event_number", numbers, "segment_offset", offsets, key, offsets)
         self.host.mapper.add_payloads(out, payloads, common, positions)
 
+    @classmethod
+    def data_dir(cls, config: SegmentConfig) -> str:
+        return config.data_dir
+
     async def serve(self, conn: Connection) -> None:
         await Session(self, conn).run()
 
@@ -148,7 +163,7 @@ class Bridge(BridgeProtocol):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.args.fsync != "never":
+        if self.config.fsync != "never":
             try:
                 await self.store.flush()
             except OSError as e:
@@ -161,6 +176,18 @@ def _pread(seg: Segment, rec: AppendRecord) -> bytes:
     return data
 
 
+class _Answer:
+    """The replies one request earns, in its place in line: an append's DataAppended once it
+    is durable and the device accepted it (`append` says which), or a refusal at once."""
+
+    __slots__ = ("replies", "close", "append")
+
+    def __init__(self, replies: list[wire.Reply], close: bool = False, append: wire.Append | None = None) -> None:
+        self.replies = replies
+        self.close = close
+        self.append = append
+
+
 class Session:
     """One client connection: requests in order, acks in order, keepalives while waiting."""
 
@@ -169,32 +196,34 @@ class Session:
         self.store = bridge.store
         self.host = bridge.host
         self.conn = conn
-        self.engine = wire.SegmentServer(min(bridge.args.max_frame_size, wire.MAX_COMMAND_SIZE))
+        self.engine = wire.SegmentServer(min(bridge.host.config.max_frame_size, wire.MAX_COMMAND_SIZE))
         conn.partial = lambda: self.engine.mid_frame
-        # Ordered replies: each item is a future of (replies, close_after).
-        self.queue: asyncio.Queue[asyncio.Future | None] = asyncio.Queue(max(1, bridge.args.max_pending_appends))
+        # Replies leave in request order. The pipeline's units are append bytes not yet
+        # accepted by the device: they bound this connection's memory.
+        self.pipeline: Pipeline[_Answer] = Pipeline(
+            bridge.host, f"segment {conn.peer}", accepted=self._answer, refused=self._refused,
+            depth=bridge.config.max_pending_appends, max_pending=bridge.config.max_pending_bytes,
+            # Stored but refused by the device: say so, and let the writer reconnect.
+            consequence="answering ErrorMessage and closing",
+        )
+        self.keepalive = KeepaliveTimer(conn, bridge.config.keepalive_interval, self._still_working)
         self.acked: dict[uuid.UUID, int] = {}
         self.version = str(wire.WIRE_VERSION)
         self.ending = False  # read no more requests
         self.closed = False  # write no more replies
-        self.waiting = 0
-        # Bytes of appends not yet accepted by the device: bounds this connection's memory.
-        self.pending_bytes = 0
-        self.room = asyncio.Event()
-        self.room.set()
+        self.waiting = 0  # requests held for the disk or for SetupAppend's watermark
 
     def write(self, replies: Sequence[wire.Reply]) -> None:
         if not self.closed and replies:
             self.conn.write(b"".join(self.engine.send(r) for r in replies))
 
-    def done(self, replies: Sequence[wire.Reply], close: bool = False) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result((list(replies), close))
-        return fut
+    async def in_line(self, replies: Sequence[wire.Reply], close: bool = False) -> None:
+        """Answer after everything before it was answered."""
+        await self.pipeline.slot()
+        self.pipeline.launch(_Answer(list(replies), close))
 
     async def run(self) -> None:
-        writer = asyncio.create_task(self._write_replies())
-        keepalive = asyncio.create_task(self._keepalive())
+        keepalive = self.keepalive.start(f"segment keepalive {self.conn.peer}")
         error: BaseException | None = None
         try:
             try:
@@ -210,59 +239,49 @@ class Session:
                                 break
                         # An error the engine held back behind good requests is raised here.
                         requests = self.engine.feed(b"") if not self.ending else []
+                    if not self.closed:
+                        await self.conn.drain()  # a client that does not read its replies is not read either
             except wire.EventNumberWentBackwards as e:
-                await self.queue.put(self.done([wire.InvalidEventNumber(e.writer_id, e.request_id, "", e.event_number)], True))
+                await self.in_line([wire.InvalidEventNumber(e.writer_id, e.request_id, "", e.event_number)], True)
                 error = e
             except Exception as e:
                 # ProtocolError, IdleTimeout, a lost connection: acks still go out below,
                 # then the host logs and counts the error.
                 error = e
-            # Whatever was forwarded still gets its ack before the connection ends.
-            await self.queue.put(None)
-            await writer
-        except asyncio.CancelledError:
-            # Shutdown grace is over: stored appends are forwarded again at the next start.
-            writer.cancel()
-            raise
+            # Whatever was forwarded still gets its ack before the connection ends; after a
+            # failure the rest still finishes, so the store marks what the device took.
+            await self.pipeline.finish(through_failure=True)
         finally:
+            # At shutdown, once the grace is over, what is cancelled here is stored and is
+            # forwarded again at the next start.
             keepalive.cancel()
+            await self.pipeline.close()
         if error is not None:
             raise error
 
-    async def _write_replies(self) -> None:
-        while True:
-            item = await self.queue.get()
-            if item is None:
-                return
-            self.waiting += 1
-            try:
-                replies, close = await item
-            except Exception:
-                # E.g. an fsync failed: nothing more is acknowledged on this connection.
-                log.exception("%s: append failed; closing the connection", self.conn.peer)
-                replies, close = [], True
-            finally:
-                self.waiting -= 1
-            try:
-                self.write(replies)
-                if close and not self.closed:
-                    self.closed = self.ending = True
-                    await self.conn.drain()
-                    self.conn.stop_reading()
-                if self.queue.empty() and not self.closed:
-                    await self.conn.drain()
-            except (ConnectionError, OSError) as e:
-                # The client is gone; keep consuming so the reader never waits on a full queue.
-                log.info("%s: cannot write replies: %s", self.conn.peer, e)
-                self.closed = self.ending = True
-                self.conn.stop_reading()
+    def _answer(self, answer: _Answer) -> None:
+        self.write(answer.replies)
+        if answer.close and not self.closed:
+            self._close()
 
-    async def _keepalive(self) -> None:
+    def _refused(self, answer: _Answer, error: BaseException) -> None:
+        if isinstance(error, DeviceRejected) and answer.append is not None:
+            a = answer.append
+            self.write([wire.ErrorMessage(a.request_id, a.segment, str(error), UNSPECIFIED)])
+        else:
+            # E.g. an fsync failed: nothing more is acknowledged on this connection.
+            log.error("%s: append failed; closing the connection", self.conn.peer, exc_info=error)
+        self._close()
+
+    def _close(self) -> None:
+        self.closed = self.ending = True
+        self.conn.stop_reading()
+
+    def _still_working(self) -> bytes | None:
         # While acks wait on a slow or absent device the client must not time out.
-        while True:
-            await asyncio.sleep(self.bridge.args.keepalive_interval)
-            if self.waiting or not self.queue.empty():
-                self.write([wire.KeepAlive()])
+        if self.closed or not (self.waiting or len(self.pipeline)):
+            return None
+        return self.engine.send(wire.KeepAlive())
 
     async def _dispatch(self, req: wire.Request) -> None:
         if isinstance(req, wire.Append):
@@ -272,7 +291,7 @@ class Session:
             self.write([wire.Hello()])
             if not req.compatible():
                 log.warning("%s: incompatible wire versions %d..%d; closing", self.conn.peer, req.low_version, req.high_version)
-                await self.queue.put(self.done([], True))
+                await self.in_line([], True)
                 self.ending = True
         elif isinstance(req, wire.KeepAlive):
             self.write([req])
@@ -347,7 +366,7 @@ class Session:
             )
         # The reply must fit one command: leave room for its header and fields.
         room = self.engine.max_command - 64 - len(req.segment.encode("utf-8", "surrogatepass")) * 3
-        size = max(wire.HEADER_SIZE, min(req.suggested_length, self.bridge.args.max_read_size, room))
+        size = max(wire.HEADER_SIZE, min(req.suggested_length, self.bridge.config.max_read_size, room))
         data, at_tail, end = seg.read(req.offset, size)
         return wire.SegmentRead(req.segment, req.offset, at_tail, end, data, req.request_id)
 
@@ -376,25 +395,25 @@ class Session:
         """The segment `a` goes to; or None after queueing the refusal Pravega sends."""
         seg = self.store.get(a.segment)
         if seg is None:
-            await self.queue.put(self.done([wire.NoSuchSegment(a.request_id, a.segment, "", -1)]))
+            await self.in_line([wire.NoSuchSegment(a.request_id, a.segment, "", -1)])
             return None
         if seg.sealed:
-            await self.queue.put(self.done([wire.SegmentIsSealed(a.request_id, a.segment, "", a.last_event_number)]))
+            await self.in_line([wire.SegmentIsSealed(a.request_id, a.segment, "", a.last_event_number)])
             return None
         stored = seg.last_event(a.writer_id)
         if a.last_event_number <= stored:
             # Already in the segment (a resend past AppendSetup) or going backwards: Pravega refuses it.
             log.warning("%s: writer %s sent event number %d, already at %d", self.conn.peer, a.writer_id, a.last_event_number, stored)
-            await self.queue.put(self.done([wire.InvalidEventNumber(a.writer_id, a.request_id, "", a.last_event_number)], True))
+            await self.in_line([wire.InvalidEventNumber(a.writer_id, a.request_id, "", a.last_event_number)], True)
             self.ending = True
             return None
         if a.expected_offset is not None and a.expected_offset != seg.length:
-            await self.queue.put(self.done([wire.ConditionalCheckFailed(a.writer_id, a.last_event_number, a.request_id)]))
+            await self.in_line([wire.ConditionalCheckFailed(a.writer_id, a.last_event_number, a.request_id)])
             return None
         return seg
 
     async def _forward(self, a: wire.Append, seg: Segment, rec: AppendRecord, stored: int) -> None:
-        """Publish a stored append; its ack is queued in order and sent once the device accepted it."""
+        """Publish a stored append; its ack is in line and sent once the device accepted it."""
         self.host.metrics.events_received.inc(a.num_events)
         base = self.conn.metadata(self.version)
         first = a.first_event_number
@@ -402,29 +421,18 @@ class Session:
         self.bridge.add(msgs, a.payloads, base, a.segment, a.writer_id, first, [rec.start + off for off in a.event_offsets])
         previous = self.acked.get(a.writer_id, stored)
         self.acked[a.writer_id] = a.last_event_number
-        self.pending_bytes += len(a.data)
-        if self.pending_bytes > self.bridge.args.max_pending_bytes:
-            self.room.clear()
-        task = asyncio.ensure_future(self._complete(seg, rec, msgs, a, previous))
-        await self.queue.put(task)
-        await self.room.wait()  # read no more while too much waits on the device
+        answer = _Answer([wire.DataAppended(a.writer_id, a.last_event_number, previous, a.request_id, rec.end)], append=a)
+        pipeline = self.pipeline
+        pipeline.take(len(a.data))
+        await pipeline.slot()
+        pipeline.launch(answer, work=self._publish(seg, rec, msgs), units=len(a.data), events=a.num_events)
+        await pipeline.room()  # read no more while too much waits on the device
 
-    async def _complete(
-        self, seg: Segment, rec: AppendRecord, msgs: Batches, a: wire.Append, previous: int
-    ) -> tuple[list[wire.Reply], bool]:
+    async def _publish(self, seg: Segment, rec: AppendRecord, msgs: Batches) -> None:
+        await self.bridge.sync(seg, rec.end)
         try:
-            await self.bridge.sync(seg, rec.end)
             await self.host.link.publish(msgs.batches)
-        except DeviceRejected as e:
-            # Stored but refused by the device: say so, and let the writer reconnect.
-            seg.mark_forwarded(rec)
-            self.host.metrics.device_rejected.inc(e.rejected)
-            log.error("%s: device rejected %d of %d events of segment %s at offset %d", self.conn.peer, e.rejected, e.total, seg.name, rec.start)
-            return [wire.ErrorMessage(a.request_id, a.segment, str(e), UNSPECIFIED)], True
-        finally:
-            self.pending_bytes -= len(a.data)
-            if self.pending_bytes <= self.bridge.args.max_pending_bytes:
-                self.room.set()
+        except DeviceRejected:
+            seg.mark_forwarded(rec)  # forwarding it again would be refused again
+            raise
         seg.mark_forwarded(rec)
-        self.host.metrics.events_acked.inc(a.num_events)
-        return [wire.DataAppended(a.writer_id, a.last_event_number, previous, a.request_id, rec.end)], False
