@@ -48,6 +48,7 @@ import zmq
 from zmq.backend import Socket as _RawSocket
 
 from logjam import sockets
+from logjam.constants import ACCEPTED, BAD_REQUEST, PONG
 from logjam.compression import compress
 from logjam.meta import META_COMPRESSION_AT, META_HEAD, META_SIZE, now_ms
 from devices import stamp
@@ -67,9 +68,6 @@ __all__ = ["Device", "DeviceConfig", "TupleBatch"]
 
 log = logging.getLogger("logjam-device")
 
-ACCEPTED = b"202 Accepted"
-BAD_REQUEST = b"400 Bad Request"
-PONG = b"200 OK"
 PING = b"ping"
 HEARTBEAT = b"heartbeat"
 STATS = b"stats"

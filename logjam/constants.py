@@ -30,7 +30,7 @@ TOPIC_PREFIXES: tuple[bytes, ...] = (
 )
 # The device's reply statuses (the second frame of a reply): one request accepted or
 # refused, and the answer to a ping. The device, the producer and the bridges' link read
-# them from here; native/device.c and native/link.c still spell them out.
+# them from here, and native/device.c and native/link.c from lj_constants.h.
 ACCEPTED = b"202 Accepted"
 BAD_REQUEST = b"400 Bad Request"
 PONG = b"200 OK"
@@ -49,6 +49,8 @@ def c_header() -> str:
         f"#define LJ_COMPRESSION_MAX {COMPRESSION_MAX}",
         f"#define LJ_MAX_NAME_LENGTH {MAX_NAME_LENGTH}",
         f"#define LJ_TOPIC_PREFIXES {prefixes}",
+        *(f'#define LJ_STATUS_{name} "{value.decode("ascii")}"' for name, value in
+          (("ACCEPTED", ACCEPTED), ("BAD_REQUEST", BAD_REQUEST), ("PONG", PONG))),
         f"#define LJ_CONSTANTS_ID {constants_id()}u",
         "",
     ])
@@ -57,5 +59,5 @@ def c_header() -> str:
 def constants_id() -> int:
     """A 31-bit checksum of the values above, compiled into every C module."""
     text = repr((META_SIZE, META_TAG, META_TAG_SWAPPED, META_VERSION, COMPRESSION_MAX, MAX_NAME_LENGTH,
-                 TOPIC_PREFIXES))
+                 TOPIC_PREFIXES, ACCEPTED, BAD_REQUEST, PONG))
     return zlib.crc32(text.encode()) & 0x7FFFFFFF

@@ -306,15 +306,15 @@ void lj_reply(lj_batch_t *b, void *sock, const char *fqdn, size_t fqdn_len) {
         }
         if (st == LJ_PONG) {
             send_bytes(sock, "ping", 4, LJ_SNDMORE);
-            send_bytes(sock, "200 OK", 6, LJ_SNDMORE);
+            send_bytes(sock, LJ_STATUS_PONG, sizeof LJ_STATUS_PONG - 1, LJ_SNDMORE);
             send_bytes(sock, fqdn, fqdn_len, 0);
         } else if (st == LJ_PING_BAD) {
             send_bytes(sock, "ping", 4, LJ_SNDMORE);
-            send_bytes(sock, "400 Bad Request", 15, 0);
+            send_bytes(sock, LJ_STATUS_BAD_REQUEST, sizeof LJ_STATUS_BAD_REQUEST - 1, 0);
         } else {
             if (zmq_msg_send(&b->reply_app[j], sock, LJ_SNDMORE | LJ_DONTWAIT) < 0) zmq_msg_close(&b->reply_app[j]);
-            if (st == LJ_ACCEPTED) send_bytes(sock, "202 Accepted", 12, 0);
-            else send_bytes(sock, "400 Bad Request", 15, 0);
+            if (st == LJ_ACCEPTED) send_bytes(sock, LJ_STATUS_ACCEPTED, sizeof LJ_STATUS_ACCEPTED - 1, 0);
+            else send_bytes(sock, LJ_STATUS_BAD_REQUEST, sizeof LJ_STATUS_BAD_REQUEST - 1, 0);
         }
         zmq_msg_close(&b->reply_app[j]);
     }

@@ -22,7 +22,7 @@
 #include "lj_constants.h"
 #include "lj_zmq_calls.h"
 
-static const char accepted[] = "202 Accepted";
+static const char accepted[] = LJ_STATUS_ACCEPTED;
 
 int lj_link_send(void *sock, const char *app, size_t app_len, const char *topic, size_t topic_len,
                  const unsigned char *blob, const uint32_t *lens, const int64_t *created,
