@@ -64,7 +64,8 @@ class ImporterConfig:
         StreamFilter(args.worker, args.workers, args.app_env or ())  # raises ValueError for a bad share
         ports = split_list(args.replay_ports)
         if ports and (len(ports) != len(subs) or not all(p.isdigit() for p in ports)):
-            raise ValueError(f"--replay-ports needs one port per --sub endpoint ({len(subs)}), got {args.replay_ports!r}")
+            raise ValueError(f"--replay-ports needs one port per --sub endpoint ({len(subs)}), "
+                             f"got {args.replay_ports!r}")
         if args.own_devices:
             if args.workers is None:
                 raise ValueError("--own-devices needs --worker and --workers")
