@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.live import Live
 
 from logjam import sockets
+from logjam.curve import ClientKey
 from runtime import curve, lifecycle
 from runtime.check import Checker
 from runtime.config import add_config_flag, parse_config, setup_logging
@@ -279,8 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.check:
             return check(config, args)
         setup_logging("logjam-tail", config.verbose)
+        try:
+            key = curve.client_key(args)
+        except curve.KeyFileError as e:
+            parser.error(str(e))
         stop = lifecycle.stop_event()
-        return _run(config, args, stop, parser.error)
+        return _run(config, key, stop, parser.error)
     except KeyboardInterrupt:
         # Only reachable before the signal handlers are installed.
         return 0
@@ -291,13 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def _run(config: TailConfig, args: argparse.Namespace, stop: Any, error: Callable[[str], NoReturn]) -> int:
-    """`args` for the CURVE flags only; `error` is the parser's: a usage error, exit 2."""
+def _run(config: TailConfig, key: ClientKey | None, stop: Any, error: Callable[[str], NoReturn]) -> int:
+    """`error` is the parser's: a usage error, exit 2."""
     console = _console(config)
-    try:
-        key = curve.client_key(args)
-    except curve.KeyFileError as e:
-        error(str(e))
     ctx = zmq.Context()
     try:
         try:
