@@ -28,12 +28,10 @@ from table.partitioning import DEFAULT_MAX_NEW_APP_ENVS
 from table.paths import OVERFLOW
 from table.schema import DEFAULT_DATABASE
 from table.session import DEFAULT_SPARK
-from importer.split import StreamFilter, owned_endpoints, split_list
-from importer.worker import DEFAULT_SUB, Worker
+from importer.config import DEFAULT_REPLAY_PORT, DEFAULT_SUB, ImporterConfig
+from importer.worker import Worker
 from runtime import curve, lifecycle
-from runtime.config import add_config_flag, parse_args, setup_logging
-
-DEFAULT_REPLAY_PORT = 9607
+from runtime.config import add_config_flag, parse_config, setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,51 +86,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    args.sub = split_list(args.sub) or None
-    try:
-        StreamFilter(args.worker, args.workers, args.app_env or ())
-    except ValueError as e:
-        parser.error(str(e))
-    subs = args.sub or [DEFAULT_SUB]
-    ports = split_list(args.replay_ports)
-    if ports and (len(ports) != len(subs) or not all(p.isdigit() for p in ports)):
-        parser.error(f"--replay-ports needs one port per --sub endpoint ({len(subs)}), got {args.replay_ports!r}")
-    args.replay_port_of = dict(zip(subs, map(int, ports)))
-    if args.own_devices:
-        if args.workers is None:
-            parser.error("--own-devices needs --worker and --workers")
-        try:
-            owned_endpoints(subs, args.worker, args.workers)
-        except ValueError as e:
-            parser.error(str(e))
-    if (args.batch_rows is not None and args.batch_rows < 1) or args.flush_interval <= 0 or args.batch_bytes < 1:
-        parser.error("--batch-rows, --batch-bytes and --flush-interval must be positive")
-    if args.dedupe_keys < 0:
-        parser.error("--dedupe-keys must be 0 (off) or positive")
-    if args.write_timeout <= 0:
-        parser.error("--write-timeout must be positive")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv, validate)
+    args, config = parse_config(build_parser(), argv, ImporterConfig.from_args)
     if args.check:
         from importer.checks import check_importer
 
-        return check_importer(args)
-    log = setup_logging("logjam-importer", args.verbose)
+        return check_importer(config, args)
+    log = setup_logging("logjam-importer", config.verbose)
     try:
         key = curve.client_key(args)
     except curve.KeyFileError as e:
         log.error("cannot start: %s", e)
         return 1
     stop = lifecycle.stop_event()
-    metrics = ImporterMetrics(args.worker if args.worker is not None else 0)
-    worker = Worker(args, stop, metrics, key)
-    if args.metrics_port:
+    metrics = ImporterMetrics(config.worker_id)
+    worker = Worker(config, stop, metrics, key)
+    if config.metrics_port:
         from importer.health import worker_health
 
-        metrics.serve(args.metrics_port + args.metrics_port_offset, health=lambda: worker_health(worker))
+        metrics.serve(config.metrics_port, health=lambda: worker_health(worker))
     status = worker.start()
     if status is None:
         status = worker.run()

@@ -26,9 +26,9 @@ def worker_health(worker: "Worker") -> list[Check]:
     now = time.monotonic()
     ready_at = worker.ready_at
     if ready_at is None:
-        return [Check("spark", False, f"starting: connecting to {worker.args.spark} and preparing the table")]
-    checks = [Check("spark", True, f"connected to {worker.args.spark}")]
-    limit = worker.args.write_timeout
+        return [Check("spark", False, f"starting: connecting to {worker.config.spark} and preparing the table")]
+    checks = [Check("spark", True, f"connected to {worker.config.spark}")]
+    limit = worker.config.write_timeout
     writer, batch = getattr(worker, "writer", None), getattr(worker, "batch", None)
     started = writer.started if writer is not None else None
     last = worker.last_write

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import socket
 import threading
@@ -37,7 +36,8 @@ from importer.report import GapReport, Tally
 from importer.sequence import Ledger, Sequencer
 from table.session import (INGEST_POOL, is_connect, open_session, quiesce_previous_session, resolve_warehouse,
                               wait_for_connect_server)
-from importer.split import StreamFilter, owned_endpoints
+from importer.config import ImporterConfig
+from importer.split import StreamFilter
 from table.compaction_protocol import settle_root
 from importer.write import BackgroundWriter, TableWriter, WriteFailed
 from logjam import sockets
@@ -46,29 +46,27 @@ from logjam.subscriber import Subscriber
 
 log = logging.getLogger("logjam-importer")
 
-DEFAULT_SUB = "tcp://127.0.0.1:9606"
 # How often each device hears how far this worker has committed (its flow control, devices/lag.py).
 REPORT_EVERY = 0.5
 
 
 class Worker:
-    def __init__(self, args: argparse.Namespace, stop: threading.Event, metrics: ImporterMetrics,
+    def __init__(self, config: ImporterConfig, stop: threading.Event, metrics: ImporterMetrics,
                  curve: ClientKey | None = None) -> None:
-        self.args = args
+        self.config = config
         self.curve = curve  # for SUB and replay; None: plaintext (--plaintext)
         self.stop = stop
         self.metrics = metrics
-        self.worker_id = args.worker if args.worker is not None else 0
-        own = bool(getattr(args, "own_devices", False))
-        subs = args.sub or [DEFAULT_SUB]
+        self.worker_id = config.worker_id
+        own = config.own_devices
         # Owning whole devices, a worker keeps every stream they carry (prefixes still narrow it).
-        self.filter = StreamFilter(None if own else args.worker, None if own else args.workers, args.app_env or ())
-        self.subs = owned_endpoints(subs, args.worker, args.workers) if own else subs
+        self.filter = StreamFilter(None if own else config.worker, None if own else config.workers, config.app_env)
+        self.subs = list(config.owned)
         # Progress belongs to the device: an owner of whole devices that lands all their streams resumes
         # after the last row any importer wrote for them. A worker that lands only some streams
         # (prefixes, the CRC split) can trust only its own rows.
-        self.resume_scope: int | None = None if own and not args.app_env else self.worker_id
-        self.state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+        self.resume_scope: int | None = None if own and not config.app_env else self.worker_id
+        self.state_dir = Path(config.state_dir) if config.state_dir else default_state_dir()
         self.session_id: str | None = None
         self.checkpoints: Checkpoints | None = None
         self.ledger: Ledger | None = None
@@ -85,40 +83,40 @@ class Worker:
 
     # -- start-up -----------------------------------------------------------------------------
     def connect(self) -> Any:
-        return open_session(self.args.spark, app_name=f"logjam-importer-{self.worker_id}",
-                            warehouse=self.args.warehouse, session_id=self.session_id, pool=INGEST_POOL)
+        return open_session(self.config.spark, app_name=f"logjam-importer-{self.worker_id}",
+                            warehouse=self.config.warehouse, session_id=self.session_id, pool=INGEST_POOL)
 
     def start(self) -> int | None:
         """Connect, create or find the table, and work out where to resume; an exit status if that failed."""
-        args = self.args
-        if is_connect(args.spark) and not wait_for_connect_server(args.spark, self.stop):
+        config = self.config
+        if is_connect(config.spark) and not wait_for_connect_server(config.spark, self.stop):
             return 0
         started = time.monotonic()
-        if not args.no_replay and is_connect(args.spark):
+        if not config.no_replay and is_connect(config.spark):
             previous, self.session_id = new_session_id(self.state_dir, self.worker_id)
             if previous is not None:
-                quiesce_previous_session(lambda: open_session(args.spark, session_id=previous))
+                quiesce_previous_session(lambda: open_session(config.spark, session_id=previous))
         spark = self.connect()
-        warehouse = resolve_warehouse(spark, args.warehouse)
-        location = catalog.ensure_table(spark, args.database, table_path(warehouse))
-        partition_map = PartitionMap(self.worker_id, max_new=args.max_new_app_envs, on_overflow=self._overflowed)
-        self.table = TableWriter(args.database, self.worker_id, location, staging=not args.no_staging,
+        warehouse = resolve_warehouse(spark, config.warehouse)
+        location = catalog.ensure_table(spark, config.database, table_path(warehouse))
+        partition_map = PartitionMap(self.worker_id, max_new=config.max_new_app_envs, on_overflow=self._overflowed)
+        self.table = TableWriter(config.database, self.worker_id, location, staging=not config.no_staging,
                                  partition_map=partition_map, spill_dir=self.state_dir / f"spill-{self.worker_id}")
         staged = self.table.probe_staging(spark)
-        log.info("spark %s ready in %.1fs; writing %s.messages under %s (%s)", args.spark,
-                 time.monotonic() - started, args.database, self.table.root,
+        log.info("spark %s ready in %.1fs; writing %s.messages under %s (%s)", config.spark,
+                 time.monotonic() - started, config.database, self.table.root,
                  "batches staged as Parquet" if staged else "batches sent inside the Spark request")
         self.spark = spark
         # Rows a compaction's swap or our own last run left outside the catalog's location
         # must be visible before max(seq) is read from the table.
-        moved = settle_root(spark, args.database, self.worker_id, location)
+        moved = settle_root(spark, config.database, self.worker_id, location)
         if moved:
             log.info("moved %d files written after a compaction into its location", moved)
-        if not args.no_replay:
+        if not config.no_replay:
             status = self._recover(spark)
             if status is not None:
                 return status
-        if args.dedupe_keys > 0:
+        if config.dedupe_keys > 0:
             self._load_event_ids(spark)
         self.ready_at = time.monotonic()
         return None
@@ -130,7 +128,7 @@ class Worker:
         except ValueError as e:
             log.error("cannot start: %s (remove it to start from the table's max seq)", e)
             return 1
-        self.in_table = catalog.max_seqs(spark, self.args.database, self.resume_scope)
+        self.in_table = catalog.max_seqs(spark, self.config.database, self.resume_scope)
         resume = resume_positions(saved, self.in_table)
         self.ledger = Ledger(resume)
         for device, position in resume.items():
@@ -139,9 +137,8 @@ class Worker:
         def where(d: int) -> str:
             table = ", ".join(f"{s}" for s, _ in self.in_table.get(d, {}).values()) or "-"
             return f"device {d}: seq {resume[d].seq} (checkpoint {saved[d].seq if d in saved else '-'}, table {table})"
-        ports = getattr(self.args, "replay_port_of", {})
         log.info("recovery on (state %s, replay port %s; table rows of %s); resuming after %s", self.checkpoints.path,
-                 ",".join(str(ports.get(s, self.args.replay_port)) for s in self.subs), self._scope_name(),
+                 self.config.replay_ports(self.subs), self._scope_name(),
                  ", ".join(where(d) for d in sorted(resume)) or "nothing (no checkpoint, empty table)")
         return None
 
@@ -150,14 +147,14 @@ class Worker:
 
     def _load_event_ids(self, spark: Any) -> None:
         # After the previous session was quiesced, like max(seq): its last write is in the table or never will be.
-        self.dedupe = RecentKeys(self.args.dedupe_keys)
+        self.dedupe = RecentKeys(self.config.dedupe_keys)
         loading = time.monotonic()
         loaded = 0
         if getattr(self, "in_table", None) != {}:  # an empty root (known from max(seq)) has no keys
-            ids = catalog.recent_event_ids(spark, self.args.database, self.resume_scope, self.args.dedupe_keys)
+            ids = catalog.recent_event_ids(spark, self.config.database, self.resume_scope, self.config.dedupe_keys)
             loaded = self.dedupe.extend(stream_key(a, i) for a, i in ids)
         log.info("dedupe: remembering up to %d event ids; %d loaded from the rows of %s in %.1fs",
-                 self.args.dedupe_keys, loaded, self._scope_name(), time.monotonic() - loading)
+                 self.config.dedupe_keys, loaded, self._scope_name(), time.monotonic() - loading)
 
     # -- the stages' callbacks ------------------------------------------------------------------
     def _overflowed(self, app_env: str, date: str) -> None:
@@ -166,7 +163,7 @@ class Worker:
         if overflowed == 1 or overflowed % 1000 == 0:
             log.warning("worker %d has %d partitions on %s (--max-new-app-envs): new streams that day, %r the "
                         "latest (%d so far), land in app_env '%s' with their name in original_app_env",
-                        self.worker_id, self.args.max_new_app_envs, date, app_env, overflowed, OVERFLOW)
+                        self.worker_id, self.config.max_new_app_envs, date, app_env, overflowed, OVERFLOW)
 
     def quarantined(self, batch: Batch, pairs: frozenset[tuple[str, str]]) -> None:
         self.last_quarantine = time.monotonic()
@@ -206,27 +203,27 @@ class Worker:
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
-        args = self.args
+        config = self.config
         builder = BatchBuilder(dedupe=self.dedupe)
-        self.batch = GroupCommit(builder, flush_interval=args.flush_interval, batch_bytes=args.batch_bytes,
-                                 batch_rows=args.batch_rows)
+        self.batch = GroupCommit(builder, flush_interval=config.flush_interval, batch_bytes=config.batch_bytes,
+                                 batch_rows=config.batch_rows)
         self.writer = BackgroundWriter(self.connect, self.table, on_written=self.written,
                                        on_failure=lambda e: self.metrics.write_failures.inc(),
                                        on_committed=self.committed, on_quarantine=self.quarantined, stop=self.stop)
         self.writer.spark = self.spark
         ctx = zmq.Context()
-        self.sub = Subscriber(self.subs, context=ctx, rcvhwm=args.rcvhwm, curve=self.curve)
+        self.sub = Subscriber(self.subs, context=ctx, rcvhwm=config.rcvhwm, curve=self.curve)
         self.sequencer = None if self.ledger is None else Sequencer(
             self.ledger, self.metrics, context=ctx, device_endpoint=self.sub.device_endpoint,
-            replay_port=args.replay_port, replay_timeout=args.replay_timeout, stopping=self.stop.is_set,
-            curve=self.curve, replay_ports=getattr(args, "replay_port_of", None))
+            replay_port=config.replay_port, replay_timeout=config.replay_timeout, stopping=self.stop.is_set,
+            curve=self.curve, replay_ports=config.replay_port_of)
         self.receiver = Receiver(self.batch, self.filter, self.tally, self.gaps, self.sequencer,
                                  self.sub.device_endpoint)
-        share = f"worker {args.worker} of {args.workers}" if args.workers else "all streams"
-        if getattr(args, "own_devices", False):
-            share += f", owning {len(self.subs)} of {len(args.sub or [DEFAULT_SUB])} devices"
+        share = f"worker {config.worker} of {config.workers}" if config.workers else "all streams"
+        if config.own_devices:
+            share += f", owning {len(self.subs)} of {len(config.subs)} devices"
         log.info("subscribed to %s (%s%s)", ", ".join(self.subs), share,
-                 f", prefixes {', '.join(args.app_env)}" if args.app_env else "")
+                 f", prefixes {', '.join(config.app_env)}" if config.app_env else "")
         status = 0
         try:
             with sockets.eterm_is_clean():
@@ -286,7 +283,7 @@ class Worker:
 
     def _watch_writer(self) -> None:
         started = self.writer.started
-        stalled = started is not None and time.monotonic() - started > self.args.write_timeout
+        stalled = started is not None and time.monotonic() - started > self.config.write_timeout
         self.metrics.write_stalled.set(1 if stalled else 0)
         if stalled and not self._stalled:
             log.error("a Spark write has been pending for %.0fs (--write-timeout); interrupting it to retry",

@@ -5,15 +5,22 @@ become argparse defaults, so a flag on the command line always wins. Abbreviated
 are refused everywhere (`--conf` is a flag of its own, not `--config`): build parsers
 with `allow_abbrev=False`, which `parse_args` checks. `--check` (runtime/check.py) rides
 along with `--config`; under it a bad flag or file exits 1 instead of argparse's 2.
+
+An entry point turns the flags into its typed config once (`parse_config`, with the
+config's `from_args`; `from_flags` fills a dataclass's fields from the flags of the same
+names), and passes that frozen object down, never the `argparse.Namespace`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import tomllib
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +50,31 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         if known.check and e.code not in (0, None):
             raise SystemExit(1) from None
         raise
+
+
+def parse_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None, build: Callable[[argparse.Namespace], T],
+                 validate: Callable[[argparse.ArgumentParser, argparse.Namespace], None] | None = None,
+                 ) -> tuple[argparse.Namespace, T]:
+    """`parse_args`, then the typed config `build` makes of the flags, once; a ValueError from
+    `build` is a usage error like a bad flag (exit 2, or 1 under --check)."""
+    built: list[T] = []
+
+    def checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if validate is not None:
+            validate(parser, args)
+        try:
+            built.append(build(args))
+        except ValueError as e:
+            parser.error(str(e))
+
+    args = parse_args(parser, argv, checked)
+    return args, built[0]
+
+
+def from_flags(cls: type[T], args: argparse.Namespace, **values: Any) -> T:
+    """`cls` (a dataclass) with each field read from the flag of the same name, except `values`."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    return cls(**{name: values[name] if name in values else getattr(args, name) for name in names})
 
 
 def _parse(parser: argparse.ArgumentParser, config: str | None, argv: Sequence[str] | None) -> argparse.Namespace:

@@ -217,10 +217,9 @@ def test_retention_drops_old_days_from_the_catalog_and_the_disk(spark_server, tm
 @pytest.mark.timeout(600)
 def test_todays_partition_is_compacted_in_levels_while_written_and_read(spark_server, tmp_path) -> None:
     """The open day: an importer writes, a reader counts, compaction passes run; nothing missing or doubled."""
-    import argparse
-
     from pyspark.sql import SparkSession
 
+    from warehouse.config import MaintenanceConfig
     from warehouse.maintenance import maintenance_pass
     from table.partition_files import live_files
     from warehouse.tiers import level_of
@@ -251,8 +250,8 @@ def test_todays_partition_is_compacted_in_levels_while_written_and_read(spark_se
         except BaseException as e:  # surfaced below
             errors.append(e)
 
-    args = argparse.Namespace(retention_days=0, compact_target_bytes=128 * 2**20, compact_fanin=3,
-                              compact_max_level=2, compact_grace=120.0, compact_older_than=3600.0)
+    config = MaintenanceConfig(retention_days=0, compact_target_bytes=128 * 2**20, compact_fanin=3,
+                               compact_max_level=2, compact_grace=120.0, compact_older_than=3600.0)
     threads = [threading.Thread(target=write, daemon=True), threading.Thread(target=read, daemon=True)]
     for th in threads:
         th.start()
@@ -260,7 +259,7 @@ def test_todays_partition_is_compacted_in_levels_while_written_and_read(spark_se
     try:
         wait_for(lambda: landed[0] >= 60 or errors, timeout=120, what="the first writes")
         for _ in range(8):
-            merged += maintenance_pass(compactor, t.database, args).compacted
+            merged += maintenance_pass(compactor, t.database, config).compacted
             wait_for(lambda n=landed[0]: landed[0] >= n + 40 or errors, timeout=120, what="more writes")
     finally:
         stop.set()

@@ -17,13 +17,15 @@ import ssl
 import sys
 import threading
 import time
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 
 from runtime import curve, lifecycle
 from runtime.check import Checker
-from runtime.config import add_config_flag, parse_args
+from runtime.config import add_config_flag, from_flags, parse_config
 from logjam.message import body_from_bytes
+from logjam.curve import ClientKey
 from tools.send_clients import DEFAULT_PORTS, SENDERS, Options, Sender, SendFailed, tls_context
 from logjam.validation import is_valid_app_env
 
@@ -106,6 +108,34 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_client_flags(p)
     add_config_flag(p)
     return p
+
+
+@dataclass(frozen=True, slots=True)
+class SendConfig:
+    """The flags of one logjam-send run, as given (`validated` turns them into the client `Options`)."""
+
+    protocol: str
+    messages: tuple[str, ...]
+    to: str | None
+    timeout: float
+    batch_size: int
+    tls: bool
+    tls_ca: str | None
+    tls_cert: str | None
+    tls_key: str | None
+    mode: str
+    app_env: str
+    topic: str
+    compress: str
+    lumberjack_version: int
+    segment: str
+    rustlog_topic: str
+    partition: int
+    dialect: str
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "SendConfig":
+        return from_flags(cls, args, messages=tuple(args.messages))
 
 
 def parse_target(to: str | None, default_port: int) -> tuple[str, int]:
@@ -193,59 +223,61 @@ def batches(lines: Iterator[str | None], size: int) -> Iterator[list[dict[str, A
         yield batch
 
 
-def options(args: argparse.Namespace) -> Options:
-    key = "logjam-push" if args.protocol == "logjam" and args.mode == "push" else args.protocol
-    host, port = parse_target(args.to, DEFAULT_PORTS[key])
+def options(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> Options:
+    key = "logjam-push" if config.protocol == "logjam" and config.mode == "push" else config.protocol
+    host, port = parse_target(config.to, DEFAULT_PORTS[key])
     tls: ssl.SSLContext | None = None
-    if args.protocol == "logjam" and (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
+    if config.protocol == "logjam" and (config.tls or config.tls_ca or config.tls_cert or config.tls_key):
         raise ValueError("the logjam protocol runs on ZeroMQ without TLS; the --tls flags are for the bridge protocols")
-    if args.tls_key and not args.tls_cert:
+    if config.tls_key and not config.tls_cert:
         raise ValueError("--tls-key needs --tls-cert")
-    if args.tls or args.tls_ca or args.tls_cert:
+    if config.tls or config.tls_ca or config.tls_cert:
         try:
-            tls = tls_context(args.tls_ca, args.tls_cert, args.tls_key)
+            tls = tls_context(config.tls_ca, config.tls_cert, config.tls_key)
         except (OSError, ssl.SSLError) as e:
             raise ValueError(f"cannot load TLS files: {e}") from None
     # The logjam protocol goes to the device itself: CURVE, with the mesh's client key by default.
-    key = curve.client_key(args) if args.protocol == "logjam" else None
+    key = client_key() if config.protocol == "logjam" else None
     return Options(
-        host=host, port=port, timeout=args.timeout, tls=tls, curve=key, mode=args.mode, app_env=args.app_env,
-        topic=args.topic, compress=args.compress, lumberjack_version=args.lumberjack_version,
-        segment=args.segment, rustlog_topic=args.rustlog_topic, partition=args.partition, dialect=args.dialect,
+        host=host, port=port, timeout=config.timeout, tls=tls, curve=key, mode=config.mode,
+        app_env=config.app_env, topic=config.topic, compress=config.compress,
+        lumberjack_version=config.lumberjack_version, segment=config.segment, rustlog_topic=config.rustlog_topic,
+        partition=config.partition, dialect=config.dialect,
     )
 
 
-def validated(args: argparse.Namespace) -> Options:
-    """The options of a send, or ValueError saying which flag is wrong."""
-    if args.timeout <= 0:
+def validated(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> Options:
+    """The options of a send, or ValueError saying which flag is wrong (`client_key`: the CURVE key of the flags)."""
+    if config.timeout <= 0:
         raise ValueError("--timeout must be positive")
-    if not 1 <= args.batch_size <= MAX_BATCH_EVENTS:
+    if not 1 <= config.batch_size <= MAX_BATCH_EVENTS:
         raise ValueError(f"--batch-size must be within 1..{MAX_BATCH_EVENTS}")
-    return options(args)
+    return options(config, client_key)
 
 
-def check(args: argparse.Namespace) -> int:
+def check(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> int:
     """--check: the flags, the target, the TLS files; stdin is not read."""
     c = Checker(PROG)
-    for flag in ("--tls-ca", "--tls-cert", "--tls-key"):
-        c.readable_file(flag, getattr(args, flag[2:].replace("-", "_")))
-    if args.protocol == "logjam" and not is_valid_app_env(args.app_env):
-        c.error(f"--app-env {args.app_env!r} is not application-environment; the device would refuse it")
-    opts = c.attempt("flags and TLS files", lambda: validated(args))
+    for flag, path in (("--tls-ca", config.tls_ca), ("--tls-cert", config.tls_cert), ("--tls-key", config.tls_key)):
+        c.readable_file(flag, path)
+    if config.protocol == "logjam" and not is_valid_app_env(config.app_env):
+        c.error(f"--app-env {config.app_env!r} is not application-environment; the device would refuse it")
+    opts = c.attempt("flags and TLS files", lambda: validated(config, client_key))
     if opts is not None:
-        what = f"{len(args.messages)} message argument(s)" if args.messages and args.messages != ["-"] else "stdin lines"
+        given = config.messages and config.messages != ("-",)
+        what = f"{len(config.messages)} message argument(s)" if given else "stdin lines"
         secured = " with TLS" if opts.tls else " with CURVE" if opts.curve else ""
-        c.would_run(f"send {what} as {args.protocol} to {opts.where}{secured}, "
-                    f"{args.batch_size} per batch, waiting {args.timeout:g}s for each acknowledgement")
+        c.would_run(f"send {what} as {config.protocol} to {opts.where}{secured}, "
+                    f"{config.batch_size} per batch, waiting {config.timeout:g}s for each acknowledgement")
     return c.report()
 
 
-def run(args: argparse.Namespace, stdin_fd: int) -> int:
+def run(config: SendConfig, stdin_fd: int, client_key: Callable[[], ClientKey | None]) -> int:
     try:
-        if args.protocol == "logjam" and not is_valid_app_env(args.app_env):
-            print(f"{PROG}: warning: --app-env {args.app_env!r} is not application-environment; the device will refuse it",
-                  file=sys.stderr)
-        opts = validated(args)
+        if config.protocol == "logjam" and not is_valid_app_env(config.app_env):
+            print(f"{PROG}: warning: --app-env {config.app_env!r} is not application-environment; "
+                  "the device will refuse it", file=sys.stderr)
+        opts = validated(config, client_key)
     except ValueError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -254,12 +286,13 @@ def run(args: argparse.Namespace, stdin_fd: int) -> int:
     started = time.monotonic()
     sent = acked = 0
     sender: Sender | None = None
-    what = f"{args.protocol} {opts.where}" + (" (PUSH)" if args.protocol == "logjam" and args.mode == "push" else "")
+    push = config.protocol == "logjam" and config.mode == "push"
+    what = f"{config.protocol} {opts.where}" + (" (PUSH)" if push else "")
     try:
-        for batch in batches(lines_of(args.messages, stdin_fd, stop), args.batch_size):
+        for batch in batches(lines_of(config.messages, stdin_fd, stop), config.batch_size):
             sent += len(batch)
             if sender is None:
-                sender = SENDERS[args.protocol](opts)
+                sender = SENDERS[config.protocol](opts)
             sender.send(batch)
             acked += len(batch)
     except SendFailed as e:
@@ -285,10 +318,14 @@ def _events(n: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
+    args, config = parse_config(build_parser(), argv, SendConfig.from_args)
+
+    def client_key() -> ClientKey | None:
+        return curve.client_key(args)  # the CURVE flags stay with runtime/curve.py
+
     if args.check:
-        return check(args)
-    return run(args, sys.stdin.fileno())
+        return check(config, client_key)
+    return run(config, sys.stdin.fileno(), client_key)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,14 @@ import datetime
 import decimal
 import logging
 import sys
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import orjson
 
 from table.catalog import ensure_table
 from table.compaction_protocol import DEFAULT_GRACE_S
-from warehouse.tiers import TARGET_BYTES
+from warehouse.config import MaintenanceConfig
 from warehouse.maintenance import maintenance_pass
 from table.paths import table_path
 from table.schema import DEFAULT_DATABASE
@@ -29,9 +30,36 @@ from table.checks import local_dir, spark_url
 from table.session import DEFAULT_SPARK, is_connect, open_session, resolve_warehouse
 from runtime import lifecycle
 from runtime.check import Checker
-from runtime.config import add_config_flag, parse_args, setup_logging
+from runtime.config import add_config_flag, from_flags, parse_config, setup_logging
 
 log = logging.getLogger("logjam-sql")
+
+
+@dataclass(frozen=True, slots=True)
+class SqlConfig:
+    """What one logjam-sql run does (the flags below have the help)."""
+
+    query: str | None  # None: a maintenance pass (--compact / --retention-days)
+    compact: bool
+    older_than: float
+    compact_grace: float
+    retention_days: int
+    spark: str
+    warehouse: str | None
+    database: str
+    json: bool
+    max_rows: int
+    max_width: int
+    verbose: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "SqlConfig":
+        return from_flags(cls, args)
+
+    @property
+    def maintenance(self) -> MaintenanceConfig:
+        """The pass logjam-spark would run, with this run's retention and grace."""
+        return MaintenanceConfig(retention_days=self.retention_days, compact_grace=self.compact_grace)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,22 +134,22 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_widt
     return "\n".join(out)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(config: SqlConfig) -> int:
     from pyspark.errors import PySparkException
 
-    spark = open_session(args.spark, app_name="logjam-sql", warehouse=args.warehouse)
-    if is_connect(args.spark):
+    spark = open_session(config.spark, app_name="logjam-sql", warehouse=config.warehouse)
+    if is_connect(config.spark):
         # A one-shot query gains nothing from reattaching, and its asynchronous release races
         # our session close, leaving SESSION_CLOSED errors in the server log.
         spark.client.disable_reattachable_execute()
     try:
-        ensure_table(spark, args.database, table_path(resolve_warehouse(spark, args.warehouse)))
-        if args.query is None:
-            return maintain(spark, args)
-        spark.sql(f"USE `{args.database}`")
-        df = spark.sql(args.query)
+        ensure_table(spark, config.database, table_path(resolve_warehouse(spark, config.warehouse)))
+        if config.query is None:
+            return maintain(spark, config)
+        spark.sql(f"USE `{config.database}`")
+        df = spark.sql(config.query)
         columns = df.columns
-        limited = df.limit(args.max_rows + 1) if args.max_rows else df
+        limited = df.limit(config.max_rows + 1) if config.max_rows else df
         rows = [tuple(r) for r in limited.collect()]
     except PySparkException as e:
         print(f"logjam-sql: {str(e).strip().splitlines()[0]}", file=sys.stderr)
@@ -131,59 +159,59 @@ def run(args: argparse.Namespace) -> int:
             spark.stop()
         except Exception:  # closing a broken session must not hide the real error
             pass
-    truncated = bool(args.max_rows) and len(rows) > args.max_rows
-    rows = rows[: args.max_rows] if args.max_rows else rows
+    truncated = bool(config.max_rows) and len(rows) > config.max_rows
+    rows = rows[: config.max_rows] if config.max_rows else rows
     out = sys.stdout
-    if args.json:
+    if config.json:
         for row in rows:
             out.write(orjson.dumps(dict(zip(columns, row)), default=_json_default,
                                    option=orjson.OPT_NAIVE_UTC | orjson.OPT_NON_STR_KEYS).decode() + "\n")
     else:
-        out.write(format_table(columns, rows, args.max_width) + "\n")
+        out.write(format_table(columns, rows, config.max_width) + "\n")
         out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''}{', truncated' if truncated else ''})\n")
     if truncated:
-        print(f"logjam-sql: only the first {args.max_rows} rows shown (--max-rows)", file=sys.stderr)
+        print(f"logjam-sql: only the first {config.max_rows} rows shown (--max-rows)", file=sys.stderr)
     return 0
 
 
-def maintain(spark: Any, args: argparse.Namespace) -> int:
+def maintain(spark: Any, config: SqlConfig) -> int:
     """`--compact` / `--retention-days` without a query: one maintenance pass, then a summary line."""
-    args.compact_target_bytes = TARGET_BYTES
-    done = maintenance_pass(spark, args.database, args, compact=args.compact, older_than=args.older_than)
+    done = maintenance_pass(spark, config.database, config.maintenance, compact=config.compact,
+                            older_than=config.older_than)
     print(f"compacted {done.compacted} partitions ({done.failed} failed); retention dropped {done.dropped} "
           f"partitions ({done.rows_dropped} rows); {done.freed / 2**20:.1f} MiB freed")
     return 1 if done.failed else 0
 
 
-def check_sql(args: argparse.Namespace) -> int:
+def check_sql(config: SqlConfig) -> int:
     """`--check` (runtime/check.py): what the query or the maintenance pass would run, and on which Spark."""
     c = Checker("logjam-sql")
-    spark_url(c, "--spark", args.spark)
-    local_dir(c, "--warehouse", args.warehouse)
-    if args.query is None and not (args.compact or args.retention_days):
+    spark_url(c, "--spark", config.spark)
+    local_dir(c, "--warehouse", config.warehouse)
+    if config.query is None and not (config.compact or config.retention_days):
         c.error("give a query, or --compact / --retention-days")
-    if args.query is not None:
-        c.would_run(f"on {args.spark}, database {args.database}: {args.query}")
-    if args.compact:
-        c.would_run(f"compact partitions of {args.database}.messages closed at least {args.older_than:g}s ago")
-    if args.retention_days:
-        c.would_run(f"drop partitions of {args.database}.messages older than {args.retention_days} days")
+    if config.query is not None:
+        c.would_run(f"on {config.spark}, database {config.database}: {config.query}")
+    if config.compact:
+        c.would_run(f"compact partitions of {config.database}.messages closed at least {config.older_than:g}s ago")
+    if config.retention_days:
+        c.would_run(f"drop partitions of {config.database}.messages older than {config.retention_days} days")
     return c.report()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parse_args(parser, argv)
+    args, config = parse_config(parser, argv, SqlConfig.from_args)
     if args.check:
-        return check_sql(args)
-    if args.query is None and not (args.compact or args.retention_days):
+        return check_sql(config)
+    if config.query is None and not (config.compact or config.retention_days):
         parser.error("give a query, or --compact / --retention-days")
-    setup_logging("logjam-sql", args.verbose)
-    if not args.verbose:
+    setup_logging("logjam-sql", config.verbose)
+    if not config.verbose:
         logging.getLogger().setLevel(logging.WARNING)
         # pyspark logs every failed query with its JVM stack trace; the one-line error below is enough.
         logging.getLogger("SQLQueryContextLogger").disabled = True
-    lifecycle.exit_skipping_atexit(run(args))
+    lifecycle.exit_skipping_atexit(run(config))
 
 
 if __name__ == "__main__":

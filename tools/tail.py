@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn, Sequence
 
 import zmq
 from rich.color import ColorSystem
@@ -20,9 +21,10 @@ from rich.console import Console
 from rich.live import Live
 
 from logjam import sockets
+from logjam.curve import ClientKey
 from runtime import curve, lifecycle
 from runtime.check import Checker
-from runtime.config import add_config_flag, parse_args, setup_logging
+from runtime.config import add_config_flag, parse_config, setup_logging
 from logjam.message import Message
 from logjam.subscriber import Gap, Subscriber
 from tools.tail_render import Palette, Renderer
@@ -127,53 +129,63 @@ def _as_list(value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
-def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = build_parser()
-    args = parse_args(parser, argv, _validate)
-    args.parser = parser
-    return args
+@dataclass(frozen=True, slots=True)
+class TailConfig:
+    """What logjam-tail shows, built once from flags and TOML (the CURVE flags stay with runtime/curve.py)."""
+
+    sub: tuple[str, ...]
+    app_env: tuple[str, ...]  # ZeroMQ subscription prefixes; empty: every app-env
+    topic: tuple[str, ...]  # topic prefixes, filtered after receipt
+    mode: str
+    count: int | None
+    heartbeats: bool
+    width: int | None
+    color: str
+    interval: float
+    verbose: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "TailConfig":
+        """The config of these flags, or ValueError (TOML values bypass argparse's type checks)."""
+        sub = tuple(_as_list(args.sub)) or (DEFAULT_SUB,)
+        if args.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {args.mode!r}")
+        if args.count is not None and (not isinstance(args.count, int) or args.count <= 0):
+            raise ValueError(f"count must be a positive integer, not {args.count!r}")
+        if args.width is not None and (not isinstance(args.width, int) or args.width < 0):
+            raise ValueError(f"width must be 0 or more, not {args.width!r}")
+        if not isinstance(args.interval, (int, float)) or args.interval <= 0:
+            raise ValueError(f"interval must be positive, not {args.interval!r}")
+        for ep in sub:
+            if "://" not in ep:
+                raise ValueError(f"--sub {ep!r}: expected an endpoint such as {DEFAULT_SUB}")
+        return cls(sub=sub, app_env=tuple(_as_list(args.app_env)), topic=tuple(_as_list(args.topic)), mode=args.mode,
+                   count=args.count, heartbeats=args.heartbeats, width=args.width, color=args.color,
+                   interval=args.interval, verbose=args.verbose)
 
 
-def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    # TOML values bypass argparse's type checks, so check them here.
-    args.sub = _as_list(args.sub) or [DEFAULT_SUB]
-    args.app_env = _as_list(args.app_env)
-    args.topic = _as_list(args.topic)
-    if args.mode not in MODES:
-        parser.error(f"mode must be one of {', '.join(MODES)}, not {args.mode!r}")
-    if args.count is not None and (not isinstance(args.count, int) or args.count <= 0):
-        parser.error(f"count must be a positive integer, not {args.count!r}")
-    if args.width is not None and (not isinstance(args.width, int) or args.width < 0):
-        parser.error(f"width must be 0 or more, not {args.width!r}")
-    if not isinstance(args.interval, (int, float)) or args.interval <= 0:
-        parser.error(f"interval must be positive, not {args.interval!r}")
-    for ep in args.sub:
-        if "://" not in ep:
-            parser.error(f"--sub {ep!r}: expected an endpoint such as {DEFAULT_SUB}")
-
-
-def check(args: argparse.Namespace) -> int:
-    """--check: everything was validated while parsing; say what would be shown."""
+def check(config: TailConfig, args: argparse.Namespace) -> int:
+    """--check: everything was validated while parsing; say what would be shown (`args`: the CURVE flags)."""
     c = Checker("logjam-tail")
-    c.ok(f"--sub {', '.join(args.sub)}")
-    streams = f"app-envs starting with {', '.join(args.app_env)}" if args.app_env else "every app-env"
-    topics = f", topics starting with {', '.join(args.topic)}" if args.topic else ""
-    c.would_run(f"subscribe to {', '.join(args.sub)}: {streams}{topics}, shown as {args.mode}"
-                + (f", stop after {args.count}" if args.count else ""))
+    c.ok(f"--sub {', '.join(config.sub)}")
+    streams = f"app-envs starting with {', '.join(config.app_env)}" if config.app_env else "every app-env"
+    topics = f", topics starting with {', '.join(config.topic)}" if config.topic else ""
+    c.would_run(f"subscribe to {', '.join(config.sub)}: {streams}{topics}, shown as {config.mode}"
+                + (f", stop after {config.count}" if config.count else ""))
     curve.check_client(c, args)
     return c.report()
 
 
-def _console(args: argparse.Namespace) -> Console:
-    force = {"always": True, "never": False}.get(args.color)
-    return Console(file=sys.stdout, force_terminal=force, no_color=args.color == "never" or None,
+def _console(config: TailConfig) -> Console:
+    force = {"always": True, "never": False}.get(config.color)
+    return Console(file=sys.stdout, force_terminal=force, no_color=config.color == "never" or None,
                    highlight=False, soft_wrap=False)
 
 
-def _palette(args: argparse.Namespace, console: Console) -> Palette:
+def _palette(config: TailConfig, console: Console) -> Palette:
     if not console.is_terminal or console.no_color:
         return Palette(None)
-    if args.color == "always":
+    if config.color == "always":
         return Palette(console.color_system or ColorSystem.STANDARD)
     return Palette(console.color_system)
 
@@ -181,22 +193,22 @@ def _palette(args: argparse.Namespace, console: Console) -> Palette:
 class _Tail:
     """The SUB loop shared by every mode."""
 
-    def __init__(self, args: argparse.Namespace, sub: Subscriber, stop: Any) -> None:
-        self.args = args
+    def __init__(self, config: TailConfig, sub: Subscriber, stop: Any) -> None:
+        self.config = config
         self.sub = sub
         self.stop = stop
-        self.topics = tuple(args.topic)
+        self.topics = config.topic
         self.shown = 0
         self._warned_bad = 0
         self._warned_at = 0.0
 
     def wanted(self, msg: Message) -> bool:
         if msg.is_heartbeat:
-            return self.args.heartbeats
+            return self.config.heartbeats
         return not self.topics or msg.topic.startswith(self.topics)
 
     def done(self) -> bool:
-        return self.args.count is not None and self.shown >= self.args.count
+        return self.config.count is not None and self.shown >= self.config.count
 
     def warn_undecodable(self) -> None:
         bad = self.sub.bad_messages
@@ -209,7 +221,7 @@ class _Tail:
     def run_lines(self, renderer: Renderer, console: Console) -> None:
         out = sys.stdout.buffer
         # Only a real terminal has a width; FORCE_COLOR on a pipe must not cut lines.
-        auto_width = self.args.width is None and sys.stdout.isatty()
+        auto_width = self.config.width is None and sys.stdout.isatty()
         while not self.stop.is_set() and not self.done():
             batch = self.sub.recv_batch(timeout=POLL_S)
             if auto_width:
@@ -229,7 +241,7 @@ class _Tail:
             self.warn_undecodable()
 
     def run_stats(self, console: Console) -> None:
-        board = StatsBoard(self.args.sub, self.args.app_env, self.args.topic)
+        board = StatsBoard(self.config.sub, self.config.app_env, self.config.topic)
 
         def render() -> Any:
             return board.render(self.sub.gaps, self.sub.bad_messages, self.sub.reconnects)
@@ -251,24 +263,29 @@ class _Tail:
         if console.is_interactive:
             with Live(render(), console=console, auto_refresh=False, transient=False) as live:
                 while not self.stop.is_set() and not self.done():
-                    pump(time.monotonic() + self.args.interval)
+                    pump(time.monotonic() + self.config.interval)
                     live.update(render(), refresh=True)
         else:
             # A pipe cannot redraw, so print one table per interval, and a last one on exit.
             while not self.stop.is_set() and not self.done():
-                pump(time.monotonic() + self.args.interval)
+                pump(time.monotonic() + self.config.interval)
                 console.print(render())
                 console.file.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = parse(argv)
+        parser = build_parser()
+        args, config = parse_config(parser, argv, TailConfig.from_args)
         if args.check:
-            return check(args)
-        setup_logging("logjam-tail", args.verbose)
+            return check(config, args)
+        setup_logging("logjam-tail", config.verbose)
+        try:
+            key = curve.client_key(args)
+        except curve.KeyFileError as e:
+            parser.error(str(e))
         stop = lifecycle.stop_event()
-        return _run(args, stop)
+        return _run(config, key, stop, parser.error)
     except KeyboardInterrupt:
         # Only reachable before the signal handlers are installed.
         return 0
@@ -279,26 +296,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def _run(args: argparse.Namespace, stop: Any) -> int:
-    console = _console(args)
-    try:
-        key = curve.client_key(args)
-    except curve.KeyFileError as e:
-        args.parser.error(str(e))
+def _run(config: TailConfig, key: ClientKey | None, stop: Any, error: Callable[[str], NoReturn]) -> int:
+    """`error` is the parser's: a usage error, exit 2."""
+    console = _console(config)
     ctx = zmq.Context()
     try:
         try:
-            sub = Subscriber(args.sub, args.app_env, context=ctx, curve=key)
+            sub = Subscriber(list(config.sub), list(config.app_env), context=ctx, curve=key)
         except zmq.ZMQError as e:
-            args.parser.error(f"--sub {' '.join(args.sub)}: {e}")
-        log.debug("subscribed to %s (app-env prefixes: %s)", ", ".join(args.sub), args.app_env or "all")
-        tail = _Tail(args, sub, stop)
+            error(f"--sub {' '.join(config.sub)}: {e}")
+        log.debug("subscribed to %s (app-env prefixes: %s)", ", ".join(config.sub), list(config.app_env) or "all")
+        tail = _Tail(config, sub, stop)
         try:
             with sockets.eterm_is_clean():
-                if args.mode == "stats":
+                if config.mode == "stats":
                     tail.run_stats(console)
                 else:
-                    tail.run_lines(Renderer(args.mode, _palette(args, console), args.width or 0), console)
+                    tail.run_lines(Renderer(config.mode, _palette(config, console), config.width or 0), console)
         finally:
             sub.close()
     finally:

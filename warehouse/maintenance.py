@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from table.catalog import table_location
-from table.compaction_protocol import DEFAULT_GRACE_S, local_partitions
+from table.compaction_protocol import local_partitions
 from warehouse.compaction import (
     SCRATCH,
     CompactionError,
@@ -32,7 +32,8 @@ from warehouse.compaction import (
     swap_all,
     write_merges,
 )
-from warehouse.tiers import FANIN, MAX_LEVEL, TARGET_BYTES, TierPolicy, level_of
+from warehouse.config import MaintenanceConfig
+from warehouse.tiers import FANIN, MAX_LEVEL, TierPolicy, level_of
 from table.partition_files import delete_retired, live_files, remove_tree
 from table.paths import local_path
 from warehouse.retention import expire
@@ -41,29 +42,32 @@ from table.session import first_line
 log = logging.getLogger(__name__)
 
 CENSUS_EVERY = 15.0  # seconds between counts of the table's partitions and files for the metrics
+DEFAULTS = MaintenanceConfig()
 
 
 def add_maintenance_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--retention-days", type=int, default=0, metavar="N",
+    """The flags of `MaintenanceConfig` (warehouse/config.py), with its defaults."""
+    d = DEFAULTS
+    p.add_argument("--retention-days", type=int, default=d.retention_days, metavar="N",
                    help="drop partitions whose date is more than N days before today (default 0: keep everything)")
     p.add_argument("--no-compact", dest="compact", action="store_false", help="do not compact on a schedule")
-    p.add_argument("--compact-interval", type=float, default=15.0, metavar="SECONDS",
+    p.add_argument("--compact-interval", type=float, default=d.compact_interval, metavar="SECONDS",
                    help="seconds between compaction passes, which keep today's partitions few-filed too (default 15)")
-    p.add_argument("--compact-fanin", type=int, default=FANIN, metavar="N",
+    p.add_argument("--compact-fanin", type=int, default=d.compact_fanin, metavar="N",
                    help=f"while a day is open, merge N files of one level into one of the next (default {FANIN})")
-    p.add_argument("--compact-max-level", type=int, default=MAX_LEVEL, metavar="N",
+    p.add_argument("--compact-max-level", type=int, default=d.compact_max_level, metavar="N",
                    help=f"while a day is open, rewrite a row at most N times (default {MAX_LEVEL})")
-    p.add_argument("--compact-throughput", type=float, default=2.0, metavar="MIB_PER_S",
+    p.add_argument("--compact-throughput", type=float, default=d.compact_throughput, metavar="MIB_PER_S",
                    help="bytes compaction may rewrite a second, on average, so that it never takes the cores "
                         "the importers need (default 2 MiB/s; 0: no limit)")
-    p.add_argument("--compact-older-than", type=float, default=3600.0, metavar="SECONDS",
+    p.add_argument("--compact-older-than", type=float, default=d.compact_older_than, metavar="SECONDS",
                    help="a day is closed this long after it ended: its small files are merged into "
                         "--compact-target-bytes files once (default 3600)")
-    p.add_argument("--compact-target-bytes", type=int, default=TARGET_BYTES, metavar="BYTES",
+    p.add_argument("--compact-target-bytes", type=int, default=d.compact_target_bytes, metavar="BYTES",
                    help="size of a compacted file (default 128 MiB); files of 3/4 of it are never rewritten")
-    p.add_argument("--compact-grace", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
+    p.add_argument("--compact-grace", type=float, default=d.compact_grace, metavar="SECONDS",
                    help="keep replaced files this long for queries planned before the swap (default 300)")
-    p.add_argument("--maintenance-interval", type=float, default=600.0, metavar="SECONDS",
+    p.add_argument("--maintenance-interval", type=float, default=d.maintenance_interval, metavar="SECONDS",
                    help="seconds between maintenance passes (default 600)")
 
 
@@ -144,7 +148,7 @@ class PassResult:
     freed: int = 0
 
 
-def maintenance_pass(spark: Any, database: str, args: argparse.Namespace, metrics: TableMetrics | None = None,
+def maintenance_pass(spark: Any, database: str, config: MaintenanceConfig, metrics: TableMetrics | None = None,
                      *, compact: bool = True, older_than: float | None = None, retention: bool = True,
                      throttle: Throttle | None = None) -> PassResult:
     """One pass of retention, compaction and cleanup over the table. Returns counts."""
@@ -154,16 +158,16 @@ def maintenance_pass(spark: Any, database: str, args: argparse.Namespace, metric
     if table_dir is None:
         log.warning("the table is at %s, not on a local disk: no compaction or retention here", location)
         return result
-    if args.retention_days and retention:
-        gone = expire(spark, database, location, args.retention_days)
+    if config.retention_days and retention:
+        gone = expire(spark, database, location, config.retention_days)
         result.dropped, result.rows_dropped, result.freed = len(gone.partitions), gone.rows, gone.bytes
         if metrics:
             metrics.retention_partitions.inc(len(gone.partitions))
             metrics.retention_rows.inc(gone.rows)
             metrics.retention_bytes.inc(gone.bytes)
     if compact:
-        _compact_all(spark, database, args, location, table_dir, result, metrics,
-                     args.compact_older_than if older_than is None else older_than, throttle)
+        _compact_all(spark, database, config, location, table_dir, result, metrics,
+                     config.compact_older_than if older_than is None else older_than, throttle)
     with compaction_lock(table_dir) as mine:
         for part in local_partitions(location) if mine else ():
             result.freed += delete_retired(part.dir)
@@ -200,12 +204,12 @@ class Throttle:
         return admitted
 
 
-def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: str, table_dir: Any,
+def _compact_all(spark: Any, database: str, config: MaintenanceConfig, location: str, table_dir: Any,
                  result: PassResult, metrics: TableMetrics | None, older_than: float,
                  throttle: Throttle | None = None) -> None:
     started = time.monotonic()
-    policy = TierPolicy(target_bytes=args.compact_target_bytes, fanin=getattr(args, "compact_fanin", FANIN),
-                        max_level=getattr(args, "compact_max_level", MAX_LEVEL))
+    policy = TierPolicy(target_bytes=config.compact_target_bytes, fanin=config.compact_fanin,
+                        max_level=config.compact_max_level)
     with compaction_lock(table_dir) as mine:
         if not mine:
             log.info("another compaction of %s is running; skipping this pass", location)
@@ -215,7 +219,7 @@ def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: 
         for part in list(local_partitions(location)):
             try:
                 merge = plan(spark, database, part, policy, closed=is_closed(part.date, older_than),
-                             grace=args.compact_grace)
+                             grace=config.compact_grace)
             except (CompactionError, OSError) as e:
                 _failed(result, part.dir, e)
                 continue
@@ -227,7 +231,7 @@ def _compact_all(spark: Any, database: str, args: argparse.Namespace, location: 
             write_merges(spark, merges, table_dir / SCRATCH)
         written = time.monotonic()
         held = metrics.lock_hold.observe if metrics is not None else (lambda seconds: None)
-        for merge, done in swap_all(spark, database, merges, args.compact_grace, held):
+        for merge, done in swap_all(spark, database, merges, config.compact_grace, held):
             if isinstance(done, BaseException):
                 _failed(result, merge.part.dir, done)
                 continue
@@ -265,24 +269,24 @@ def _count(metrics: TableMetrics | None, merge: Any, done: Any) -> None:
     metrics.bytes_written.inc(done.bytes_after)  # the merged files only, not the links to the files kept
 
 
-def run_maintenance(spark: Any, args: argparse.Namespace, stopping: threading.Event,
+def run_maintenance(spark: Any, database: str, config: MaintenanceConfig, stopping: threading.Event,
                     metrics: TableMetrics | None = None) -> None:
     """Compaction passes every --compact-interval seconds, retention every --maintenance-interval, until stopping."""
     location = None
     next_retention = 0.0
-    rate = getattr(args, "compact_throughput", 0.0)
+    rate = config.compact_throughput
     throttle = Throttle(rate * 2**20) if rate > 0 else None
-    interval = args.compact_interval if args.compact else args.maintenance_interval
+    interval = config.compact_interval if config.compact else config.maintenance_interval
     while not stopping.is_set():
         now = time.monotonic()
         next_pass = now + interval
         retention = now >= next_retention
         if retention:
-            next_retention = now + args.maintenance_interval
+            next_retention = now + config.maintenance_interval
         try:
-            maintenance_pass(spark, args.database, args, metrics, compact=args.compact, retention=retention,
+            maintenance_pass(spark, database, config, metrics, compact=config.compact, retention=retention,
                              throttle=throttle)
-            location = table_location(spark, args.database)
+            location = table_location(spark, database)
         except Exception as e:  # a failed pass (Spark restarting, a query error) must not end the schedule
             log.warning("maintenance pass failed: %s", first_line(e))
         # The census is a walk of the table's directories: cheap enough to keep the metrics fresh.

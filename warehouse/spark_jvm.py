@@ -7,12 +7,12 @@ probe without importing the server.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 from pathlib import Path
 
 from table.session import LOG4J_CONFIG, driver_address
+from warehouse.config import SparkServerConfig
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
@@ -31,12 +31,12 @@ def spark_home() -> Path:
     return Path(_find_spark_home())
 
 
-def spark_conf(args: argparse.Namespace, warehouse: str, metastore: Path) -> dict[str, str]:
+def spark_conf(config: SparkServerConfig) -> dict[str, str]:
     """Every Spark setting of the server: ours first, then `--conf`, which wins."""
     conf = {
-        "spark.connect.grpc.binding.port": str(args.port),
-        "spark.connect.grpc.binding.address": args.bind,
-        "spark.sql.warehouse.dir": warehouse,
+        "spark.connect.grpc.binding.port": str(config.port),
+        "spark.connect.grpc.binding.address": config.bind,
+        "spark.sql.warehouse.dir": config.warehouse,
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
@@ -48,27 +48,27 @@ def spark_conf(args: argparse.Namespace, warehouse: str, metastore: Path) -> dic
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": f"file://{SCHEDULER_POOLS}",
     }
-    if args.metastore_uri:
-        conf["spark.hadoop.hive.metastore.uris"] = args.metastore_uri
+    if config.metastore_uri:
+        conf["spark.hadoop.hive.metastore.uris"] = config.metastore_uri
     else:
         conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
-            f"jdbc:derby:;databaseName={metastore / 'metastore_db'};create=true")
+            f"jdbc:derby:;databaseName={config.metastore / 'metastore_db'};create=true")
         conf["spark.hadoop.datanucleus.schema.autoCreateAll"] = "true"
         conf["spark.hadoop.hive.metastore.schema.verification"] = "false"
-    if args.jdbc_port:
+    if config.jdbc_port:
         conf["spark.plugins"] = CONNECT_PLUGIN
-        conf["spark.hadoop.hive.server2.thrift.port"] = str(args.jdbc_port)
-        conf["spark.hadoop.hive.server2.thrift.bind.host"] = args.bind
+        conf["spark.hadoop.hive.server2.thrift.port"] = str(config.jdbc_port)
+        conf["spark.hadoop.hive.server2.thrift.bind.host"] = config.bind
     # Executors connect back to the driver: bind it where --bind says, and advertise an address
     # they can reach (for a cluster on other hosts: this host's address towards the master).
-    if args.bind in ("0.0.0.0", "::"):
-        conf["spark.driver.bindAddress"] = args.bind
-        conf["spark.driver.host"] = driver_address(args.master)
+    if config.bind in ("0.0.0.0", "::"):
+        conf["spark.driver.bindAddress"] = config.bind
+        conf["spark.driver.host"] = driver_address(config.master)
     else:
-        conf["spark.driver.bindAddress"] = conf["spark.driver.host"] = args.bind
+        conf["spark.driver.bindAddress"] = conf["spark.driver.host"] = config.bind
     if LOCALFS_JAR.exists():
         conf["spark.hadoop.fs.file.impl"] = LOCALFS_CLASS
-    for item in args.conf or []:
+    for item in config.conf:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise SystemExit(f"logjam-spark: --conf wants KEY=VALUE, got {item!r}")
@@ -78,7 +78,7 @@ def spark_conf(args: argparse.Namespace, warehouse: str, metastore: Path) -> dic
         # The driver's own classpath, so every class loader (the metastore's too) sees it;
         # spark.jars ships it to a cluster's executors (local[*] runs tasks in the driver).
         _append(conf, "spark.driver.extraClassPath", str(LOCALFS_JAR), os.pathsep)
-        if not args.master.startswith("local"):
+        if not config.master.startswith("local"):
             _append(conf, "spark.jars", str(LOCALFS_JAR), ",")
     return conf
 
@@ -95,21 +95,21 @@ def localfs_note() -> str | None:
             "local filesystem, which forks a chmod for every new directory")
 
 
-def command(args: argparse.Namespace, warehouse: str, metastore: Path) -> list[str]:
-    java_options = [f"-Dderby.system.home={metastore}",
+def command(config: SparkServerConfig) -> list[str]:
+    java_options = [f"-Dderby.system.home={config.metastore}",
                     # A JVM out of heap is wedged, not dead; exit so supervisord restarts it.
                     "-XX:+ExitOnOutOfMemoryError"]
-    if not args.verbose and LOG4J_CONFIG.exists():
+    if not config.verbose and LOG4J_CONFIG.exists():
         java_options.append(f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}")
     argv = [
         str(spark_home() / "bin" / "spark-submit"),
-        "--class", THRIFT_SERVER_CLASS if args.jdbc_port else CONNECT_SERVER_CLASS,
+        "--class", THRIFT_SERVER_CLASS if config.jdbc_port else CONNECT_SERVER_CLASS,
         "--name", "logjam Spark server",
-        "--master", args.master,
-        "--driver-memory", args.driver_memory,
+        "--master", config.master,
+        "--driver-memory", config.driver_memory,
         "--driver-java-options", " ".join(java_options),
     ]
-    for key, value in spark_conf(args, warehouse, metastore).items():
+    for key, value in spark_conf(config).items():
         argv += ["--conf", f"{key}={value}"]
     return argv
 

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from warehouse.maintenance import TableMetrics, add_maintenance_flags, run_maintenance
-from table.paths import data_dir, default_warehouse, normalise_warehouse, table_path
+from table.paths import table_path
 from table.schema import DEFAULT_DATABASE
+from warehouse.config import SparkServerConfig
 from warehouse.spark_jvm import command, listening, localfs_note, spark_home
-from runtime.config import add_config_flag, parse_args, setup_logging
+from runtime.config import add_config_flag, parse_config, setup_logging
 
 log = logging.getLogger("logjam-spark")
 
@@ -71,34 +72,34 @@ def _die_with_parent() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _prepare(args: argparse.Namespace, warehouse: str, proc: subprocess.Popen, stopping: threading.Event,
+def _prepare(config: SparkServerConfig, proc: subprocess.Popen, stopping: threading.Event,
              metrics: TableMetrics) -> None:
     """Announce the endpoints once they accept, create the table, then run maintenance until stopping."""
-    host = "127.0.0.1" if args.bind in ("0.0.0.0", "::") else args.bind
-    while proc.poll() is None and not stopping.is_set() and not listening(args.bind, args.port):
+    host = config.host
+    while proc.poll() is None and not stopping.is_set() and not listening(config.bind, config.port):
         time.sleep(0.25)
     if proc.poll() is not None or stopping.is_set():
         return
-    log.info("Spark Connect server ready at sc://%s:%d", host, args.port)
-    spark = _table_session(args, host, warehouse, stopping)
-    if args.jdbc_port:
-        while proc.poll() is None and not stopping.is_set() and not listening(args.bind, args.jdbc_port):
+    log.info("Spark Connect server ready at sc://%s:%d", host, config.port)
+    spark = _table_session(config, stopping)
+    if config.jdbc_port:
+        while proc.poll() is None and not stopping.is_set() and not listening(config.bind, config.jdbc_port):
             time.sleep(0.25)
         if proc.poll() is None:
-            log.info("JDBC (HiveServer2) ready at jdbc:hive2://%s:%d", host, args.jdbc_port)
+            log.info("JDBC (HiveServer2) ready at jdbc:hive2://%s:%d", host, config.jdbc_port)
     if spark is not None:
-        run_maintenance(spark, args, stopping, metrics)
+        run_maintenance(spark, config.database, config.maintenance, stopping, metrics)
 
 
-def _table_session(args: argparse.Namespace, host: str, warehouse: str, stopping: threading.Event) -> Any:
+def _table_session(config: SparkServerConfig, stopping: threading.Event) -> Any:
     from table.catalog import ensure_table
     from table.session import MAINTENANCE_POOL, open_session
 
     while not stopping.is_set():
         try:
-            spark = open_session(f"sc://{host}:{args.port}", pool=MAINTENANCE_POOL)
-            location = ensure_table(spark, args.database, table_path(warehouse))
-            log.info("table %s.messages ready at %s", args.database, location)
+            spark = open_session(f"sc://{config.host}:{config.port}", pool=MAINTENANCE_POOL)
+            location = ensure_table(spark, config.database, table_path(config.warehouse))
+            log.info("table %s.messages ready at %s", config.database, location)
             return spark
         except Exception as e:  # the server may still be starting its sessions; try again
             log.warning("cannot prepare the table yet: %s", str(e).strip().splitlines()[0] if str(e).strip() else e)
@@ -106,25 +107,24 @@ def _table_session(args: argparse.Namespace, host: str, warehouse: str, stopping
     return None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(config: SparkServerConfig) -> int:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         log.error("Java 17+ is required for Spark, and 'java' is not on PATH (nor JAVA_HOME set)")
         return 2
-    warehouse = normalise_warehouse(args.warehouse or default_warehouse())
+    warehouse, metastore = config.warehouse, config.metastore
     if "://" not in warehouse:
         Path(warehouse).mkdir(parents=True, exist_ok=True)
-    metastore = Path(args.metastore).resolve() if args.metastore else data_dir() / "metastore"
     metastore.mkdir(parents=True, exist_ok=True)
-    argv = command(args, warehouse, metastore)
+    argv = command(config)
     if (note := localfs_note()) is not None:
         log.warning("%s", note)
     env = dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_NO_DAEMONIZE="1",
                PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
-    if args.bind not in ("0.0.0.0", "::"):
-        env.setdefault("SPARK_LOCAL_IP", args.bind)
-    log.info("starting Spark on %s (Connect :%d%s), master %s, warehouse %s, metastore %s", args.bind, args.port,
-             f", JDBC :{args.jdbc_port}" if args.jdbc_port else "", args.master, warehouse,
-             args.metastore_uri or metastore)
+    if config.bind not in ("0.0.0.0", "::"):
+        env.setdefault("SPARK_LOCAL_IP", config.bind)
+    log.info("starting Spark on %s (Connect :%d%s), master %s, warehouse %s, metastore %s", config.bind, config.port,
+             f", JDBC :{config.jdbc_port}" if config.jdbc_port else "", config.master, warehouse,
+             config.metastore_uri or metastore)
 
     stopping = threading.Event()
     proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL, cwd=metastore)
@@ -137,13 +137,14 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     metrics = TableMetrics()
-    if args.metrics_port:
+    if config.metrics_port:
         from warehouse.health import spark_server_health
         from runtime.health import serve as serve_http
 
-        serve_http(metrics.registry, args.metrics_port, "0.0.0.0" if args.bind in ("0.0.0.0", "::") else args.bind,
-                   health=lambda: spark_server_health(proc, args))
-    threading.Thread(target=_prepare, args=(args, warehouse, proc, stopping, metrics), name="prepare",
+        serve_http(metrics.registry, config.metrics_port,
+                   "0.0.0.0" if config.bind in ("0.0.0.0", "::") else config.bind,
+                   health=lambda: spark_server_health(proc, config))
+    threading.Thread(target=_prepare, args=(config, proc, stopping, metrics), name="prepare",
                      daemon=True).start()
 
     while True:
@@ -161,15 +162,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
+    args, config = parse_config(build_parser(), argv, SparkServerConfig.from_args)
     if args.check:
         from warehouse.checks import check_spark_server
 
-        return check_spark_server(args)
-    setup_logging("logjam-spark", args.verbose)
+        return check_spark_server(config)
+    setup_logging("logjam-spark", config.verbose)
     from runtime import lifecycle
 
-    lifecycle.exit_skipping_atexit(run(args))
+    lifecycle.exit_skipping_atexit(run(config))
 
 
 if __name__ == "__main__":

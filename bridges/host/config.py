@@ -8,17 +8,9 @@ typed, frozen fields rather than an `argparse.Namespace` that anything could cha
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
-T = TypeVar("T")
-
-
-def from_flags(cls: type[T], args: argparse.Namespace, **values: Any) -> T:
-    """`cls` (a dataclass) with each field read from the flag of the same name, except `values`."""
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    return cls(**{name: values[name] if name in values else getattr(args, name) for name in names})
+from runtime.config import from_flags
 
 
 @dataclass(frozen=True, slots=True)

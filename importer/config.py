@@ -1,0 +1,88 @@
+"""`ImporterConfig`: everything a logjam-importer worker is started with, built once from flags and TOML.
+
+importer/cli.py builds it (`ImporterConfig.from_args`, which also refuses what argparse cannot
+check), and the worker, its `--check` and its `/healthz` read these frozen fields. The CURVE
+flags stay with runtime/curve.py, which turns them into the key the worker is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from importer.split import StreamFilter, owned_endpoints, split_list
+
+DEFAULT_SUB = "tcp://127.0.0.1:9606"
+DEFAULT_REPLAY_PORT = 9607
+
+
+@dataclass(frozen=True, slots=True)
+class ImporterConfig:
+    subs: tuple[str, ...]  # every --sub endpoint, in order (DEFAULT_SUB when none is given)
+    spark: str
+    warehouse: str | None
+    database: str
+    worker: int | None
+    workers: int | None
+    own_devices: bool
+    app_env: tuple[str, ...]  # stream prefixes; empty: every stream
+    flush_interval: float
+    batch_bytes: int
+    batch_rows: int | None
+    write_timeout: float
+    max_new_app_envs: int
+    no_staging: bool
+    metrics_port: int | None  # --metrics-port plus --metrics-port-offset; None: off
+    rcvhwm: int
+    state_dir: str | None
+    replay_port: int
+    replay_port_of: Mapping[str, int]  # --replay-ports, by --sub endpoint; the rest use replay_port
+    replay_timeout: float
+    no_replay: bool
+    dedupe_keys: int
+    verbose: bool = False
+
+    @property
+    def worker_id(self) -> int:
+        return self.worker if self.worker is not None else 0
+
+    @property
+    def owned(self) -> tuple[str, ...]:
+        """The endpoints this worker subscribes to: all, or with --own-devices its own share."""
+        return tuple(owned_endpoints(self.subs, self.worker, self.workers)) if self.own_devices else self.subs
+
+    def replay_ports(self, subs: Sequence[str]) -> str:
+        """The replay port of each of `subs`, comma-separated, for the log and --check."""
+        return ",".join(str(self.replay_port_of.get(s, self.replay_port)) for s in subs)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ImporterConfig":
+        """The config of these flags, or ValueError saying which flag is wrong."""
+        subs = tuple(split_list(args.sub)) or (DEFAULT_SUB,)
+        StreamFilter(args.worker, args.workers, args.app_env or ())  # raises ValueError for a bad share
+        ports = split_list(args.replay_ports)
+        if ports and (len(ports) != len(subs) or not all(p.isdigit() for p in ports)):
+            raise ValueError(f"--replay-ports needs one port per --sub endpoint ({len(subs)}), "
+                             f"got {args.replay_ports!r}")
+        if args.own_devices:
+            if args.workers is None:
+                raise ValueError("--own-devices needs --worker and --workers")
+            owned_endpoints(subs, args.worker, args.workers)
+        if (args.batch_rows is not None and args.batch_rows < 1) or args.flush_interval <= 0 or args.batch_bytes < 1:
+            raise ValueError("--batch-rows, --batch-bytes and --flush-interval must be positive")
+        if args.dedupe_keys < 0:
+            raise ValueError("--dedupe-keys must be 0 (off) or positive")
+        if args.write_timeout <= 0:
+            raise ValueError("--write-timeout must be positive")
+        return cls(
+            subs=subs, spark=args.spark, warehouse=args.warehouse, database=args.database, worker=args.worker,
+            workers=args.workers, own_devices=bool(args.own_devices), app_env=tuple(args.app_env or ()),
+            flush_interval=args.flush_interval, batch_bytes=args.batch_bytes, batch_rows=args.batch_rows,
+            write_timeout=args.write_timeout, max_new_app_envs=args.max_new_app_envs, no_staging=args.no_staging,
+            metrics_port=args.metrics_port + args.metrics_port_offset if args.metrics_port else None,
+            rcvhwm=args.rcvhwm, state_dir=args.state_dir, replay_port=args.replay_port,
+            replay_port_of=MappingProxyType(dict(zip(subs, map(int, ports)))), replay_timeout=args.replay_timeout,
+            no_replay=args.no_replay, dedupe_keys=args.dedupe_keys, verbose=args.verbose,
+        )

@@ -1,0 +1,84 @@
+"""Each entry point turns its flags and TOML into one frozen config, and never changes the Namespace doing it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from importer.cli import build_parser as importer_parser
+from importer.config import DEFAULT_SUB, ImporterConfig
+from runtime.config import parse_config
+from tools.send import SendConfig, build_parser as send_parser
+from tools.sql import SqlConfig, build_parser as sql_parser
+from tools.tail import TailConfig, build_parser as tail_parser
+from warehouse.config import MaintenanceConfig, SparkServerConfig
+from warehouse.spark_jvm import spark_conf
+from warehouse.spark_server import build_parser as spark_parser
+from warehouse.tiers import FANIN, MAX_LEVEL, TARGET_BYTES
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def built(parser: argparse.ArgumentParser, argv: list[str], build: Callable[[argparse.Namespace], Any]) -> Any:
+    """The config, after checking that building it left the parsed flags as they were."""
+    seen: list[dict[str, Any]] = []
+
+    def recording(args: argparse.Namespace) -> Any:
+        before = dict(vars(args))
+        config = build(args)
+        seen.append(before == vars(args))
+        return config
+
+    _, config = parse_config(parser, argv, recording)
+    assert seen == [True], "building the config changed the Namespace"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(config, dataclasses.fields(config)[0].name, None)
+    return config
+
+
+def test_importer_config_from_flags_and_toml(tmp_path: Path) -> None:
+    toml = tmp_path / "importer.toml"
+    toml.write_text('sub = ["tcp://a:1,tcp://b:2", "tcp://c:3"]\nreplay-ports = "5,6,7"\nworker = 1\nworkers = 2\n')
+    config = built(importer_parser(), ["--config", str(toml), "--own-devices", "--metrics-port", "9000",
+                                       "--metrics-port-offset", "1"], ImporterConfig.from_args)
+    assert config.subs == ("tcp://a:1", "tcp://b:2", "tcp://c:3") and config.owned == ("tcp://b:2",)
+    assert dict(config.replay_port_of) == {"tcp://a:1": 5, "tcp://b:2": 6, "tcp://c:3": 7}
+    assert config.replay_ports(config.owned) == "6" and config.metrics_port == 9001 and config.worker_id == 1
+    plain = built(importer_parser(), [], ImporterConfig.from_args)
+    assert plain.subs == (DEFAULT_SUB,) and plain.metrics_port is None and plain.worker_id == 0
+
+
+def test_importer_refusals_are_usage_errors() -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_config(importer_parser(), ["--own-devices"], ImporterConfig.from_args)
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        parse_config(importer_parser(), ["--own-devices", "--check"], ImporterConfig.from_args)
+    assert e.value.code == 1
+
+
+def test_spark_server_config_carries_its_maintenance(tmp_path: Path) -> None:
+    config = built(spark_parser(), ["--warehouse", str(tmp_path / "w"), "--metastore", str(tmp_path / "m"),
+                                    "--no-compact", "--compact-fanin", "4", "--conf", "a.b=c"],
+                   SparkServerConfig.from_args)
+    assert config.maintenance == MaintenanceConfig(compact=False, compact_fanin=4)
+    assert config.warehouse == str((tmp_path / "w").resolve()) and config.metastore == (tmp_path / "m").resolve()
+    assert spark_conf(config)["a.b"] == "c"
+
+
+def test_sql_maintenance_is_logjam_spark_defaults_with_its_own_flags() -> None:
+    config = built(sql_parser(), ["--compact", "--retention-days", "3", "--compact-grace", "1m"], SqlConfig.from_args)
+    m = config.maintenance
+    assert (m.retention_days, m.compact_grace) == (3, 60.0)
+    assert (m.compact_target_bytes, m.compact_fanin, m.compact_max_level) == (TARGET_BYTES, FANIN, MAX_LEVEL)
+
+
+def test_tail_and_send_configs() -> None:
+    tail = built(tail_parser(), ["--app-env", "a", "--app-env", "b", "--json"], TailConfig.from_args)
+    assert (tail.sub, tail.app_env, tail.topic, tail.mode) == (("tcp://127.0.0.1:9606",), ("a", "b"), (), "json")
+    send = built(send_parser(), ["courier", "x", "--to", "h:1", "y"], SendConfig.from_args)
+    assert (send.protocol, send.messages, send.to) == ("courier", ("x", "y"), "h:1")
