@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -63,15 +63,6 @@ NEW_PARTITIONS_RANGE = (16, 2000)
 NEW_PARTITION_JOB_SECONDS = 2.5
 # Row groups per staged file: Spark splits a file only between row groups.
 _STAGED_ROW_GROUPS = 16
-
-
-class JobTimes(NamedTuple):
-    """Where the last job's time went: seconds registering its new partitions, waiting for the lock, writing."""
-
-    new_partitions: int
-    register: float
-    lock: float
-    write: float
 
 
 class NewPartitionBudget:
@@ -110,7 +101,6 @@ class TableWriter:
         self.spill = Spill(spill_dir) if spill_dir is not None else None
         self._loaded = False
         self._plan: tuple[pa.Table, pa.Table, tuple[Path, pa.Table | None] | None] | None = None
-        self.last_job = JobTimes(0, 0.0, 0.0, 0.0)
         self.budget = NewPartitionBudget()
         staged = local_path(staging_dir(location, importer)) if staging else None
         self.staging: Path | None = staged
@@ -210,11 +200,11 @@ class TableWriter:
             if self.root_dir is not None:
                 self._follow_compaction(spark, specs)
         done = time.monotonic()
-        self.last_job = JobTimes(new, registered - started, locked - registered, done - locked)
         self.budget.observe(new, done - started)
         if new:
             log.info("wrote %d rows with %d new partitions in %.1fs (registering %.1fs, waiting for compaction's "
-                     "lock %.1fs, writing %.1fs)", table.num_rows, new, done - started, *self.last_job[1:])
+                     "lock %.1fs, writing %.1fs)", table.num_rows, new, done - started, registered - started,
+                     locked - registered, done - locked)
 
     def isolate(self, spark: Any, table: pa.Table) -> frozenset[tuple[str, str]]:
         """The (app_env, date) pairs whose rows fail by themselves while others succeed; empty when the
