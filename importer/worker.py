@@ -101,7 +101,8 @@ class Worker:
         location = catalog.ensure_table(spark, config.database, table_path(warehouse))
         partition_map = PartitionMap(self.worker_id, max_new=config.max_new_app_envs, on_overflow=self._overflowed)
         self.table = TableWriter(config.database, self.worker_id, location, staging=not config.no_staging,
-                                 partition_map=partition_map, spill_dir=self.state_dir / f"spill-{self.worker_id}")
+                                 partition_map=partition_map, spill_dir=self.state_dir / f"spill-{self.worker_id}",
+                                 on_lock_wait=self.metrics.lock_wait.observe)
         staged = self.table.probe_staging(spark)
         log.info("spark %s ready in %.1fs; writing %s.messages under %s (%s)", config.spark,
                  time.monotonic() - started, config.database, self.table.root,

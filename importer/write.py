@@ -91,8 +91,10 @@ class TableWriter:
     """Writes batches of one importer into the catalog table, through Spark."""
 
     def __init__(self, database: str, importer: int, location: str, *, staging: bool = True,
-                 partition_map: PartitionMap | None = None, spill_dir: Path | None = None) -> None:
+                 partition_map: PartitionMap | None = None, spill_dir: Path | None = None,
+                 on_lock_wait: Callable[[float], None] = lambda seconds: None) -> None:
         self.database = database
+        self.on_lock_wait = on_lock_wait
         self.importer = importer
         self.root = output_root(location, importer)
         self.root_dir = local_path(self.root)
@@ -196,6 +198,7 @@ class TableWriter:
         # the move of its files into a compacted partition's location (partition_files.py).
         with root_lock(self.root_dir):
             locked = time.monotonic()
+            self.on_lock_wait(locked - registered)
             self._write(spark, table)
             if self.root_dir is not None:
                 self._follow_compaction(spark, specs)

@@ -130,9 +130,19 @@ def _settle_swap(spark: Any, database: str, part: PartitionRef, marker: Marker, 
         log.info("rolled back a compaction of %s that was killed before its swap", part.dir)
 
 
+@dataclass(frozen=True, slots=True)
+class SwapTimes:
+    """Where a swap's time under the lock went: linking the kept files, the markers, the catalog's update."""
+
+    link: float
+    mark: float
+    catalog: float
+
+
 def swap_in(spark: Any, database: str, part: PartitionRef, marker: Marker | None, out: Path, sources: set[str],
-          gen: int, grace: float) -> None:
+            gen: int, grace: float) -> SwapTimes:
     """The locked step: link in every file not merged, mark, move the catalog's location, mark done."""
+    started = time.monotonic()
     current = part.dir / marker.location if marker else part.dir
     kept = [p for p in data_files(current) if p.name not in sources]
     if marker is not None:
@@ -145,10 +155,16 @@ def swap_in(spark: Any, database: str, part: PartitionRef, marker: Marker | None
     retire_dirs = {**marker.retire_dirs, marker.location: deadline} if marker else {}
     swapping = Marker(gen=gen, state="swapping", retire=retire, retire_dirs=retire_dirs,
                       previous=dict(marker.__dict__) if marker else None)
+    linked = time.monotonic()
+    # Durable before the catalog moves: after a crash, "swapping" is what names the new directory.
     write_marker(part.dir, swapping)
+    marked = time.monotonic()
     set_location(spark, database, part, out)
+    moved = time.monotonic()
     swapping.state, swapping.previous = "done", None
-    write_marker(part.dir, swapping)
+    # Not fsynced: if a crash loses it, the marker reads "swapping" and is settled from the catalog.
+    write_marker(part.dir, swapping, fsync="never")
+    return SwapTimes(linked - started, marked - linked + time.monotonic() - moved, moved - marked)
 
 
 def settle_root(spark: Any, database: str, importer: int, table_location: str) -> int:

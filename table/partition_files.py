@@ -89,14 +89,15 @@ def marker_from_dict(raw: dict) -> Marker:
                   retire_dirs=_deadlines(raw.get("retire_dirs"), at), previous=raw.get("previous"))
 
 
-def write_marker(partition_dir: Path, marker: Marker | None) -> None:
-    """Replace the marker atomically; None removes it."""
+def write_marker(partition_dir: Path, marker: Marker | None, *, fsync: str = "always") -> None:
+    """Replace the marker atomically; None removes it. `fsync` is a runtime.config.FSYNC_POLICIES policy."""
     path = partition_dir / MARKER
     if marker is None:
         path.unlink(missing_ok=True)
-        fsync_dir(partition_dir)
+        if fsync != "never":
+            fsync_dir(partition_dir)
     else:
-        replace_file(path, json.dumps(marker.__dict__).encode())
+        replace_file(path, json.dumps(marker.__dict__).encode(), fsync=fsync)
 
 
 @contextlib.contextmanager

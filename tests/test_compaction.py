@@ -276,3 +276,53 @@ def test_todays_partition_is_compacted_in_levels_while_written_and_read(spark_se
     assert max(levels) >= 1 and all(v <= 2 for v in levels), levels
     assert levels.count(0) < 3 + 8, "level-0 files were merged"
     compactor.stop()
+
+
+@pytest.mark.timeout(600)
+def test_swaps_hold_an_importers_lock_briefly_and_let_it_in_between_holds(spark_server, tmp_path) -> None:
+    """Many partitions swapped in one pass: a writer waiting on the root's lock gets it within about a second."""
+    import time
+
+    from table.partition_files import root_lock
+    from warehouse.tiers import TierPolicy
+
+    t = Table(spark_server, tmp_path / "wh")
+    apps = [f"svc{i:02d}-prod" for i in range(48)]
+    for _ in range(2):
+        b = BatchBuilder()
+        for app in apps:
+            t.seq += 1
+            b.add(Message.build(app, "logs", {"message": f"m{t.seq}"}, seq=t.seq, device=3,
+                                created_ms=created_ms(DAY)), 1_763_700_000_000_000)
+        t.writer.write(t.spark, b.build())
+    parts = [p for p in compaction_protocol.local_partitions(t.location) if p.date == DAY.isoformat()]
+    merges = [compaction.plan(t.spark, t.database, p, TierPolicy(), closed=True) for p in parts]
+    assert len(merges) == len(apps) and all(merges)
+    compaction.write_merges(t.spark, merges, local_path(t.location) / compaction.SCRATCH)
+
+    holds: list[float] = []
+    waits: list[float] = []
+    done = threading.Event()
+    root = parts[0].root
+
+    def writer() -> None:  # what an importer's write does: take the lock, briefly
+        while not done.is_set():
+            asked = time.monotonic()
+            with root_lock(root):
+                waits.append(time.monotonic() - asked)
+                time.sleep(0.005)
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        results = list(compaction.swap_all(t.spark, t.database, merges, on_hold=holds.append))
+    finally:
+        done.set()
+        thread.join(30)
+    assert all(not isinstance(r, BaseException) for _, r in results), results
+    assert len(holds) >= 2, f"{len(apps)} swaps took {len(holds)} hold(s) of the lock; the budget did not end a hold"
+    assert max(holds) <= 1.0, f"a hold lasted {max(holds):.2f}s"
+    assert max(waits) <= 1.0, f"the writer waited {max(waits):.2f}s for the lock (holds: {holds})"
+    assert len(waits) >= len(holds), "the writer got the lock between holds"
+    assert sum(t.count(app_env=a)[0] for a in apps) == 2 * len(apps)

@@ -39,7 +39,7 @@ import uuid
 
 import pyarrow.parquet as pq
 
-from table.compaction_protocol import DEFAULT_GRACE_S, PartitionRef, recover, swap_in
+from table.compaction_protocol import DEFAULT_GRACE_S, PartitionRef, SwapTimes, recover, swap_in
 from table.partition_files import (
     COMPACTED_PREFIX,
     Marker,
@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 
 # How long one hold of an importer root's lock may go on swapping partitions.
 SWAP_BUDGET_S = 0.5
+# A pause between two holds of one root, in which an importer waiting on the lock takes it.
+HOLD_GAP_S = 0.05
+# A hold longer than this is logged with where its time went.
+SLOW_HOLD_S = 1.0
 # Merges into one file that share one Spark job.
 MERGES_PER_JOB = 256
 # Where a shared job writes before its files move to their partitions (skipped by readers: `_`).
@@ -76,7 +80,7 @@ class Compacted:
     rows: int
     bytes_before: int
     bytes_after: int
-    seconds: float
+    swap: SwapTimes
 
 
 def is_closed(date: str, older_than: float, now: float | None = None) -> bool:
@@ -191,10 +195,32 @@ def _adopt_output(src: Path, out: Path, level: int) -> None:
         (out / name).unlink(missing_ok=True)
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A merge whose output holds as many rows as its sources: ready to swap in."""
+
+    merge: Merge
+    written: tuple[Path, ...]
+    bytes_before: int
+    bytes_after: int
+
+
+def check(merge: Merge) -> Checked:
+    """Count the output's rows against the merge's, outside any lock: the output dir is the compaction's own."""
+    written = tuple(data_files(merge.out))
+    rows = _rows(list(written))
+    if rows != merge.rows:
+        remove_tree(merge.out)
+        raise CompactionError(f"compacting {merge.part.dir}: {merge.rows} rows in, {rows} out; nothing swapped")
+    return Checked(merge, written, sum(p.stat().st_size for p in merge.sources),
+                   sum(p.stat().st_size for p in written))
+
+
 def finish(spark: Any, database: str, merge: Merge, grace: float = DEFAULT_GRACE_S) -> Compacted:
     """Check the merge's output, then swap it in under the root's lock."""
+    checked = check(merge)
     with root_lock(merge.part.root):
-        return _swap_one(spark, database, merge, grace)
+        return _swap_one(spark, database, checked, grace)
 
 
 def swap_all(spark: Any, database: str, merges: list[Merge], grace: float = DEFAULT_GRACE_S,
@@ -203,47 +229,59 @@ def swap_all(spark: Any, database: str, merges: list[Merge], grace: float = DEFA
 
     An importer writes back to back under load, and flock is not fair: a compaction that
     took the lock once per partition could wait behind write after write. So the swaps of
-    one root are taken several to a hold, and a hold ends after about SWAP_BUDGET_S, which
-    is the longest an importer's write waits for compaction.
+    one root are taken several to a hold. A hold stops before a swap that would likely take
+    it past SWAP_BUDGET_S (judged by its slowest swap so far), which bounds how long an
+    importer's write waits for compaction, and the next hold of that root waits HOLD_GAP_S,
+    so that an importer blocked on the lock gets it in between.
     """
-    by_root: dict[Path, list[Merge]] = {}
+    by_root: dict[Path, list[Checked]] = {}
     for merge in merges:
-        by_root.setdefault(merge.part.root, []).append(merge)
-    for group in by_root.values():
-        yield from _swap_checked(spark, database, group, grace, SWAP_BUDGET_S, on_hold)
+        try:
+            by_root.setdefault(merge.part.root, []).append(check(merge))
+        except (CompactionError, OSError) as e:
+            yield merge, e
+    for todo in by_root.values():
+        while todo:
+            yield from _hold(spark, database, todo, grace, SWAP_BUDGET_S, on_hold)
+            if todo:
+                time.sleep(HOLD_GAP_S)
 
 
-def _swap_checked(spark: Any, database: str, merges: list[Merge], grace: float, budget: float,
-                  on_hold: Callable[[float], None] = lambda seconds: None) -> Iterator[tuple[Merge, Compacted | BaseException]]:
-    todo = list(merges)
-    while todo:
-        done: list[tuple[Merge, Compacted | BaseException]] = []
-        with root_lock(todo[0].part.root):
-            held = time.monotonic()
-            while todo:
-                merge = todo.pop(0)
-                try:
-                    done.append((merge, _swap_one(spark, database, merge, grace)))
-                except (CompactionError, OSError) as e:
-                    done.append((merge, e))
-                if time.monotonic() - held >= budget:
-                    break
-            on_hold(time.monotonic() - held)
-        yield from done
+def _hold(spark: Any, database: str, todo: list[Checked], grace: float, budget: float,
+          on_hold: Callable[[float], None]) -> list[tuple[Merge, Compacted | BaseException]]:
+    """One hold of a root's lock: swap from the head of `todo` while the budget allows."""
+    done: list[tuple[Merge, Compacted | BaseException]] = []
+    root = todo[0].merge.part.root
+    with root_lock(root):
+        held = time.monotonic()
+        slowest = 0.0
+        while todo:
+            checked = todo.pop(0)
+            began = time.monotonic()
+            try:
+                done.append((checked.merge, _swap_one(spark, database, checked, grace)))
+            except OSError as e:
+                done.append((checked.merge, e))
+            slowest = max(slowest, time.monotonic() - began)
+            if time.monotonic() - held + slowest > budget:
+                break
+        seconds = time.monotonic() - held
+    on_hold(seconds)
+    if seconds > SLOW_HOLD_S:
+        times = [c.swap for _, c in done if isinstance(c, Compacted)]
+        log.warning("held %s's lock for %.2fs for %d swaps (linking %.2fs, markers %.2fs, catalog %.2fs)",
+                    root, seconds, len(done),
+                    sum(t.link for t in times), sum(t.mark for t in times), sum(t.catalog for t in times))
+    return done
 
 
-def _swap_one(spark: Any, database: str, merge: Merge, grace: float) -> Compacted:
-    """With the root's lock held: check the output's row count, then swap."""
-    started = time.monotonic()
-    written = data_files(merge.out)
-    rows = _rows(written)
-    if rows != merge.rows:
-        remove_tree(merge.out)
-        raise CompactionError(f"compacting {merge.part.dir}: {merge.rows} rows in, {rows} out; nothing swapped")
-    size_before = sum(p.stat().st_size for p in merge.sources)
-    swap_in(spark, database, merge.part, merge.marker, merge.out, {p.name for p in merge.sources}, merge.gen, grace)
-    return Compacted(merge.part, len(merge.sources), len(written), rows, size_before,
-                     sum(p.stat().st_size for p in written), time.monotonic() - started)
+def _swap_one(spark: Any, database: str, checked: Checked, grace: float) -> Compacted:
+    """With the root's lock held: swap a checked merge in."""
+    merge = checked.merge
+    swap = swap_in(spark, database, merge.part, merge.marker, merge.out, {p.name for p in merge.sources},
+                   merge.gen, grace)
+    return Compacted(merge.part, len(merge.sources), len(checked.written), merge.rows, checked.bytes_before,
+                     checked.bytes_after, swap)
 
 
 def compact_partition(spark: Any, database: str, part: PartitionRef, *, target_bytes: int = TARGET_BYTES,
