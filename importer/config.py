@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from importer.split import StreamFilter, owned_endpoints, split_list
+from runtime.config import from_flags
 
 DEFAULT_SUB = "tcp://127.0.0.1:9606"
 DEFAULT_REPLAY_PORT = 9607
@@ -76,13 +77,8 @@ class ImporterConfig:
             raise ValueError("--dedupe-keys must be 0 (off) or positive")
         if args.write_timeout <= 0:
             raise ValueError("--write-timeout must be positive")
-        return cls(
-            subs=subs, spark=args.spark, warehouse=args.warehouse, database=args.database, worker=args.worker,
-            workers=args.workers, own_devices=bool(args.own_devices), app_env=tuple(args.app_env or ()),
-            flush_interval=args.flush_interval, batch_bytes=args.batch_bytes, batch_rows=args.batch_rows,
-            write_timeout=args.write_timeout, max_new_app_envs=args.max_new_app_envs, no_staging=args.no_staging,
+        return from_flags(
+            cls, args, subs=subs, own_devices=bool(args.own_devices), app_env=tuple(args.app_env or ()),
             metrics_port=args.metrics_port + args.metrics_port_offset if args.metrics_port else None,
-            rcvhwm=args.rcvhwm, state_dir=args.state_dir, replay_port=args.replay_port,
-            replay_port_of=MappingProxyType(dict(zip(subs, map(int, ports)))), replay_timeout=args.replay_timeout,
-            no_replay=args.no_replay, dedupe_keys=args.dedupe_keys, verbose=args.verbose,
+            replay_port_of=MappingProxyType(dict(zip(subs, map(int, ports)))),
         )

@@ -52,16 +52,13 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         raise
 
 
-def parse_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None, build: Callable[[argparse.Namespace], T],
-                 validate: Callable[[argparse.ArgumentParser, argparse.Namespace], None] | None = None,
-                 ) -> tuple[argparse.Namespace, T]:
+def parse_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+                 build: Callable[[argparse.Namespace], T]) -> tuple[argparse.Namespace, T]:
     """`parse_args`, then the typed config `build` makes of the flags, once; a ValueError from
     `build` is a usage error like a bad flag (exit 2, or 1 under --check)."""
     built: list[T] = []
 
     def checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-        if validate is not None:
-            validate(parser, args)
         try:
             built.append(build(args))
         except ValueError as e:

@@ -31,6 +31,7 @@ import fcntl
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -200,19 +201,19 @@ class Checked:
     """A merge whose output holds as many rows as its sources: ready to swap in."""
 
     merge: Merge
-    written: tuple[Path, ...]
+    files_after: int
     bytes_before: int
     bytes_after: int
 
 
 def check(merge: Merge) -> Checked:
     """Count the output's rows against the merge's, outside any lock: the output dir is the compaction's own."""
-    written = tuple(data_files(merge.out))
-    rows = _rows(list(written))
+    written = data_files(merge.out)
+    rows = _rows(written)
     if rows != merge.rows:
         remove_tree(merge.out)
         raise CompactionError(f"compacting {merge.part.dir}: {merge.rows} rows in, {rows} out; nothing swapped")
-    return Checked(merge, written, sum(p.stat().st_size for p in merge.sources),
+    return Checked(merge, len(written), sum(p.stat().st_size for p in merge.sources),
                    sum(p.stat().st_size for p in written))
 
 
@@ -234,10 +235,10 @@ def swap_all(spark: Any, database: str, merges: list[Merge], grace: float = DEFA
     importer's write waits for compaction, and the next hold of that root waits HOLD_GAP_S,
     so that an importer blocked on the lock gets it in between.
     """
-    by_root: dict[Path, list[Checked]] = {}
+    by_root: dict[Path, deque[Checked]] = {}
     for merge in merges:
         try:
-            by_root.setdefault(merge.part.root, []).append(check(merge))
+            by_root.setdefault(merge.part.root, deque()).append(check(merge))
         except (CompactionError, OSError) as e:
             yield merge, e
     for todo in by_root.values():
@@ -247,7 +248,7 @@ def swap_all(spark: Any, database: str, merges: list[Merge], grace: float = DEFA
                 time.sleep(HOLD_GAP_S)
 
 
-def _hold(spark: Any, database: str, todo: list[Checked], grace: float, budget: float,
+def _hold(spark: Any, database: str, todo: deque[Checked], grace: float, budget: float,
           on_hold: Callable[[float], None]) -> list[tuple[Merge, Compacted | BaseException]]:
     """One hold of a root's lock: swap from the head of `todo` while the budget allows."""
     done: list[tuple[Merge, Compacted | BaseException]] = []
@@ -256,7 +257,7 @@ def _hold(spark: Any, database: str, todo: list[Checked], grace: float, budget: 
         held = time.monotonic()
         slowest = 0.0
         while todo:
-            checked = todo.pop(0)
+            checked = todo.popleft()
             began = time.monotonic()
             try:
                 done.append((checked.merge, _swap_one(spark, database, checked, grace)))
@@ -280,7 +281,7 @@ def _swap_one(spark: Any, database: str, checked: Checked, grace: float) -> Comp
     merge = checked.merge
     swap = swap_in(spark, database, merge.part, merge.marker, merge.out, {p.name for p in merge.sources},
                    merge.gen, grace)
-    return Compacted(merge.part, len(merge.sources), len(checked.written), merge.rows, checked.bytes_before,
+    return Compacted(merge.part, len(merge.sources), checked.files_after, merge.rows, checked.bytes_before,
                      checked.bytes_after, swap)
 
 
