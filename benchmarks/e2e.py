@@ -228,6 +228,23 @@ def load_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> dict:
             "cpu_drained": {k: cpu_drained[k] - cpu0.get(k, 0.0) for k in cpu_drained}, "shares": mesh.shares()}
 
 
+def bytes_per_row(mesh: Mesh) -> tuple[float, float]:
+    """(bytes/row of the stream's live files now, and after a compaction pass that merges everything)."""
+    def measure() -> tuple[float, int]:
+        row = mesh.spark.sql("SELECT sum(size), sum(rows), count(*) FROM (SELECT _metadata.file_path, "
+                             "first(_metadata.file_size) AS size, count(*) AS rows FROM logjam.messages "
+                             "WHERE app_env = 'lumberjack-default' GROUP BY 1)").collect()[0]
+        return int(row[0]) / max(int(row[1]), 1), int(row[2])
+
+    before, _ = measure()
+    # A pass finds the table busy while logjam-spark's own pass runs: try again until one file per importer is left.
+    deadline = time.monotonic() + 600
+    while measure()[1] > len(mesh.shares()) and time.monotonic() < deadline:
+        subprocess.run([command("logjam-sql"), "--spark", mesh.url, "--compact", "--older-than", "0"], env=mesh.env,
+                       capture_output=True, timeout=600, check=True)
+    return before, measure()[0]
+
+
 def steady_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> list[float]:
     size = 250
     pace = size / args.steady_rate
@@ -281,6 +298,7 @@ def main() -> int:
         print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
         r = load_phase(mesh, port, args)
         lat = sorted(steady_phase(mesh, port, args)) if args.steady_seconds > 0 else []
+        disk = bytes_per_row(mesh)
         acked_rate, landed_rate = r["acked"] / r["elapsed"], r["landed_in_window"] / r["elapsed"]
         lost, dup = max(0, r["acked"] - r["distinct"]), r["rows"] - r["distinct"]
         print(f"e2e benchmark: {args.devices} devices, {args.importers} importers, {args.connections} Lumberjack "
@@ -297,6 +315,8 @@ def main() -> int:
             print(f"  steady {args.steady_rate:,.0f} ev/s, sent -> queryable: p50 {p50:.2f} s, p99 {p99:.2f} s "
                   f"({TARGETS['p99'] / p99:.2f}x of the {TARGETS['p99']:.0f} s target)")
         print(f"  lost {lost}, duplicated {dup} (rows {r['rows']}, distinct event ids {r['distinct']})")
+        print(f"  bytes on disk per row: {disk[0]:.1f} as landed (compaction passes ran meanwhile), "
+              f"{disk[1]:.1f} after a full compaction")
         busy = sum(r["cpu"].values())
         print(f"  CPU during the load phase ({busy / r['elapsed']:.2f} of {os.cpu_count()} cores busy): " + ", ".join(
             f"{k} {v / r['elapsed']:.2f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]) if v > 0.05))

@@ -48,7 +48,7 @@ from table.partition_files import MARKER, root_lock
 from table.partitioning import PartitionMap, partitions_of
 from table.paths import QUARANTINE, local_path, output_root, partition_dir, staging_dir
 from importer.spill import Spill
-from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string
+from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string, with_doc
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,9 @@ NEW_PARTITIONS_RANGE = (16, 2000)
 NEW_PARTITION_JOB_SECONDS = 2.5
 # Row groups per staged file: Spark splits a file only between row groups.
 _STAGED_ROW_GROUPS = 16
+# An importer writes `doc` unshredded: shredding it at ingest halved the rows/s of Spark's write
+# (measured, docs/schema.md); compaction's rewrite shreds it (its session keeps Spark's default).
+_NO_SHREDDING = {"spark.sql.variant.writeShredding.enabled": "false"}
 
 
 class NewPartitionBudget:
@@ -106,6 +109,7 @@ class TableWriter:
         self.budget = NewPartitionBudget()
         staged = local_path(staging_dir(location, importer)) if staging else None
         self.staging: Path | None = staged
+        self._configured: Any = None  # the session _NO_SHREDDING was set in
 
     def probe_staging(self, spark: Any) -> bool:
         """Keep staging only if Spark reads back a file staged here (same filesystem on both sides)."""
@@ -248,7 +252,7 @@ class TableWriter:
         self.partitions.register(spark, specs)
         scratch = f"{self.root.rsplit('/', 1)[0]}/_staging/probe-{uuid.uuid4().hex}"
         try:
-            spark.createDataFrame(rows).write.options(**WRITE_OPTIONS).mode("append") \
+            with_doc(spark.createDataFrame(rows)).write.options(**WRITE_OPTIONS).mode("append") \
                 .partitionBy(*PARTITION_COLUMNS).parquet(scratch)
         finally:
             local = local_path(scratch)
@@ -263,6 +267,10 @@ class TableWriter:
                 settle_locked(spark, self.database, PartitionRef(self.importer, value, date, pdir, self.root_dir))
 
     def _write(self, spark: Any, table: pa.Table) -> None:
+        if self._configured is not spark:
+            for key, value in _NO_SHREDDING.items():
+                spark.conf.set(key, value)
+            self._configured = spark
         staged: Path | None = None
         try:
             if self.staging is not None:
@@ -273,7 +281,8 @@ class TableWriter:
                 df = spark.read.parquet(f"file://{staged}")
             else:
                 df = spark.createDataFrame(table)
-            df.write.options(**WRITE_OPTIONS).mode("append").partitionBy(*PARTITION_COLUMNS).parquet(self.root)
+            with_doc(df).write.options(**WRITE_OPTIONS).mode("append").partitionBy(*PARTITION_COLUMNS) \
+                .parquet(self.root)
         finally:
             if staged is not None:
                 staged.unlink(missing_ok=True)

@@ -69,9 +69,27 @@ def _add_missing_columns(spark: Any, database: str) -> None:
     """A table created by an older version gets the data columns added since; its old files read them as NULL."""
     present = {f.name for f in spark.table(f"{database}.{TABLE_NAME}").schema.fields}
     missing = missing_columns(present)
-    if missing:
-        spark.sql(f"ALTER TABLE {qualified(database)} ADD COLUMNS ({', '.join(missing)})")
-        log.info("added columns %s to %s.%s", ", ".join(missing), database, TABLE_NAME)
+    typed = [c for c in missing if not c.endswith(" VARIANT")]
+    if typed:
+        spark.sql(f"ALTER TABLE {qualified(database)} ADD COLUMNS ({', '.join(typed)})")
+        log.info("added columns %s to %s.%s", ", ".join(typed), database, TABLE_NAME)
+    if len(typed) < len(missing):
+        _add_variant_columns(spark, database, [c for c in missing if c not in typed])
+
+
+def _add_variant_columns(spark: Any, database: str, columns: list[str]) -> None:
+    """VARIANT columns have no Hive type, so the metastore gets Spark's own schema format, which a Hive
+    metastore refuses unless `hive.metastore.disallow.incompatible.col.type.changes` is false (as
+    logjam-spark sets for its embedded one). Refused, the table goes on without them: queries cannot
+    name them, and the files the importers write have them all the same."""
+    try:
+        spark.sql(f"ALTER TABLE {qualified(database)} ADD COLUMNS ({', '.join(columns)})")
+    except Exception as e:  # the metastore's refusal arrives as whatever Spark wraps it in
+        log.warning("cannot add %s to %s.%s: %s; set hive.metastore.disallow.incompatible.col.type.changes=false "
+                    "in the metastore's configuration (docs/schema.md)", ", ".join(columns), database, TABLE_NAME,
+                    str(e).strip().splitlines()[0] if str(e).strip() else e)
+        return
+    log.info("added columns %s to %s.%s", ", ".join(columns), database, TABLE_NAME)
 
 
 def _qualify(location: str) -> str:

@@ -8,6 +8,8 @@ directory tree; the Parquet files themselves hold only the data columns.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 DEFAULT_DATABASE = "logjam"
@@ -48,7 +50,14 @@ ARROW_SCHEMA = pa.schema([
 ])
 
 COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
-DATA_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in PARTITION_COLUMNS)
+
+# `doc`: the body parsed as JSON when it is a JSON object, else NULL. Arrow has no VARIANT, so it
+# is not staged: Spark makes it in the write's plan (`with_doc`). Objects only, because a single
+# top-level scalar or array among a file's rows makes Spark (4.3) write none of the file's `doc`
+# shredded (measured); such a body is still whole in `body`. docs/schema.md has the rest.
+DOC_COLUMN = "doc"
+DOC_EXPR = "CASE WHEN trim(LEADING ' \\t\\r\\n' FROM body) LIKE '{%' THEN try_parse_json(body) END"
+DATA_COLUMNS: tuple[str, ...] = (*(c for c in COLUMNS if c not in PARTITION_COLUMNS), DOC_COLUMN)
 
 _SPARK_TYPES = {
     pa.string(): "STRING",
@@ -73,6 +82,11 @@ WRITE_OPTIONS: dict[str, str] = {
 COMPACT_OPTIONS: dict[str, str] = {"compression": "zstd", "parquet.enable.dictionary": "true"}
 
 
+def with_doc(df: Any) -> Any:
+    """The staged rows with `doc` added, made by Spark while it writes them."""
+    return df.selectExpr("*", f"{DOC_EXPR} AS `{DOC_COLUMN}`")
+
+
 def qualified(database: str = DEFAULT_DATABASE) -> str:
     return f"`{database}`.`{TABLE_NAME}`"
 
@@ -83,13 +97,15 @@ def spark_read_ddl(data_only: bool = False) -> str:
     `data_only`: just the columns a Parquet file of the table holds.
     """
     data = [f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA if f.name not in PARTITION_COLUMNS]
+    data.append(f"`{DOC_COLUMN}` VARIANT")
     return ", ".join(data if data_only else data + ["`importer` INT", "`app_env` STRING", "`date` DATE"])
 
 
 def missing_columns(present: set[str]) -> list[str]:
     """`col TYPE` of the data columns a table created by an older version lacks, in table order."""
-    return [f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA
-            if f.name not in PARTITION_COLUMNS and f.name not in present]
+    missing = [f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA
+               if f.name not in PARTITION_COLUMNS and f.name not in present]
+    return missing + ([] if DOC_COLUMN in present else [f"`{DOC_COLUMN}` VARIANT"])
 
 
 def table_ddl(database: str, location: str) -> str:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -27,6 +28,7 @@ class SparkServer:
     warehouse: Path
     log: Path
     forks: Path | None = None  # the session server's: one line per wrapped command it ran, "<name> <args>"
+    jdbc: int = 0  # HiveServer2's port, when it runs one
     _session: Any = field(default=None, repr=False)
 
     @property
@@ -48,27 +50,36 @@ class SparkServer:
 @pytest.fixture(scope="session")
 def spark_server(tmp_path_factory) -> SparkServer:
     base = Path(tmp_path_factory.mktemp("spark"))
+    forks = base / "forks.log"
+    env = dict(os.environ, PATH=f"{_fork_witnesses(base / 'witness', forks)}{os.pathsep}{os.environ['PATH']}")
+    with running_spark_server(base, env=env, forks=forks) as server:
+        yield server
+
+
+@contextmanager
+def running_spark_server(base: Path, *, jdbc: int = 0, env: dict[str, str] | None = None,
+                         forks: Path | None = None, timeout: float = 120) -> Iterator[SparkServer]:
+    """A `logjam-spark` over `base`, ready (with HiveServer2 on port `jdbc` unless 0) until the block ends."""
     warehouse = base / "warehouse"
     log = base / "logjam-spark.log"
     port = free_port()
-    forks = base / "forks.log"
-    env = dict(os.environ, PATH=f"{_fork_witnesses(base / 'witness', forks)}{os.pathsep}{os.environ['PATH']}")
     with open(log, "w") as out:
         # A file, not a pipe: a JVM that fills an unread pipe stops dead.
         proc = subprocess.Popen(
-            [command("logjam-spark"), "--port", str(port), "--warehouse", str(warehouse), "--jdbc-port", "0",
+            [command("logjam-spark"), "--port", str(port), "--warehouse", str(warehouse), "--jdbc-port", str(jdbc),
              "--metastore", str(base / "metastore")],
             stdout=out, stderr=subprocess.STDOUT, cwd=base, env=env,
         )
-    server = SparkServer(proc, port, warehouse, log, forks)
+    server = SparkServer(proc, port, warehouse, log, forks, jdbc)
 
     def ready() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"logjam-spark exited early:\n{server.output()}")
-        return port_open(port) and "table logjam.messages ready" in server.output()
+        return port_open(port) and "table logjam.messages ready" in server.output() and (
+            not jdbc or "JDBC (HiveServer2) ready" in server.output())
 
     try:
-        wait_for(ready, timeout=120, interval=0.25, what="logjam-spark to listen and create its table")
+        wait_for(ready, timeout=timeout, interval=0.25, what="logjam-spark to listen and create its table")
         yield server
     finally:
         if server._session is not None:

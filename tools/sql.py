@@ -100,6 +100,8 @@ def duration(text: str) -> float:
 
 
 def _json_default(v: Any) -> Any:
+    if hasattr(v, "toJson"):  # a VARIANT (`doc`): its JSON, as JSON rather than as a string of it
+        return orjson.Fragment(v.toJson())
     if isinstance(v, decimal.Decimal):
         return str(v)
     if isinstance(v, (bytes, bytearray)):

@@ -1,0 +1,162 @@
+"""`doc`, the body as a VARIANT column, against a real `logjam-spark` with its JDBC endpoint.
+
+Rows are landed by the importer's own writer. Checked: `doc` is written (whole by the
+importer, shredded by compaction), NULL for a body that is not JSON and for files written before the column
+existed (a table of an older version gets it with ALTER TABLE), the same answers through
+Spark Connect, `logjam-sql` and JDBC (beeline) with both `doc:path` and `variant_get`, and
+compaction keeps it, shredded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from table.catalog import ensure_table
+from importer.decode import BatchBuilder
+from table.partition_files import data_files
+from table.paths import partition_dir
+from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, partition_clause, qualified, spark_read_ddl, table_ddl
+from importer.write import TableWriter
+from tests.helpers import command, free_port
+from tests.spark_fixture import SparkServer, database_for, running_spark_server
+
+APP = "shop-prod"
+DAY = "2026-01-05"
+CREATED_MS = 1_767_614_400_000  # 2026-01-05 12:00 UTC
+INGESTED_US = 1_767_614_500_000_000
+
+
+@pytest.fixture(scope="module")
+def jdbc_server(tmp_path_factory) -> SparkServer:
+    """A `logjam-spark` of this module's own, with HiveServer2 on: the session's server runs Connect alone."""
+    with running_spark_server(Path(tmp_path_factory.mktemp("spark-jdbc")), jdbc=free_port(), timeout=180) as server:
+        yield server
+
+
+def beeline(server: SparkServer, query: str) -> list[list[str]]:
+    """Rows of `query` through HiveServer2, with pyspark's own `beeline` (JDBC), tab-separated."""
+    env = dict(os.environ, PATH=f"{Path(command('beeline')).parent}:{os.environ.get('PATH', '')}")
+    res = subprocess.run([command("beeline"), "-u", f"jdbc:hive2://127.0.0.1:{server.jdbc}", "-n", "test",
+                          "--silent=true", "--outputformat=tsv2", "--showHeader=false", "-e", query],
+                         capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0 and "Error:" not in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    lines = [re.sub(r"^\d+: jdbc:hive2://\S+> ?", "", line) for line in res.stdout.splitlines()]
+    return [line.split("\t") for line in lines if line.strip()]
+
+
+def batch(bodies: list[bytes], first_seq: int = 1) -> object:
+    b = BatchBuilder()
+    for i, body in enumerate(bodies):
+        b.add_raw(APP, "logs", body, 0, 3, CREATED_MS, first_seq + i, INGESTED_US)
+    return b.build()
+
+
+def request(i: int) -> bytes:
+    return orjson.dumps({"message": f"GET /orders/{i}", "code": 200 + i % 2 * 300, "total_time": 1.5 * i,
+                         "user": {"id": i, "account": {"plan": "pro" if i % 3 else "free"}}})
+
+
+def doc_files(pdir: Path) -> list[Path]:
+    return [p for p in data_files(pdir) if "doc" in pq.read_schema(p).names]
+
+
+def shredded(path: Path) -> bool:
+    """Whether the file's `doc` column has a `typed_value` (the shredded fields), not only `metadata` and `value`."""
+    schema = pq.ParquetFile(path).schema
+    return any(schema.column(i).path.startswith("doc.typed_value.") for i in range(len(schema)))
+
+
+@pytest.mark.timeout(600)
+def test_doc_is_the_parsed_body_queryable_every_way_and_kept_shredded_by_compaction(jdbc_server, tmp_path) -> None:
+    spark = jdbc_server.session()
+    warehouse = jdbc_server.warehouse / "doc"
+    database = database_for(warehouse)
+    location = ensure_table(spark, database, str(warehouse / "messages"))
+    writer = TableWriter(database, 0, location)
+    writer.write(spark, batch([request(i) for i in range(1, 6)] + [b"plain text, not JSON", b' "a JSON string"'], 1))
+    writer.write(spark, batch([request(i) for i in range(6, 11)], 8))
+    t = qualified(database)
+
+    pdir = Path(partition_dir(f"{warehouse}/messages/importer=0", APP, DAY))
+    files = doc_files(pdir)
+    # An importer writes it whole (cheaper); compaction shreds it (below).
+    assert len(files) == len(data_files(pdir)) >= 2 and not any(shredded(p) for p in files)
+
+    def by_connect() -> list[tuple]:
+        return [tuple(r) for r in spark.sql(
+            f"SELECT seq, doc:user.id::int, variant_get(doc, '$.user.account.plan', 'string'), doc IS NULL, "
+            f"to_json(doc) FROM {t} ORDER BY seq").collect()]
+
+    rows = by_connect()
+    assert [r[0] for r in rows] == list(range(1, 13))
+    assert rows[0] == (1, 1, "pro", False, '{"code":500,"message":"GET /orders/1","total_time":1.5,'
+                                            '"user":{"account":{"plan":"pro"},"id":1}}')
+    assert rows[2][2] == "free"
+    assert rows[5][1:4] == (None, None, True)  # not JSON: NULL, with the text still in `body`
+    # JSON, but not an object: NULL too (one such value would keep Spark from shredding the whole file)
+    assert rows[6][1:] == (None, None, True, None)
+    assert [r[1] for r in rows[7:]] == [6, 7, 8, 9, 10]
+    errors = spark.sql(f"SELECT sum(doc:total_time::double) FROM {t} WHERE doc:code::int >= 500").collect()[0][0]
+    assert errors == 1.5 * (1 + 3 + 5 + 7 + 9)
+
+    jdbc = beeline(jdbc_server, f"SELECT seq, doc:user.id::int, variant_get(doc, '$.user.id', 'int'), "
+                                f"to_json(doc:user) FROM {t} WHERE doc:code::int >= 500 ORDER BY seq")
+    seqs = {1: 1, 3: 3, 5: 5, 7: 9, 9: 11}
+    assert jdbc == [[str(seqs[i]), str(i), str(i), orjson.dumps({"account": {"plan": "pro" if i % 3 else "free"},
+                                                                 "id": i}).decode()] for i in seqs]
+
+    out = subprocess.run([command("logjam-sql"), "--spark", jdbc_server.url, "--database", database,
+                          "--warehouse", str(warehouse), "--json",
+                          "SELECT seq, doc:user AS user, doc FROM messages WHERE doc:user.id::int = 2 OR seq = 6"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [orjson.loads(line) for line in out.stdout.splitlines()]
+    assert sorted(lines, key=lambda r: r["seq"]) == [
+        {"seq": 2, "user": {"account": {"plan": "pro"}, "id": 2}, "doc": orjson.loads(request(2))},
+        {"seq": 6, "user": None, "doc": None}]
+
+    done = subprocess.run([command("logjam-sql"), "--spark", jdbc_server.url, "--database", database,
+                           "--warehouse", str(warehouse), "--compact",
+                           "--older-than", "0"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    compacted = list(pdir.glob("_compacted-*/*.parquet"))
+    assert len(compacted) == 1 and shredded(compacted[0])
+    assert by_connect() == rows
+
+
+@pytest.mark.timeout(600)
+def test_files_written_before_the_column_existed_read_null_after_it_is_added(jdbc_server, tmp_path) -> None:
+    spark = jdbc_server.session()
+    warehouse = jdbc_server.warehouse / "older"
+    database = database_for(warehouse)
+    location = str(warehouse / "messages")
+    t = qualified(database)
+    # The table and a file as the version before `doc` made them.
+    old_ddl = table_ddl(database, location).replace(f"({spark_read_ddl()})",
+                                                    f"({spark_read_ddl().replace(', `doc` VARIANT', '')})")
+    assert "VARIANT" not in old_ddl
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+    spark.sql(old_ddl)
+    root = f"{location}/importer=0"
+    spark.createDataFrame(batch([request(1), request(2)], 1)).write.options(**WRITE_OPTIONS).mode("append") \
+        .partitionBy(*PARTITION_COLUMNS).parquet(root)
+    spark.sql(f"ALTER TABLE {t} ADD {partition_clause(0, APP, DAY)} LOCATION '{partition_dir(root, APP, DAY)}'")
+    assert "doc" not in spark.table(f"{database}.messages").columns
+
+    ensure_table(spark, database, location)  # as every importer and logjam-spark do on start
+    assert "doc" in spark.table(f"{database}.messages").columns
+    TableWriter(database, 0, location).write(spark, batch([b" \n\t" + request(3)], 3))  # JSON may start with blanks
+    query = f"SELECT seq, doc:user.id::int, variant_get(doc, '$.user.id', 'int'), doc IS NULL FROM {t} ORDER BY seq"
+    expected = [(1, None, None, True), (2, None, None, True), (3, 3, 3, False)]
+    assert [tuple(r) for r in spark.sql(query).collect()] == expected
+    def text(v: object) -> str:  # as beeline prints it
+        return "NULL" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+    assert beeline(jdbc_server, query) == [[text(v) for v in r] for r in expected]
