@@ -5,7 +5,7 @@ given) over a temporary warehouse, and builds `--rows` realistic log rows (Logja
 bodies with nested `user`, `http` and `db` objects, 1% of them not JSON) over several
 app-envs and `--days` past days, the way an importer lands them: decoded by
 `BatchBuilder`, written by `TableWriter` in batches of `--batch-rows` (Parquet,
-partitioned by app_env and date, `doc` made by the write), then compacted by the real
+partitioned by app_env and date, `doc` staged encoded as the importer does), then compacted by the real
 compaction code. It prints the bytes on disk per row before and after compaction, and
 how many of them are `doc`'s (read from the Parquet footers: the size without `doc`).
 

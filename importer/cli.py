@@ -21,6 +21,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from importer import variant
 from importer.batch import DEFAULT_BATCH_BYTES
 from importer.dedupe import DEFAULT_CAPACITY
 from importer.metrics import ImporterMetrics
@@ -30,6 +31,7 @@ from table.schema import DEFAULT_DATABASE
 from table.session import DEFAULT_SPARK
 from importer.config import DEFAULT_REPLAY_PORT, DEFAULT_SUB, ImporterConfig
 from importer.worker import Worker
+from logjam import native, raw
 from runtime import curve, lifecycle
 from runtime.config import add_config_flag, parse_config, setup_logging
 
@@ -94,8 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check_importer(config, args)
     log = setup_logging("logjam-importer", config.verbose)
     try:
+        # Which C paths run (LOGJAM_NATIVE); under `require` a missing build stops the importer here.
+        native.announce(log, [raw.MODULE, variant.MODULE])
         key = curve.client_key(args)
-    except curve.KeyFileError as e:
+    except (native.NativeUnavailable, curve.KeyFileError) as e:
         log.error("cannot start: %s", e)
         return 1
     stop = lifecycle.stop_event()

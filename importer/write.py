@@ -5,6 +5,8 @@ How a batch gets into the table (`TableWriter.write`):
    `_staging/` directory, when the Spark server reads the same filesystem (checked at start
    with a probe file); otherwise they travel inside the Spark Connect request
    (`createDataFrame`), which is slower and holds the whole batch in the server's heap.
+   A staged file carries `doc` already encoded (importer/variant.py, in C); otherwise Spark
+   parses the bodies into `doc` as it writes (`with_doc`).
 2. The partitions it needs are registered in the catalog (table/catalog.py).
 3. Spark reads the staged file and appends it, partitioned by app_env and date, under this
    importer's own root: one job, whose file committer moves the files into place at job
@@ -48,7 +50,8 @@ from table.partition_files import MARKER, root_lock
 from table.partitioning import PartitionMap, partitions_of
 from table.paths import QUARANTINE, local_path, output_root, partition_dir, staging_dir
 from importer.spill import Spill
-from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string, with_doc
+from importer.variant import DocEncoder
+from table.schema import DOC_COLUMN, PARTITION_COLUMNS, WRITE_OPTIONS, qualified, sql_string, staged_ddl, with_doc
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,7 @@ class TableWriter:
         staged = local_path(staging_dir(location, importer)) if staging else None
         self.staging: Path | None = staged
         self._configured: Any = None  # the session _NO_SHREDDING was set in
+        self.doc_encoder = DocEncoder.load() if staged else None
 
     def probe_staging(self, spark: Any) -> bool:
         """Keep staging only if Spark reads back a file staged here (same filesystem on both sides)."""
@@ -276,13 +280,15 @@ class TableWriter:
             if self.staging is not None:
                 self.staging.mkdir(parents=True, exist_ok=True)
                 staged = self.staging / f"{uuid.uuid4().hex}.parquet"
+                if self.doc_encoder is not None:
+                    table = table.append_column(DOC_COLUMN, self.doc_encoder.column(table))
                 pq.write_table(table, staged, compression="snappy",
                                row_group_size=max(1024, -(-table.num_rows // _STAGED_ROW_GROUPS)))
-                df = spark.read.parquet(f"file://{staged}")
+                df = spark.read.schema(staged_ddl()).parquet(f"file://{staged}") if self.doc_encoder is not None \
+                    else with_doc(spark.read.parquet(f"file://{staged}"))
             else:
-                df = spark.createDataFrame(table)
-            with_doc(df).write.options(**WRITE_OPTIONS).mode("append").partitionBy(*PARTITION_COLUMNS) \
-                .parquet(self.root)
+                df = with_doc(spark.createDataFrame(table))
+            df.write.options(**WRITE_OPTIONS).mode("append").partitionBy(*PARTITION_COLUMNS).parquet(self.root)
         finally:
             if staged is not None:
                 staged.unlink(missing_ok=True)

@@ -83,8 +83,9 @@ device = _builder("devices._native", "device.h", ["device.c"], zmq=True)
 link = _builder("bridges.host._native_link", "link.h", ["link.c"], zmq=True)
 scan = _builder("bridges.lumberjack._native_scan", "scan.h", ["scan.c"], zmq=False)
 sub_drain = _builder("logjam._native_sub", "sub_drain.h", ["sub_drain.c"], zmq=True)
+variant = _builder("importer._native_variant", "variant.h", ["variant.c"], zmq=False)
 
-BUILDERS = ("device", "link", "scan", "sub_drain")
+BUILDERS = ("device", "link", "scan", "sub_drain", "variant")
 
 if __name__ == "__main__":
     # `python native/build.py` writes lj_constants.h, for compiling or linting the C by hand.

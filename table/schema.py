@@ -51,8 +51,9 @@ ARROW_SCHEMA = pa.schema([
 
 COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
 
-# `doc`: the body parsed as JSON when it is a JSON object, else NULL. Arrow has no VARIANT, so it
-# is not staged: Spark makes it in the write's plan (`with_doc`). Objects only, because a single
+# `doc`: the body parsed as JSON when it is a JSON object, else NULL. An importer that stages its
+# rows stages `doc` too, encoded (importer/variant.py); otherwise Spark makes it in the write's
+# plan (`with_doc`). Objects only, because a single
 # top-level scalar or array among a file's rows makes Spark (4.3) write none of the file's `doc`
 # shredded (measured); such a body is still whole in `body`. docs/schema.md has the rest.
 DOC_COLUMN = "doc"
@@ -85,6 +86,11 @@ COMPACT_OPTIONS: dict[str, str] = {"compression": "zstd", "parquet.enable.dictio
 def with_doc(df: Any) -> Any:
     """The staged rows with `doc` added, made by Spark while it writes them."""
     return df.selectExpr("*", f"{DOC_EXPR} AS `{DOC_COLUMN}`")
+
+
+def staged_ddl() -> str:
+    """The columns of a file an importer stages with `doc` encoded, `doc` read as a VARIANT."""
+    return ", ".join([f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA] + [f"`{DOC_COLUMN}` VARIANT"])
 
 
 def qualified(database: str = DEFAULT_DATABASE) -> str:

@@ -1,6 +1,8 @@
 """`doc`, the body as a VARIANT column, against a real `logjam-spark` with its JDBC endpoint.
 
-Rows are landed by the importer's own writer. Checked: `doc` is written (whole by the
+Rows are landed by the importer's own writer, which stages `doc` encoded by native/variant.c,
+or under LOGJAM_NATIVE=off leaves it to Spark's `try_parse_json` (marker `native`: `make test`
+runs both). Checked: `doc` is written (whole by the
 importer, shredded by compaction), NULL for a body that is not JSON and for files written before the column
 existed (a table of an older version gets it with ALTER TABLE), the same answers through
 Spark Connect, `logjam-sql` and JDBC (beeline) with both `doc:path` and `variant_get`, and
@@ -18,6 +20,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from logjam import native
 from table.catalog import ensure_table
 from importer.decode import BatchBuilder
 from table.partition_files import data_files
@@ -26,6 +29,8 @@ from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, partition_clause, qua
 from importer.write import TableWriter
 from tests.helpers import command, free_port
 from tests.spark_fixture import SparkServer, database_for, running_spark_server
+
+pytestmark = pytest.mark.native
 
 APP = "shop-prod"
 DAY = "2026-01-05"
@@ -80,6 +85,7 @@ def test_doc_is_the_parsed_body_queryable_every_way_and_kept_shredded_by_compact
     database = database_for(warehouse)
     location = ensure_table(spark, database, str(warehouse / "messages"))
     writer = TableWriter(database, 0, location)
+    assert writer.probe_staging(spark) and (writer.doc_encoder is None) == (native.mode() == "off")
     writer.write(spark, batch([request(i) for i in range(1, 6)] + [b"plain text, not JSON", b' "a JSON string"'], 1))
     writer.write(spark, batch([request(i) for i in range(6, 11)], 8))
     t = qualified(database)
