@@ -9,7 +9,8 @@ per row, measured; docs/schema.md), and Spark's CPU is what the whole mesh share
 Without the C module (`LOGJAM_NATIVE=off`, or no compiler) `DocEncoder.load()` is None, and
 Spark makes `doc` in the write's plan (`table.schema.with_doc`), as it does for an importer
 that cannot stage (a remote Spark). Both make the same VARIANT: native/variant.c follows
-Spark's parse_json, and tests/test_doc.py compares the two through Spark.
+Spark's parse_json byte for byte (tests/test_variant.py), and tests/test_doc.py lands rows
+both ways.
 """
 
 from __future__ import annotations

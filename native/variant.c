@@ -23,7 +23,7 @@ enum {
     P_NULL = 0, P_TRUE = 1, P_FALSE = 2, P_INT8 = 3, P_INT16 = 4, P_INT32 = 5, P_INT64 = 6,
     P_DOUBLE = 7, P_DECIMAL4 = 8, P_DECIMAL8 = 9, P_DECIMAL16 = 10, P_STRING = 16
 };
-enum { OK = 0, BAD = 1, NOMEM = 2 };
+enum { OK = 0, BAD = 1, NOMEM = 2, MORE = 3, CLOSED = 4 };
 
 typedef struct { uint8_t *p; size_t len, cap; } buf_t;
 typedef struct { uint32_t off, len; } keyref_t;
@@ -331,6 +331,22 @@ static int read_number(parser_t *ps, buf_t *out) {
 
 static int read_value(parser_t *ps, buf_t *out);
 
+/* Past an object's or array's opening bracket: CLOSED when it is empty, else MORE. */
+static int open_container(parser_t *ps, uint8_t close) {
+    ps->p++;
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == close) { ps->p++; return CLOSED; }
+    return MORE;
+}
+
+/* After an entry of an object or array: MORE past a ',', CLOSED past `close`, else BAD. */
+static int after_entry(parser_t *ps, uint8_t close) {
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == ',') { ps->p++; skip_ws(ps); return MORE; }
+    if (ps->p < ps->end && *ps->p == close) { ps->p++; return CLOSED; }
+    return BAD;
+}
+
 static int finish_object(parser_t *ps, buf_t *out, size_t start, size_t base) {
     state_t *s = ps->s;
     size_t n = s->nfields - base, data = out->len - start;
@@ -372,13 +388,7 @@ static int read_object(parser_t *ps, buf_t *out) {
     state_t *s = ps->s;
     size_t start = out->len, base = s->nfields;
     int rc;
-    ps->p++;
-    skip_ws(ps);
-    if (ps->p < ps->end && *ps->p == '}') {
-        ps->p++;
-        return finish_object(ps, out, start, base);
-    }
-    for (;;) {
+    for (rc = open_container(ps, '}'); rc == MORE; rc = after_entry(ps, '}')) {
         uint32_t id;
         if (ps->p >= ps->end || *ps->p != '"') return BAD;
         if ((rc = read_string(ps)) || (rc = intern(s, &id))) return rc;
@@ -390,11 +400,8 @@ static int read_object(parser_t *ps, buf_t *out) {
         s->field[s->nfields++] = (field_t){NULL, 0, id, (uint32_t)(out->len - start)};
         if ((rc = read_value(ps, out))) return rc;
         if (out->len - start > MAX_PART) return BAD;
-        skip_ws(ps);
-        if (ps->p < ps->end && *ps->p == ',') { ps->p++; skip_ws(ps); continue; }
-        if (ps->p < ps->end && *ps->p == '}') { ps->p++; return finish_object(ps, out, start, base); }
-        return BAD;
     }
+    return rc == CLOSED ? finish_object(ps, out, start, base) : rc;
 }
 
 static int finish_array(state_t *s, buf_t *out, size_t start, size_t base) {
@@ -417,22 +424,13 @@ static int read_array(parser_t *ps, buf_t *out) {
     state_t *s = ps->s;
     size_t start = out->len, base = s->nelems;
     int rc;
-    ps->p++;
-    skip_ws(ps);
-    if (ps->p < ps->end && *ps->p == ']') {
-        ps->p++;
-        return finish_array(s, out, start, base);
-    }
-    for (;;) {
+    for (rc = open_container(ps, ']'); rc == MORE; rc = after_entry(ps, ']')) {
         if (grow((void **)&s->elem, &s->elem_cap, s->nelems + 1, sizeof *s->elem)) return NOMEM;
         s->elem[s->nelems++] = (uint32_t)(out->len - start);
         if ((rc = read_value(ps, out))) return rc;
         if (out->len - start > MAX_PART) return BAD;
-        skip_ws(ps);
-        if (ps->p < ps->end && *ps->p == ',') { ps->p++; skip_ws(ps); continue; }
-        if (ps->p < ps->end && *ps->p == ']') { ps->p++; return finish_array(s, out, start, base); }
-        return BAD;
     }
+    return rc == CLOSED ? finish_array(s, out, start, base) : rc;
 }
 
 static int literal(parser_t *ps, const char *word, size_t n) {
