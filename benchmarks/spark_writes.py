@@ -15,6 +15,10 @@ Spark can do with these rows on this machine, not with a default:
   `createDataFrame(arrow)` in a classic in-process `local[*]` session with large Arrow
   batches (`spark.sql.execution.arrow.maxRecordsPerBatch`) and optionally algorithm 2.
 Every write uses the table's write options (dictionaries only on low-cardinality columns).
+
+`python benchmarks/spark_writes.py cpu` measures Spark's CPU per row when the importer's own
+writer writes benchmarks/e2e.py's rows, `doc` included, in e2e-sized jobs: the reference of
+issue 34's target for Spark's CPU per landed event in e2e (at most 1.3x this).
 """
 
 from __future__ import annotations
@@ -114,8 +118,99 @@ def _classic_main(data: str, batch_rows: int, v2: bool, tmp: str) -> None:
     spark.stop()
 
 
+def _jvm_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its children (logjam-spark and the JVM it launched)."""
+    from benchmarks.e2e import children, CLK_TCK
+
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        try:
+            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / CLK_TCK
+        except OSError:
+            pass
+    return total
+
+
+def _e2e_rows(n: int, batch: int) -> list[pa.Table]:
+    """benchmarks/e2e.py's Lumberjack events as the bridge maps them, decoded into the importer's rows."""
+    import random
+
+    from benchmarks.e2e import event
+    from importer.decode import BatchBuilder
+    from logjam.message import Message
+
+    rnd, now_us = random.Random(7), time.time_ns() // 1000
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+    tables, builder = [], BatchBuilder()
+    for i in range(n):
+        body = {**event(rnd, i), "@timestamp": stamp,
+                "@metadata": {"protocol": "lumberjack", "protocol_version": "2", "peer": "127.0.0.1:40000",
+                              "received_at": now_us // 1000, "seq": i % 2048 + 1, "_id": f"{rnd.getrandbits(64):016x}:{i}"}}
+        builder.add(Message.build("lumberjack-default", "logs.lumberjack", body, seq=i + 1, device=1), now_us)
+        if (i + 1) % batch == 0 or i + 1 == n:
+            tables.append(builder.build())
+    return tables
+
+
+def _cpu_main(argv: Sequence[str]) -> int:
+    """Spark's CPU per row when the importer's own writer (TableWriter, staged Parquet with `doc`
+    encoded) writes e2e's rows in e2e-sized jobs into a logjam-spark of its own: the reference
+    of issue 34's Spark target (benchmarks/e2e.py's Spark CPU per landed event <= 1.3x this)."""
+    import argparse
+    import shutil
+
+    from pyspark.sql import SparkSession
+
+    from importer.write import TableWriter
+    from table.catalog import ensure_table
+    from table.paths import table_path
+    from tests.helpers import command, free_port, port_open, wait_for
+
+    ap = argparse.ArgumentParser(prog="spark_writes.py cpu", description=_cpu_main.__doc__)
+    ap.add_argument("--rows", type=int, default=300_000)
+    ap.add_argument("--batch", type=int, default=15_000, help="rows per job (e2e: about 2 s of one importer's rows)")
+    args = ap.parse_args(argv)
+    base = Path(tempfile.mkdtemp(prefix="logjam-bench-sparkcpu-"))
+    port = free_port()
+    spark_proc = subprocess.Popen([command("logjam-spark"), "--port", str(port), "--jdbc-port", "0", "--no-compact",
+                                   "--warehouse", str(base / "warehouse"), "--metastore", str(base / "metastore")],
+                                  stdout=open(base / "spark.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: port_open(port), timeout=180, interval=0.5, what="logjam-spark")
+        spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+        location = ensure_table(spark, "logjam", table_path(str(base / "warehouse")))
+        writer = TableWriter("logjam", 0, location)
+        assert writer.probe_staging(spark), "staging must work on one host"
+        tables = _e2e_rows(args.rows, args.batch)
+        for t in tables[:3]:  # warm the JIT as e2e's server is warm
+            writer.write(spark, t.slice(0, 2000))
+        cpu0, t0 = _jvm_cpu_seconds(spark_proc.pid), time.perf_counter()
+        for t in tables:
+            writer.write(spark, t)
+        cpu, elapsed = _jvm_cpu_seconds(spark_proc.pid) - cpu0, time.perf_counter() - t0
+        rows = sum(t.num_rows for t in tables)
+        print(f"spark_writes cpu: {rows} e2e rows in {len(tables)} jobs of {args.batch} through the importer's "
+              f"TableWriter (staged Parquet, doc encoded), {elapsed:.1f} s")
+        print(f"  logjam-spark CPU per row: {cpu / rows * 1e6:.1f} us ({cpu:.1f} s); {rows / elapsed:,.0f} rows/s")
+        print(f"  issue 34's budget for e2e: {1.3 * cpu / rows * 1e6:.1f} us of Spark CPU per landed event (1.3x)")
+        return 0
+    finally:
+        spark_proc.terminate()
+        try:
+            spark_proc.wait(60)
+        except subprocess.TimeoutExpired:
+            spark_proc.kill()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 if __name__ == "__main__":
+    from runtime.lifecycle import exit_skipping_atexit
+
     if len(sys.argv) == 6 and sys.argv[1] == "classic":
         _classic_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5])
+    elif len(sys.argv) >= 2 and sys.argv[1] == "cpu":
+        exit_skipping_atexit(_cpu_main(sys.argv[2:]))
     else:
-        sys.exit("usage: spark_writes.py classic ROWS.arrow BATCH_ROWS V2 TMPDIR (run by benchmarks/importer.py)")
+        sys.exit("usage: spark_writes.py cpu [--rows N] [--batch N]   (Spark CPU per row: issue 34's reference)\n"
+                 "       spark_writes.py classic ROWS.arrow BATCH_ROWS V2 TMPDIR (run by benchmarks/importer.py)")
