@@ -19,6 +19,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from bridges.host.mapping import Batches, EventMapper, Positions, body_and_raw
+from logjam.message import body_from_bytes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -327,6 +328,28 @@ def test_parsed_payloads_are_add_per_event_with_and_without_the_splice():
     assert got[0] == got[1]
     assert [c for _, _, c, _ in got[0]] == [9, 1704164645000, 5000]
     assert [orjson.loads(b)["@metadata"]["_id"] for _, b, _, _ in got[0]] == ["i:1", "i:2", "i:3"]
+
+
+def test_parsed_payloads_without_their_text_are_mapped_on_their_own():
+    """An engine that parsed the events passes None for a text whose body is a wrapper, not that
+    text's object (Courier's `_unmarshal_failure` events): each is `add`ed on its own, between
+    spliced events, as the per-event mapping gives it. (A non-JSON Courier event once crashed
+    the splice at `raw[-1]`.)"""
+    texts = [b'{"a":1}', b"not json", b"\xff\xfe", b'{"b":2}', b"[1,2]", b"{}", b" "]
+    bodies = [orjson.loads(t) if t.startswith(b'{"') else body_from_bytes(t, ("_unmarshal_failure",)) for t in texts]
+    raws = [t if t.startswith(b'{"') else None for t in texts]
+    got = []
+    for splice in (True, False):
+        m = EventMapper(app_env="a-b", topic="t", instance="i")
+        if not splice:
+            m._splice_applies = lambda *_: False  # type: ignore[method-assign]
+        out = m.batches()
+        m.add_payloads(out, raws, {"protocol": "p"}, Positions("index", range(len(texts))),
+                       bodies=[dict(b) for b in bodies], created_ms=9)
+        got.append(messages(out))
+    assert got[0] == got[1]
+    assert [orjson.loads(b)["@metadata"]["index"] for _, b, _, _ in got[0]] == list(range(len(texts)))
+    assert [{k: v for k, v in orjson.loads(b).items() if k != "@metadata"} for _, b, _, _ in got[0]] == bodies
 
 
 def test_keys_number_on_across_declined_events():
