@@ -157,9 +157,12 @@ class TableWriter:
         _, job, taken = self._plan
         if quarantine:
             job = quarantined(job, quarantine)
-        if not (retry and self.landed(spark, job)):
+        if retry and self.landed(spark, job):
+            log.warning("a job of %d rows had committed although its write reported an error", job.num_rows)
+        else:
             mapped, specs = self.map.apply(job)
             self._commit(spark, mapped.sort_by(_SORT), specs)
+        # Also after a job found landed: the share of the spill it carried is in the table.
         if taken is not None and self.spill is not None:
             self.spill.done(*taken)
         self._plan = None
@@ -443,10 +446,9 @@ class BackgroundWriter:
                 if self.spark is None:
                     self.spark = self._connect()
                 self.started = started
-                if attempt > 1 and self.writer.landed(self.spark, batch.table):
-                    log.warning("a batch of %d rows had committed although its write reported an error", batch.rows)
-                else:
-                    self.writer.write(self.spark, batch.table, quarantine, retry=attempt > 1)
+                # A retry skips a job that committed after all (TableWriter.write checks), and
+                # still marks the share of the spill it carried as done.
+                self.writer.write(self.spark, batch.table, quarantine, retry=attempt > 1)
             except Exception as e:  # Spark reports server, network and data problems with many types
                 self.started = None
                 self._failed(e)

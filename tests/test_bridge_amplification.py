@@ -15,7 +15,7 @@ import zlib
 
 import pytest
 
-from bridges.courier.engine import CourierServer, CourierProtocolError, EventReceived, encode_records
+from bridges.courier.engine import CourierServer, CourierProtocolError, EventReceived, PayloadEnded, encode_records
 from bridges.lumberjack.engine import LumberjackServer, encode_json_frame
 from bridges.rustlog import engine as rl
 from bridges.segment import engine as seg
@@ -45,20 +45,25 @@ def courier_events(server: CourierServer, wire: bytes) -> tuple[int, RemoteProto
 
 
 @pytest.mark.parametrize("kind", ["JDAT", "EVNT"])
-def test_courier_zeros_are_a_protocol_error_not_millions_of_events(kind: str) -> None:
-    # The bomb of issue 17: 64 MiB of zeros, each 4 zero bytes a zero-length record.
+def test_courier_zeros_are_bounded_by_the_payload_event_limit_not_millions_of_events(kind: str) -> None:
+    # The bomb of issue 17: 64 MiB of zeros, each 4 zero bytes a zero-length record. Such a
+    # record is an event (Courier servers make an `_unmarshal_failure` of it), so the bomb is
+    # stopped where a payload of `{}` records is: at --max-payload-events.
     body = deflate_stream(bytes(1 << 20), 64)
     assert len(body) < 100_000
     length = 16 + len(body) if kind == "JDAT" else 0xFFFFFFFF
-    count, err = courier_events(CourierServer(), kind.encode() + struct.pack(">I", length) + NONCE + body)
-    assert count == 0
-    assert isinstance(err, CourierProtocolError) and err.reason == "empty_record"
+    count, err = courier_events(CourierServer(max_events=1000), kind.encode() + struct.pack(">I", length) + NONCE + body)
+    assert count == 1000
+    assert isinstance(err, CourierProtocolError) and err.reason == "too_many_events"
 
 
-def test_courier_zero_length_record_after_good_ones() -> None:
+def test_courier_zero_length_record_is_an_event() -> None:
     data = zlib.compress(encode_records([b'{"a":1}', b'{"a":2}']) + struct.pack(">I", 0))
-    count, err = courier_events(CourierServer(), b"JDAT" + struct.pack(">I", 16 + len(data)) + NONCE + data)
-    assert count == 2 and err is not None and err.reason == "empty_record"
+    server = CourierServer()
+    events = server.feed(b"JDAT" + struct.pack(">I", 16 + len(data)) + NONCE + data)
+    bodies = [ev.body for ev in events if isinstance(ev, EventReceived)]
+    assert bodies == [{"a": 1}, {"a": 2}, {"message": "", "tags": ["_unmarshal_failure"]}]
+    assert isinstance(events[-1], PayloadEnded) and events[-1].count == 3
 
 
 def test_courier_events_per_payload_are_limited_before_they_are_yielded() -> None:

@@ -19,6 +19,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from bridges.host.mapping import Batches, EventMapper, Positions, body_and_raw
+from logjam.message import body_from_bytes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -312,21 +313,39 @@ def test_python_fallback_and_add_payloads_give_the_same(payloads, kind):
     assert outs[0] == outs[1] == outs[2]
 
 
-def test_parsed_payloads_are_add_per_event_with_and_without_the_splice():
-    """Payloads the engine already parsed are valid objects (one with a surrogate pair): the same messages, in order, either way."""
-    raws = [b'{"a":1}', b'{"s":"\\ud83d\\ude00","@timestamp":"2024-01-02T03:04:05Z"}', b'{"b":2,"@timestamp":5}']
+def parsed_both_ways(raws: list, bodies: list, positions: Positions) -> list:
+    """`add_payloads` of payloads the engine parsed, with the splice and event by event: the same messages."""
     got = []
     for splice in (True, False):
         m = EventMapper(app_env="a-b", topic="t", instance="i")
         if not splice:
             m._splice_applies = lambda *_: False  # type: ignore[method-assign]
         out = m.batches()
-        m.add_payloads(out, raws, {"protocol": "p"}, Positions("seq", [1, 2, 3]), bodies=[orjson.loads(r) for r in raws],
-                       created_ms=9)
+        m.add_payloads(out, raws, {"protocol": "p"}, positions, bodies=[dict(b) for b in bodies], created_ms=9)
         got.append(messages(out))
     assert got[0] == got[1]
-    assert [c for _, _, c, _ in got[0]] == [9, 1704164645000, 5000]
-    assert [orjson.loads(b)["@metadata"]["_id"] for _, b, _, _ in got[0]] == ["i:1", "i:2", "i:3"]
+    return got[0]
+
+
+def test_parsed_payloads_are_add_per_event_with_and_without_the_splice():
+    """Payloads the engine already parsed are valid objects (one with a surrogate pair): the same messages, in order, either way."""
+    raws = [b'{"a":1}', b'{"s":"\\ud83d\\ude00","@timestamp":"2024-01-02T03:04:05Z"}', b'{"b":2,"@timestamp":5}']
+    got = parsed_both_ways(raws, [orjson.loads(r) for r in raws], Positions("seq", [1, 2, 3]))
+    assert [c for _, _, c, _ in got] == [9, 1704164645000, 5000]
+    assert [orjson.loads(b)["@metadata"]["_id"] for _, b, _, _ in got] == ["i:1", "i:2", "i:3"]
+
+
+def test_parsed_payloads_without_their_text_are_mapped_on_their_own():
+    """An engine that parsed the events passes None for a text whose body is a wrapper, not that
+    text's object (Courier's `_unmarshal_failure` events): each is `add`ed on its own, between
+    spliced events, as the per-event mapping gives it. (A non-JSON Courier event once crashed
+    the splice at `raw[-1]`.)"""
+    texts = [b'{"a":1}', b"not json", b"\xff\xfe", b'{"b":2}', b"[1,2]", b"{}", b" "]
+    bodies = [orjson.loads(t) if t.startswith(b'{"') else body_from_bytes(t, ("_unmarshal_failure",)) for t in texts]
+    raws = [t if t.startswith(b'{"') else None for t in texts]
+    got = parsed_both_ways(raws, bodies, Positions("index", range(len(texts))))
+    assert [orjson.loads(b)["@metadata"]["index"] for _, b, _, _ in got] == list(range(len(texts)))
+    assert [{k: v for k, v in orjson.loads(b).items() if k != "@metadata"} for _, b, _, _ in got] == bodies
 
 
 def test_keys_number_on_across_declined_events():

@@ -261,3 +261,76 @@ def test_a_full_warehouse_disk_is_named_in_the_log_and_healthz_and_nothing_is_lo
         finally:
             assert imp.stop() == 0, imp.output()
     assert "disk full: " in imp.output()
+
+
+@pytest.mark.timeout(300)
+def test_a_job_with_spilled_rows_that_committed_as_its_client_died_leaves_none_of_them_in_the_spill(
+        spark_server, tmp_path, monkeypatch) -> None:
+    """The worker's retry finds the job landed (the commit made it, its reply did not): the share of
+    the spill that job carried is done with, not taken again by the next job.
+
+    Real Spark, the importer's BackgroundWriter and TableWriter; the commit's client is killed by
+    stopping its Connect session as soon as the job that carried spilled rows committed. Before
+    the fix the next job wrote that share again: 148 rows for 108."""
+    from importer import write
+    from importer.batch import Batch
+    from importer.decode import BatchBuilder
+    from importer.write import BackgroundWriter, TableWriter
+    from logjam.message import Message
+    from table.session import open_session
+    from tests.test_compaction import Table
+
+    monkeypatch.setattr(write, "NEW_PARTITIONS_PER_JOB", 10)
+    monkeypatch.setattr(write, "NEW_PARTITIONS_RANGE", (10, 10))
+    t = Table(spark_server, tmp_path / "wh")
+    spill = tmp_path / "spill"
+    table_writer = TableWriter(t.database, 0, t.location, spill_dir=spill)
+    killed: list[int] = []
+
+    def write_then_die(self, spark, table) -> None:
+        real_write(self, spark, table)
+        if killed or not set(table.column("app_env").to_pylist()) & spilled_streams:
+            return
+        # Spark committed a job carrying spilled rows; its client dies before it hears so.
+        killed.append(table.num_rows)
+        spark.stop()
+        spark.sql("SELECT 1").collect()
+        raise ConnectionError("the commit's client was stopped")  # if the dead session did not raise itself
+
+    real_write = TableWriter._write
+    monkeypatch.setattr(TableWriter, "_write", write_then_die)
+    spilled_streams: set[str] = set()
+    seq = 0
+
+    def batch(streams: list[str]) -> Batch:
+        nonlocal seq
+        b = BatchBuilder()
+        for name in streams:
+            seq += 1
+            b.add(Message.build(name, "logs", {"message": f"m{seq}"}, seq=seq, device=5), 1_763_700_000_000_000)
+        table = b.build()
+        return Batch(table, None, table.num_rows, table.nbytes, 0.0)
+
+    background = BackgroundWriter(lambda: open_session(spark_server.url, app_name="spill-kill"), table_writer,
+                                  max_backoff=0.5)
+    try:
+        # 25 new streams, interleaved, 4 rows each: the first job registers 10, 60 rows wait in the spill.
+        assert background.submit(batch([f"burst{i % 25}-prod" for i in range(1, 101)]))
+        wait_for(lambda: background.idle, timeout=120, what="the first job")
+        assert table_writer.spill.rows == 60
+        spilled_streams.update(f"burst{i}-prod" for i in [0, *range(11, 25)])
+        # Each next job carries a share of the spill; the first one that does commits as its client dies.
+        for _ in range(2):
+            assert background.submit(batch(["burst1-prod"] * 4))
+            wait_for(lambda: background.idle, timeout=120, what="a job with a share of the spill")
+        assert killed, "no job carried spilled rows"
+        while table_writer.spill.files:  # whatever still waits goes with the next jobs
+            assert background.submit(batch(["burst1-prod"]))
+            wait_for(lambda: background.idle, timeout=120, what="the rest of the spill")
+    finally:
+        background.close(60)
+        if background.spark is not None:
+            background.spark.stop()
+    rows = t.spark.sql(f"SELECT count(*), count(DISTINCT seq) FROM {t.database}.messages").collect()[0]
+    assert (int(rows[0]), int(rows[1])) == (seq, seq), "every row once, spilled ones too"
+    assert not list(spill.glob("*.parquet"))

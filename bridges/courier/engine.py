@@ -25,10 +25,11 @@ against `max_message`, every record length against `max_event`, and the inflated
 size of one payload against `max_decompressed`. Inflation runs in steps of at most
 `INFLATE_STEP` output bytes, so a zlib bomb costs one step of memory.
 
-A tiny input must not become an unbounded number of events: a zero-length record is
-a protocol error (a payload of zeros would otherwise be millions of empty events), and
-a payload may hold at most `max_events` records. Both are checked before the record
-is yielded, so nothing past a limit reaches the caller.
+A tiny input must not become an unbounded number of events: a payload may hold at most
+`max_events` records, checked before the record is yielded, so nothing past the limit
+reaches the caller. A zero-length record is an event like any text that is not JSON (the
+`_unmarshal_failure` wrapper, as for any record that is not valid JSON): refusing it bounded nothing
+that a payload of two-byte `{}` records does not reach too, at the same deflate ratio.
 
 `feed()` appends the bytes and returns a list of at most `FEED_EVENTS` events (the engine
 contract, docs/architecture.md); `feed(b"")` returns the next ones, and the adapter calls
@@ -487,8 +488,6 @@ class CourierServer(HeldErrors):
                 (n,) = U32.unpack_from(plain, pos)
                 if n > self.max_event:
                     raise FrameTooLarge(f"event of {n} bytes exceeds the {self.max_event}-byte limit")
-                if not n:
-                    raise CourierProtocolError(f"zero-length record (event {self._index} of the payload)", reason="empty_record")
                 if end - pos - 4 < n:
                     break
                 if self._index >= self.max_events:

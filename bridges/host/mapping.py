@@ -288,7 +288,9 @@ class EventMapper:
                     body = None
             else:
                 body = bodies[i]
-            if body.__class__ is not dict or not body or "@metadata" in body:
+            # `raw` None: the engine parsed the event and its body is not that text's object
+            # (a wrapper of text that is not a JSON object, add_payloads' contract): nothing to splice into.
+            if raw is None or body.__class__ is not dict or not body or "@metadata" in body:
                 if lens:
                     out.add_packed(app, b"".join(parts), lens, stamps)
                     parts, lens, stamps = [], array("I"), array("q")
