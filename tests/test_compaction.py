@@ -48,12 +48,13 @@ class Table:
         self.writer = TableWriter(self.database, importer, self.location)
         self.seq = 0
 
-    def land(self, rows: int, day: datetime.date = DAY, app_env: str = APP) -> None:
+    def land(self, rows: int, day: datetime.date = DAY, app_env: str = APP, arrived: datetime.date | None = None) -> None:
+        """`rows` events of `day` that arrived on `arrived` (default: that day too)."""
         b = BatchBuilder()
         for _ in range(rows):
             self.seq += 1
             b.add(Message.build(app_env, "logs", {"message": f"m{self.seq}"}, seq=self.seq, device=3,
-                                created_ms=created_ms(day)), 1_763_700_000_000_000)
+                                created_ms=created_ms(day)), created_ms(arrived or day) * 1000)
         self.writer.write(self.spark, b.build())
 
     def count(self, day: datetime.date = DAY, app_env: str = APP, spark=None) -> tuple[int, int]:
@@ -214,6 +215,28 @@ def test_retention_drops_old_days_from_the_catalog_and_the_disk(spark_server, tm
     assert total == 11
 
 
+@pytest.mark.timeout(300)
+def test_retention_keeps_an_old_day_until_the_retention_has_passed_for_its_late_rows(spark_server, tmp_path) -> None:
+    """A row is never dropped sooner than the retention after it arrived, though its day is older."""
+    from warehouse.retention import expire
+
+    t = Table(spark_server, tmp_path / "wh")
+    today = datetime.datetime.now(datetime.timezone.utc).date()
+    old, arrived = today - datetime.timedelta(days=9), today - datetime.timedelta(days=2)
+    t.land(3, day=old)
+    t.land(4, day=old, app_env="late-prod", arrived=arrived)  # a shipper's backlog, 7 days late
+    t.compact()  # its files are now Spark's compacted ones: read those too
+    done = t.sql("--retention-days", "7")
+    assert done.returncode == 0, done.stderr
+    assert "retention dropped 1 partitions (3 rows)" in done.stdout
+    assert t.count(old) == (0, 0) and t.count(old, "late-prod") == (4, 4)
+    # Still there the last day of the retention after its arrival; gone the day after.
+    assert expire(t.spark, t.database, t.location, 7, today=arrived + datetime.timedelta(days=7)).rows == 0
+    gone = expire(t.spark, t.database, t.location, 7, today=arrived + datetime.timedelta(days=8))
+    assert (len(gone.partitions), gone.rows) == (1, 4)
+    assert not t.pdir(old, "late-prod").exists()
+
+
 @pytest.mark.timeout(600)
 def test_todays_partition_is_compacted_in_levels_while_written_and_read(spark_server, tmp_path) -> None:
     """The open day: an importer writes, a reader counts, compaction passes run; nothing missing or doubled."""
@@ -293,7 +316,7 @@ def test_swaps_hold_an_importers_lock_briefly_and_let_it_in_between_holds(spark_
         for app in apps:
             t.seq += 1
             b.add(Message.build(app, "logs", {"message": f"m{t.seq}"}, seq=t.seq, device=3,
-                                created_ms=created_ms(DAY)), 1_763_700_000_000_000)
+                                created_ms=created_ms(DAY)), created_ms(DAY) * 1000)
         t.writer.write(t.spark, b.build())
     parts = [p for p in compaction_protocol.local_partitions(t.location) if p.date == DAY.isoformat()]
     merges = [compaction.plan(t.spark, t.database, p, TierPolicy(), closed=True) for p in parts]
