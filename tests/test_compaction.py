@@ -197,11 +197,17 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
 
 @pytest.mark.timeout(300)
 def test_retention_drops_old_days_from_the_catalog_and_the_disk(spark_server, tmp_path) -> None:
+    """Old days go; an old day that took late rows stays until the retention has passed since they arrived."""
+    from warehouse.retention import expire
+
     t = Table(spark_server, tmp_path / "wh")
     today = datetime.datetime.now(datetime.timezone.utc).date()
     old, kept = today - datetime.timedelta(days=9), today - datetime.timedelta(days=6)
+    arrived = today - datetime.timedelta(days=2)
     t.land(10, day=old)
     t.land(4, day=old, app_env="other-prod")
+    t.land(3, day=old, app_env="late-prod", arrived=arrived)  # a shipper's backlog, 7 days late
+    t.compact()  # the late rows' files are now Spark's compacted ones: those are read too
     t.land(5, day=kept)
     t.land(6, day=today)
     done = t.sql("--retention-days", "7")
@@ -209,31 +215,15 @@ def test_retention_drops_old_days_from_the_catalog_and_the_disk(spark_server, tm
     assert "retention dropped 2 partitions (14 rows)" in done.stdout
     assert not t.pdir(old).exists() and not t.pdir(old, "other-prod").exists()
     parts = [r[0] for r in t.spark.sql(f"SHOW PARTITIONS {t.database}.messages").collect()]
-    assert not any(f"date={old}" in p for p in parts)
+    assert not any(f"date={old}" in p and "late-prod" not in p for p in parts)
     assert any(f"date={kept}" in p for p in parts) and any(f"date={today}" in p for p in parts)
     total = t.spark.sql(f"SELECT count(*) FROM {t.database}.messages").collect()[0][0]
-    assert total == 11
-
-
-@pytest.mark.timeout(300)
-def test_retention_keeps_an_old_day_until_the_retention_has_passed_for_its_late_rows(spark_server, tmp_path) -> None:
-    """A row is never dropped sooner than the retention after it arrived, though its day is older."""
-    from warehouse.retention import expire
-
-    t = Table(spark_server, tmp_path / "wh")
-    today = datetime.datetime.now(datetime.timezone.utc).date()
-    old, arrived = today - datetime.timedelta(days=9), today - datetime.timedelta(days=2)
-    t.land(3, day=old)
-    t.land(4, day=old, app_env="late-prod", arrived=arrived)  # a shipper's backlog, 7 days late
-    t.compact()  # its files are now Spark's compacted ones: read those too
-    done = t.sql("--retention-days", "7")
-    assert done.returncode == 0, done.stderr
-    assert "retention dropped 1 partitions (3 rows)" in done.stdout
-    assert t.count(old) == (0, 0) and t.count(old, "late-prod") == (4, 4)
-    # Still there the last day of the retention after its arrival; gone the day after.
-    assert expire(t.spark, t.database, t.location, 7, today=arrived + datetime.timedelta(days=7)).rows == 0
+    assert total == 14 and t.count(old, "late-prod") == (3, 3)
+    # Still there on the last day of the retention after its arrival; gone the day after.
+    last = expire(t.spark, t.database, t.location, 7, today=arrived + datetime.timedelta(days=7))
+    assert [p.app_env for p in last.held] == ["late-prod"]
     gone = expire(t.spark, t.database, t.location, 7, today=arrived + datetime.timedelta(days=8))
-    assert (len(gone.partitions), gone.rows) == (1, 4)
+    assert [(p.app_env, p.date) for p in gone.partitions] == [("late-prod", old.isoformat())] and gone.rows == 3
     assert not t.pdir(old, "late-prod").exists()
 
 
