@@ -10,6 +10,7 @@ from pathlib import Path
 from importer.config import ImporterConfig
 from runtime.check import Checker
 from table.checks import local_dir, spark_url
+from table.event_time import EventWindow
 
 
 def check_importer(config: ImporterConfig, args: argparse.Namespace) -> int:
@@ -34,6 +35,8 @@ def check_importer(config: ImporterConfig, args: argparse.Namespace) -> int:
         share += ", owning its devices"
     c.would_run(f"importer ({share}): subscribe to {', '.join(subs)}, write {config.database}.messages through "
                 f"{config.spark} in batches of at most {config.batch_bytes >> 20} MiB")
+    c.would_run("date partitions: " + EventWindow.for_retention(config.retention_days).describe()
+                + "; other rows go to the day they arrived")
     c.would_run("no checkpoints, no replay" if config.no_replay else
                 f"checkpoints in {Path(state_dir).absolute()}, replay from port {config.replay_ports(subs)}")
     c.would_run(f"metrics and /healthz on :{port}" if port else "no metrics port")

@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dedupe-keys", type=int, default=DEFAULT_CAPACITY, metavar="N",
                    help=f"remember the last N event ids (@metadata._id) written and skip repeats; 0 turns it off "
                         f"(default {DEFAULT_CAPACITY})")
+    p.add_argument("--retention-days", type=int, default=0, metavar="N",
+                   help="the table's retention, as given to logjam-spark: an event whose time is more than N days "
+                        "before it arrived (or more than a day after) is filed under the day it arrived, so "
+                        "retention never drops it early (default 0: no retention, only the future is bounded)")
     curve.add_client_flags(p)
     p.add_argument("-v", "--verbose", action="store_true")
     add_config_flag(p)

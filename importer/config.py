@@ -43,6 +43,7 @@ class ImporterConfig:
     replay_timeout: float
     no_replay: bool
     dedupe_keys: int
+    retention_days: int  # the table's retention (logjam-spark's): bounds how old an event time may pick its day
     verbose: bool = False
 
     @property
@@ -75,6 +76,8 @@ class ImporterConfig:
             raise ValueError("--batch-rows, --batch-bytes and --flush-interval must be positive")
         if args.dedupe_keys < 0:
             raise ValueError("--dedupe-keys must be 0 (off) or positive")
+        if args.retention_days < 0:
+            raise ValueError("--retention-days must be 0 (keep everything) or positive")
         if args.write_timeout <= 0:
             raise ValueError("--write-timeout must be positive")
         return from_flags(

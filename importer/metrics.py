@@ -49,6 +49,10 @@ class ImporterMetrics:
         self.overflowed_app_envs = Counter("logjam_importer_app_envs_overflowed",
                                            "New streams sent to a day's overflow partition (--max-new-app-envs)",
                                            ["worker"], registry=r).labels(**labels)
+        self.out_of_window = Counter("logjam_importer_rows_out_of_window",
+                                     "Rows whose created_at lay outside the window around their arrival (more than "
+                                     "--retention-days before it or a day after it): filed under the day they arrived",
+                                     ["worker", "app_env"], registry=r)
         self.write_stalls = Counter("logjam_importer_write_stalls", "Spark writes pending longer than --write-timeout",
                                     ["worker"], registry=r).labels(**labels)
         self.write_stalled = Gauge("logjam_importer_write_stalled", "1 while a Spark write is pending too long",

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from runtime.durable import fsync_dir, replace_file
-from table.schema import qualified
+from table.schema import conform, qualified
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Spill:
         return path
 
     def head(self) -> tuple[Path, pa.Table] | None:
-        return (self.files[0], pq.read_table(self.files[0])) if self.files else None
+        return (self.files[0], conform(pq.read_table(self.files[0]))) if self.files else None
 
     def done(self, path: Path, rest: pa.Table | None) -> None:
         """`path`'s rows are in the table but for `rest` (None: all of them)."""
@@ -64,7 +64,7 @@ class Spill:
     def prune(self, spark: Any, database: str, importer: int) -> None:
         """After a restart: drop the rows the table already holds."""
         for path in list(self.files):
-            table = pq.read_table(path)
+            table = conform(pq.read_table(path))
             landed = _landed(spark, database, importer, table)
             if landed:
                 keep = pa.array([(d, s) not in landed for d, s in zip(table.column("device").to_pylist(),

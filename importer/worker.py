@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import socket
 import threading
@@ -28,6 +29,7 @@ from importer.checkpoint import Checkpoints, Position, default_state_dir, new_se
 from importer.decode import BatchBuilder, stream_key
 from importer.dedupe import RecentKeys
 from importer.metrics import ImporterMetrics
+from table.event_time import EventWindow
 from table.partitioning import PartitionMap
 from table.paths import OVERFLOW, QUARANTINE, table_path
 from table.schema import ARROW_SCHEMA
@@ -43,6 +45,7 @@ from importer.write import BackgroundWriter, TableWriter, WriteFailed
 from logjam import sockets
 from logjam.curve import ClientKey
 from logjam.subscriber import Subscriber
+from runtime.ratelimit import RateLimitedLog
 
 log = logging.getLogger("logjam-importer")
 
@@ -80,6 +83,9 @@ class Worker:
         self.last_write: float | None = None  # monotonic end of the last committed batch (importer/health.py)
         self.last_quarantine: float | None = None  # monotonic time rows were last quarantined (importer/health.py)
         self.name = f"{socket.gethostname()}/worker-{self.worker_id}"
+        self.window = EventWindow.for_retention(config.retention_days)
+        # One line per stream and batch whose event times were out of the window, a few a minute at most.
+        self._warn_out_of_window = RateLimitedLog(burst=10, period=60.0)
 
     # -- start-up -----------------------------------------------------------------------------
     def connect(self) -> Any:
@@ -205,7 +211,7 @@ class Worker:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
         config = self.config
-        builder = BatchBuilder(dedupe=self.dedupe)
+        builder = BatchBuilder(dedupe=self.dedupe, window=self.window)
         self.batch = GroupCommit(builder, flush_interval=config.flush_interval, batch_bytes=config.batch_bytes,
                                  batch_rows=config.batch_rows)
         self.writer = BackgroundWriter(self.connect, self.table, on_written=self.written,
@@ -261,12 +267,22 @@ class Worker:
     def flush(self) -> None:
         """Cut the open batch and hand it to the writer."""
         batch = self.batch.cut(self.ledger.snapshot() if self.ledger is not None else None)
+        self._out_of_window()
         if batch is None:
             return
         ok = self.writer.submit(batch)
         self.metrics.pending_batches.set(self.writer.pending)
         if not ok:
             raise WriteFailed("the Spark writer thread died")
+
+    def _out_of_window(self) -> None:
+        """Count and report the rows of the batch just cut that were filed under the day they arrived."""
+        for app_env, (rows, low, high) in self.batch.builder.take_out_of_window().items():
+            self.metrics.out_of_window.labels(self.metrics.worker, app_env).inc(rows)
+            self._warn_out_of_window(
+                "%s: %d events with a time outside %s (created_at %s .. %s) are filed under the day they "
+                "arrived, with created_out_of_window = true", app_env, rows, self.window.describe(),
+                _iso(low), _iso(high))
 
     def _housekeeping(self) -> None:
         self._watch_writer()
@@ -332,3 +348,11 @@ class Worker:
         if self.checkpoints is not None:
             log.info("checkpoints: %s", {d: p.seq for d, p in self.checkpoints.positions.items()} or "none")
         return status
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def _iso(us: int) -> str:
+    # created_at is always between the epoch and the end of year 9999 (importer/decode.py).
+    return (_EPOCH + datetime.timedelta(microseconds=us)).isoformat(timespec="seconds")

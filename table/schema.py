@@ -46,6 +46,9 @@ ARROW_SCHEMA = pa.schema([
     # The row's own app-env when the partition's `app_env` is a stand-in (paths.py): past the
     # day's cap of new streams, or a name the metastore cannot hold. NULL otherwise.
     pa.field("original_app_env", pa.string()),
+    # True when `created_at` lies outside the window around the row's arrival, so that `date` is
+    # the day it arrived instead of the day of `created_at` (table/event_time.py). NULL otherwise.
+    pa.field("created_out_of_window", pa.bool_()),
     pa.field("date", pa.date32(), nullable=False),
 ])
 
@@ -64,6 +67,7 @@ _SPARK_TYPES = {
     pa.string(): "STRING",
     pa.int64(): "BIGINT",
     pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
     pa.binary(): "BINARY",
     TIMESTAMP: "TIMESTAMP",
     pa.date32(): "DATE",
@@ -86,6 +90,15 @@ COMPACT_OPTIONS: dict[str, str] = {"compression": "zstd", "parquet.enable.dictio
 def with_doc(df: Any) -> Any:
     """The staged rows with `doc` added, made by Spark while it writes them."""
     return df.selectExpr("*", f"{DOC_EXPR} AS `{DOC_COLUMN}`")
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """Rows kept by an older version (a spill file) in ARROW_SCHEMA: the columns added since are NULL."""
+    if table.schema.names == ARROW_SCHEMA.names:
+        return table
+    n = table.num_rows
+    return pa.Table.from_arrays([table.column(f.name) if f.name in table.schema.names else pa.nulls(n, f.type)
+                                 for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
 
 
 def staged_ddl() -> str:

@@ -48,12 +48,13 @@ class Table:
         self.writer = TableWriter(self.database, importer, self.location)
         self.seq = 0
 
-    def land(self, rows: int, day: datetime.date = DAY, app_env: str = APP) -> None:
+    def land(self, rows: int, day: datetime.date = DAY, app_env: str = APP, arrived: datetime.date | None = None) -> None:
+        """`rows` events of `day` that arrived on `arrived` (default: that day too)."""
         b = BatchBuilder()
         for _ in range(rows):
             self.seq += 1
             b.add(Message.build(app_env, "logs", {"message": f"m{self.seq}"}, seq=self.seq, device=3,
-                                created_ms=created_ms(day)), 1_763_700_000_000_000)
+                                created_ms=created_ms(day)), created_ms(arrived or day) * 1000)
         self.writer.write(self.spark, b.build())
 
     def count(self, day: datetime.date = DAY, app_env: str = APP, spark=None) -> tuple[int, int]:
@@ -196,11 +197,17 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
 
 @pytest.mark.timeout(300)
 def test_retention_drops_old_days_from_the_catalog_and_the_disk(spark_server, tmp_path) -> None:
+    """Old days go; an old day that took late rows stays until the retention has passed since they arrived."""
+    from warehouse.retention import expire
+
     t = Table(spark_server, tmp_path / "wh")
     today = datetime.datetime.now(datetime.timezone.utc).date()
     old, kept = today - datetime.timedelta(days=9), today - datetime.timedelta(days=6)
+    arrived = today - datetime.timedelta(days=2)
     t.land(10, day=old)
     t.land(4, day=old, app_env="other-prod")
+    t.land(3, day=old, app_env="late-prod", arrived=arrived)  # a shipper's backlog, 7 days late
+    t.compact()  # the late rows' files are now Spark's compacted ones: those are read too
     t.land(5, day=kept)
     t.land(6, day=today)
     done = t.sql("--retention-days", "7")
@@ -208,10 +215,16 @@ def test_retention_drops_old_days_from_the_catalog_and_the_disk(spark_server, tm
     assert "retention dropped 2 partitions (14 rows)" in done.stdout
     assert not t.pdir(old).exists() and not t.pdir(old, "other-prod").exists()
     parts = [r[0] for r in t.spark.sql(f"SHOW PARTITIONS {t.database}.messages").collect()]
-    assert not any(f"date={old}" in p for p in parts)
+    assert not any(f"date={old}" in p and "late-prod" not in p for p in parts)
     assert any(f"date={kept}" in p for p in parts) and any(f"date={today}" in p for p in parts)
     total = t.spark.sql(f"SELECT count(*) FROM {t.database}.messages").collect()[0][0]
-    assert total == 11
+    assert total == 14 and t.count(old, "late-prod") == (3, 3)
+    # Still there on the last day of the retention after its arrival; gone the day after.
+    last = expire(t.spark, t.database, t.location, 7, today=arrived + datetime.timedelta(days=7))
+    assert [p.app_env for p in last.held] == ["late-prod"]
+    gone = expire(t.spark, t.database, t.location, 7, today=arrived + datetime.timedelta(days=8))
+    assert [(p.app_env, p.date) for p in gone.partitions] == [("late-prod", old.isoformat())] and gone.rows == 3
+    assert not t.pdir(old, "late-prod").exists()
 
 
 @pytest.mark.timeout(600)
@@ -293,7 +306,7 @@ def test_swaps_hold_an_importers_lock_briefly_and_let_it_in_between_holds(spark_
         for app in apps:
             t.seq += 1
             b.add(Message.build(app, "logs", {"message": f"m{t.seq}"}, seq=t.seq, device=3,
-                                created_ms=created_ms(DAY)), 1_763_700_000_000_000)
+                                created_ms=created_ms(DAY)), created_ms(DAY) * 1000)
         t.writer.write(t.spark, b.build())
     parts = [p for p in compaction_protocol.local_partitions(t.location) if p.date == DAY.isoformat()]
     merges = [compaction.plan(t.spark, t.database, p, TierPolicy(), closed=True) for p in parts]

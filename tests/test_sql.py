@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import orjson
@@ -27,7 +28,7 @@ def land(spark_server, warehouse: Path, importer: int, counts: dict[str, int], d
     for app_env, n in counts.items():
         for i in range(n):
             b.add(Message.build(app_env, "logs.sql", {"message": f"m{i}", "@metadata": {"protocol": "segment"}},
-                                seq=i + 1, device=5), 1_763_700_000_000_000)
+                                seq=i + 1, device=5), time.time_ns() // 1000)  # created now, arrived now
     spark = spark_server.session()
     database = database or database_for(warehouse)
     location = ensure_table(spark, database, str(warehouse / "messages"))

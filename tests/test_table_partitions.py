@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -219,7 +220,7 @@ def test_a_burst_of_new_streams_waits_in_the_spill_and_lands_once_across_a_resta
     b = BatchBuilder()
     for seq in range(1, 101):  # 25 new streams, interleaved, 4 rows each
         b.add(Message.build(f"burst{seq % 25}-prod", "logs", {"message": f"m{seq}"}, seq=seq, device=5),
-              1_763_700_000_000_000)
+              time.time_ns() // 1000)  # created now, arrived now
     writer.write(t.spark, b.build())
     assert count() == (40, 40), "the first job took 10 new streams; the rest waits"
     assert writer.spill.rows == 60 and len(list(spill.glob("*.parquet"))) == 1
