@@ -58,7 +58,10 @@ def _int(v: Any) -> int | None:
     if type(v) is int:
         return v if _I64_MIN <= v <= _I64_MAX else None
     if type(v) is str and v.lstrip("-").isdigit():
-        n = int(v)
+        try:
+            n = int(v)
+        except ValueError:  # "--1", digits int() does not read ("²"), or too many of them
+            return None
         return n if _I64_MIN <= n <= _I64_MAX else None
     return None
 
