@@ -92,6 +92,15 @@ def event_id(v: Any) -> str | None:
     return None
 
 
+def row_times(created_ms: int, ingested_us: int) -> tuple[int, int]:
+    """A row's created_at (microseconds) and its partition date (days since the epoch): the one place
+    either is decided (native/decode.c's row_times follows it). A created_ms of 0 (no time) or past
+    year 9999 is replaced by the arrival time."""
+    if created_ms > MAX_CREATED_MS or created_ms == 0:
+        created_ms = ingested_us // 1000
+    return created_ms * 1000, created_ms // MS_PER_DAY
+
+
 def stream_key(app_env: str, eid: str) -> str:
     """What the dedupe memory holds for an event id: scoped by stream, so one client's ids never
     suppress another stream's events."""
@@ -214,10 +223,9 @@ class BatchBuilder:
         # Stored as a signed 64-bit integer like every Java and Ruby consumer; u64 values past 2**63 wrap.
         self._seq.append(seq - _U64_WRAP if seq > _I64_MAX else seq)
         self._journal.append(journal)
-        if created_ms > MAX_CREATED_MS or created_ms == 0:
-            created_ms = ingested_us // 1000
-        self._created.append(created_ms * 1000)
-        self._date.append(created_ms // MS_PER_DAY)
+        created_us, date = row_times(created_ms, ingested_us)
+        self._created.append(created_us)
+        self._date.append(date)
         self._ingested.append(ingested_us)
         self._body.append(body)
         self.body_bytes += len(body) if body is not None else len(frame)

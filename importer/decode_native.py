@@ -28,7 +28,6 @@ from importer.decode import DUPLICATE_EVENT, BatchBuilder
 from importer.dedupe import RecentKeys
 from logjam import native as _native
 from logjam.compression import DEFAULT_MAX_DECOMPRESSED
-from logjam.message import Message
 from logjam.raw import RawBatch
 from table.schema import ARROW_SCHEMA, TIMESTAMP
 
@@ -77,17 +76,10 @@ class NativeBatchBuilder:
         built = _native.load(MODULE)
         return cls(built, max_body, dedupe, cap) if built is not None else None
 
-    @property
-    def dedupe(self) -> RecentKeys | None:
-        return self.py.dedupe
-
-    @property
-    def duplicates(self) -> int:
-        return self.py.duplicates
-
-    @property
-    def parse_errors(self) -> int:
-        return self.py.parse_errors
+    # The reference's counters and key memory are this builder's.
+    dedupe = property(lambda self: self.py.dedupe)
+    duplicates = property(lambda self: self.py.duplicates)
+    parse_errors = property(lambda self: self.py.parse_errors)
 
     @property
     def body_bytes(self) -> int:
@@ -128,10 +120,7 @@ class NativeBatchBuilder:
 
     # ---------------------------------------------------------------- rows
 
-    def add(self, msg: Message, ingested_us: int, journal: str | None = None) -> str | None:
-        meta = msg.meta
-        return self.add_raw(msg.app_env, msg.topic, msg.body, meta.compression, meta.device, meta.created_ms,
-                            meta.seq, ingested_us, journal)
+    add = BatchBuilder.add  # one message by its parts, through add_raw below
 
     def add_raw(self, app_env: str, topic: str, frame: bytes, compression: int, device: int, created_ms: int,
                 seq: int, ingested_us: int, journal: str | None = None) -> str | None:

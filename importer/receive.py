@@ -96,6 +96,7 @@ class Receiver:
         data, pos, meta = raw.data, raw.pos, raw.meta
         endpoints, tally, sequencer = self.device_endpoint, self.tally, self.sequencer
         check = sequencer.check if sequencer is not None else None
+        journal_of = sequencer.ledger.journal if sequencer is not None else None
         native = self._native
         if native is not None:
             if native.tidy_names():  # the numbers cached here are void
@@ -103,8 +104,9 @@ class Receiver:
                 self._topics.clear()
                 self._journals.clear()
             self._pending = raw
-            picks = self._picks
-            rows = tally.rows
+        picks, rows, streams, topics = self._picks, tally.rows, self._streams, self._topics
+        journal: str | None = None
+        journal_n = -1
         try:
             for i in range(raw.n):
                 p, m = 6 * i, 4 * i
@@ -131,16 +133,20 @@ class Receiver:
                     if gap is not None:
                         self.gaps.gap(gap)
                 tally.received += 1
-                name, keeps, stream = self._stream(app_env)
+                name, keeps, stream = streams.get(app_env) or self._stream(app_env)
                 if not keeps:
                     tally.skipped += 1
                     continue
                 at = pos[p + 2]
-                topic, topic_n = self._topic(data[at : at + pos[p + 3]])
-                journal = sequencer.ledger.journal(device) if sequencer is not None else None
+                topic_b = data[at : at + pos[p + 3]]
+                topic, topic_n = topics.get(topic_b) or self._topic(topic_b)
+                if journal_of is not None:
+                    got = journal_of(device)
+                    if got is not journal:
+                        journal, journal_n = got, self._journal_id(got)
                 if native is not None:
                     # Decoded with the others at the end of the chunk (or before a message handed on alone).
-                    picks.extend((i, stream, topic_n, self._journal_id(journal)))
+                    picks.extend((i, stream, topic_n, journal_n))
                     rows[name] = rows.get(name, 0) + 1
                     continue
                 at = pos[p + 4]

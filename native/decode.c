@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "decode.h"
+#include "lj_json.h"
 
 #define MS_PER_DAY 86400000LL
 #define MAX_CREATED_MS 253402300799999LL /* Spark's timestamps end with year 9999 */
@@ -45,41 +46,6 @@ static void ws(rd_t *r) {
     while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r')) r->p++;
 }
 
-static int hex4(const uint8_t *p, unsigned *out) {
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        uint8_t c = p[i];
-        v <<= 4;
-        if (c >= '0' && c <= '9') v |= c - '0';
-        else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-        else return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* The length of the UTF-8 sequence at p (strict: no overlongs, no surrogates, at most
- * U+10FFFF), or 0 when it is not one. */
-static int utf8_len(const uint8_t *p, const uint8_t *end) {
-    uint8_t c = p[0];
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) return end - p >= 2 && (p[1] & 0xc0) == 0x80 ? 2 : 0;
-    if (c >= 0xe0 && c <= 0xef) {
-        if (end - p < 3 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80) return 0;
-        if (c == 0xe0 && p[1] < 0xa0) return 0;
-        if (c == 0xed && p[1] >= 0xa0) return 0;
-        return 3;
-    }
-    if (c >= 0xf0 && c <= 0xf4) {
-        if (end - p < 4 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (p[3] & 0xc0) != 0x80) return 0;
-        if (c == 0xf0 && p[1] < 0x90) return 0;
-        if (c == 0xf4 && p[1] >= 0x90) return 0;
-        return 4;
-    }
-    return 0;
-}
-
 /* A string at r->p (its opening quote); fills v. */
 static int string(rd_t *r, jv_t *v) {
     const uint8_t *p = r->p + 1, *end = r->end;
@@ -99,13 +65,13 @@ static int string(rd_t *r, jv_t *v) {
             if (end - p < 2) return -1;
             uint8_t x = p[1];
             if (x == 'u') {
-                unsigned u;
-                if (end - p < 6 || hex4(p + 2, &u)) return -1;
+                uint32_t u;
+                if (end - p < 6 || lj_hex4(p + 2, &u)) return -1;
                 p += 6;
                 if (u >= 0xdc00 && u <= 0xdfff) return -1;
                 if (u >= 0xd800 && u <= 0xdbff) {
-                    unsigned lo;
-                    if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || hex4(p + 2, &lo) || lo < 0xdc00 || lo > 0xdfff)
+                    uint32_t lo;
+                    if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || lj_hex4(p + 2, &lo) || lo < 0xdc00 || lo > 0xdfff)
                         return -1;
                     p += 6;
                 }
@@ -115,12 +81,27 @@ static int string(rd_t *r, jv_t *v) {
             p += 2;
             continue;
         }
-        int n = utf8_len(p, end);
+        size_t n = lj_utf8_len(p, end);
         if (!n) return -1;
         p += n;
     }
     return -1;
 }
+
+/* The ASCII digits [p, end) as a number; *over set when it passes UINT64_MAX. */
+static uint64_t digits(const uint8_t *p, const uint8_t *end, int *over) {
+    uint64_t m = 0;
+    *over = 0;
+    for (; p < end; p++) {
+        unsigned digit = *p - '0';
+        if (m > (UINT64_MAX - digit) / 10) *over = 1;
+        else m = m * 10 + digit;
+    }
+    return m;
+}
+
+/* -m as an int64 (m at most 2**63). */
+static int64_t negated(uint64_t m) { return m == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)m; }
 
 /* A number at r->p; fills v: V_INT when orjson makes an int of it (it fits int64 or uint64),
  * V_BIG for an integer it makes a float of, V_FLOAT otherwise. Infinite values and long
@@ -164,15 +145,8 @@ static int number(rd_t *r, jv_t *v) {
         return 0;
     }
     /* An integer: int64 when negative, uint64 when not; else orjson reads a float. */
-    int neg = v->s[0] == '-';
-    const uint8_t *d = v->s + neg;
-    uint64_t m = 0;
-    int over = 0;
-    for (; d < p; d++) {
-        unsigned digit = *d - '0';
-        if (m > (UINT64_MAX - digit) / 10) over = 1;
-        else m = m * 10 + digit;
-    }
+    int neg = v->s[0] == '-', over;
+    uint64_t m = digits(v->s + neg, p, &over);
     if (neg && m > (uint64_t)INT64_MAX + 1) over = 1;
     v->kind = over ? V_BIG : V_INT;
     return 0;
@@ -190,24 +164,46 @@ static int literal(rd_t *r, const char *word, int kind, jv_t *v) {
 
 static int value(rd_t *r, jv_t *v, int depth);
 
-/* An object at r->p, checked whole; for each of the `nwant` keys (no escapes in them) the
- * value of its last occurrence goes to found[i]. A key with escapes among wanted keys is
- * deferred (comparing it needs unescaping). */
-static int object(rd_t *r, jv_t *v, int depth, const char *const *want, int nwant, jv_t *found) {
+/* The opening of an object or array at r->p: 1 when it is empty (and read whole), 0 when
+ * items follow, -1 when it is too deep. */
+static int open_items(rd_t *r, jv_t *v, int kind, uint8_t close, int depth) {
     if (depth > MAX_DEPTH) {
         r->defer = 1;
         return -1;
     }
-    v->kind = V_OBJ;
+    v->kind = kind;
     v->s = r->p;
     r->p++;
     ws(r);
-    if (r->p < r->end && *r->p == '}') {
+    if (r->p < r->end && *r->p == close) {
         r->p++;
         v->e = r->p;
+        return 1;
+    }
+    return 0;
+}
+
+/* After an item: 0 when another follows (its comma read), 1 when `close` ended them, -1 neither. */
+static int next_item(rd_t *r, jv_t *v, uint8_t close) {
+    ws(r);
+    if (r->p >= r->end) return -1;
+    if (*r->p == ',') {
+        r->p++;
+        ws(r);
         return 0;
     }
-    for (;;) {
+    if (*r->p != close) return -1;
+    r->p++;
+    v->e = r->p;
+    return 1;
+}
+
+/* An object at r->p, checked whole; for each of the `nwant` keys (no escapes in them) the
+ * value of its last occurrence goes to found[i]. A key with escapes among wanted keys is
+ * deferred (comparing it needs unescaping). */
+static int object(rd_t *r, jv_t *v, int depth, const char *const *want, int nwant, jv_t *found) {
+    int state = open_items(r, v, V_OBJ, '}', depth);
+    while (state == 0) {
         jv_t key, val;
         if (r->p >= r->end || *r->p != '"' || string(r, &key)) return -1;
         ws(r);
@@ -224,49 +220,19 @@ static int object(rd_t *r, jv_t *v, int depth, const char *const *want, int nwan
             for (int i = 0; i < nwant; i++)
                 if (strlen(want[i]) == klen && !memcmp(want[i], key.s + 1, klen)) found[i] = val;
         }
-        ws(r);
-        if (r->p >= r->end) return -1;
-        if (*r->p == ',') {
-            r->p++;
-            ws(r);
-            continue;
-        }
-        if (*r->p != '}') return -1;
-        r->p++;
-        v->e = r->p;
-        return 0;
+        state = next_item(r, v, '}');
     }
+    return state < 0 ? -1 : 0;
 }
 
 static int array(rd_t *r, jv_t *v, int depth) {
-    if (depth > MAX_DEPTH) {
-        r->defer = 1;
-        return -1;
-    }
-    v->kind = V_ARR;
-    v->s = r->p;
-    r->p++;
-    ws(r);
-    if (r->p < r->end && *r->p == ']') {
-        r->p++;
-        v->e = r->p;
-        return 0;
-    }
-    for (;;) {
+    int state = open_items(r, v, V_ARR, ']', depth);
+    while (state == 0) {
         jv_t item;
         if (value(r, &item, depth + 1)) return -1;
-        ws(r);
-        if (r->p >= r->end) return -1;
-        if (*r->p == ',') {
-            r->p++;
-            ws(r);
-            continue;
-        }
-        if (*r->p != ']') return -1;
-        r->p++;
-        v->e = r->p;
-        return 0;
+        state = next_item(r, v, ']');
     }
+    return state < 0 ? -1 : 0;
 }
 
 static int value(rd_t *r, jv_t *v, int depth) {
@@ -367,31 +333,15 @@ static int s_json_string(lj_dec_t *d, int col, const jv_t *v) {
         case 'r': out[0] = '\r'; break;
         case 't': out[0] = '\t'; break;
         case 'u': {
-            unsigned u, lo;
-            hex4(p + 2, &u);
+            uint32_t u = 0, lo = 0xdc00; /* both were checked by string() */
+            lj_hex4(p + 2, &u);
             if (u >= 0xd800 && u <= 0xdbff) {
-                hex4(p + 8, &lo);
+                lj_hex4(p + 8, &lo);
                 u = 0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00);
                 p += 6;
             }
             p += 4;
-            if (u < 0x80) out[0] = (uint8_t)u;
-            else if (u < 0x800) {
-                out[0] = (uint8_t)(0xc0 | (u >> 6));
-                out[1] = (uint8_t)(0x80 | (u & 0x3f));
-                n = 2;
-            } else if (u < 0x10000) {
-                out[0] = (uint8_t)(0xe0 | (u >> 12));
-                out[1] = (uint8_t)(0x80 | ((u >> 6) & 0x3f));
-                out[2] = (uint8_t)(0x80 | (u & 0x3f));
-                n = 3;
-            } else {
-                out[0] = (uint8_t)(0xf0 | (u >> 18));
-                out[1] = (uint8_t)(0x80 | ((u >> 12) & 0x3f));
-                out[2] = (uint8_t)(0x80 | ((u >> 6) & 0x3f));
-                out[3] = (uint8_t)(0x80 | (u & 0x3f));
-                n = 4;
-            }
+            n = (int)lj_utf8_put(out, u);
             break;
         }
         default: out[0] = p[1]; /* " \ / */
@@ -440,16 +390,12 @@ static int truthy(const jv_t *v) {
     }
 }
 
+/* A V_INT's value; *fits_i64 is 0 for one past INT64_MAX (then the value is its uint64 bits). */
 static int64_t int_value(const jv_t *v, int *fits_i64) {
-    int neg = v->s[0] == '-';
-    uint64_t m = 0;
-    for (const uint8_t *p = v->s + neg; p < v->e; p++) m = m * 10 + (unsigned)(*p - '0');
-    if (neg) {
-        *fits_i64 = 1;
-        return m == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)m;
-    }
-    *fits_i64 = m <= (uint64_t)INT64_MAX;
-    return (int64_t)m;
+    int neg = v->s[0] == '-', over;
+    uint64_t m = digits(v->s + neg, v->e, &over);
+    *fits_i64 = neg || m <= (uint64_t)INT64_MAX;
+    return neg ? negated(m) : (int64_t)m;
 }
 
 /* decode.py's _int (severity, code): an int within int64; a string of ASCII digits with at
@@ -484,15 +430,10 @@ static int n_int(lj_dec_t *d, int col, const jv_t *v) {
         n_put(d, col, 0, 0);
         return 0;
     }
-    uint64_t m = 0;
-    int over = 0;
-    for (; p < end; p++) {
-        unsigned digit = *p - '0';
-        if (m > (UINT64_MAX - digit) / 10) over = 1;
-        else m = m * 10 + digit;
-    }
+    int over;
+    uint64_t m = digits(p, end, &over);
     if (over || m > (uint64_t)INT64_MAX + (minus ? 1 : 0)) n_put(d, col, 0, 0);
-    else n_put(d, col, minus ? (m == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)m) : (int64_t)m, 1);
+    else n_put(d, col, minus ? negated(m) : (int64_t)m, 1);
     return 0;
 }
 
@@ -532,7 +473,8 @@ static const char *const LOG_KEYS[1] = {"level"};
 static const char *const META_KEYS[2] = {"_id", "protocol"};
 
 /* The row's created_at (microseconds) and partition date (days): the one place either is
- * decided, as decode.py's `row_times`. A created_ms of 0 or past year 9999 is the arrival time. */
+ * decided here, as importer/decode.py's `row_times` (change both together; a deferred row
+ * takes Python's). A created_ms of 0 or past year 9999 is the arrival time. */
 static void row_times(uint64_t created_ms, int64_t ingested_us, int64_t *created_us, int64_t *date) {
     int64_t ms = created_ms > (uint64_t)MAX_CREATED_MS || created_ms == 0 ? ingested_us / 1000 : (int64_t)created_ms;
     *created_us = ms * 1000;
