@@ -283,3 +283,38 @@ def test_e2e_bodies_are_decoded_in_c_not_deferred():
                           INGESTED_US)
     assert (done, b._d.stop) == (100, 0)
     assert orjson.loads(b.build().column("body")[0].as_py())["@metadata"]["_id"]
+
+
+class FillingSequencer:
+    """A sequencer whose check hands on one replayed message before seq 50 (as a hole's fill does):
+    the rows must keep that order on both paths."""
+
+    def __init__(self) -> None:
+        from importer.sequence import Ledger
+        self.ledger = Ledger()
+
+    def check(self, device: int, seq: int, handle) -> bool:
+        if seq == 50:
+            from logjam.message import Message
+            handle(Message.build("shop-prod", "logs", {"message": "replayed", "@metadata": {"_id": "r"}},
+                                 seq=10_000, device=device, created_ms=CREATED_MS), "j-replay")
+        self.ledger.cover(device, seq)
+        return True
+
+
+def test_a_message_handed_on_mid_chunk_keeps_its_place():
+    msgs = [msg(b'{"message":"m%d"}' % i, seq=i + 1, journal=None) for i in range(100)]
+    raw = raw_batch(msgs)
+
+    def run(builder):
+        group = GroupCommit(builder, flush_interval=1.0)
+        tally = Tally()
+        rec = Receiver(group, StreamFilter(), tally, GapReport(ImporterMetrics(0)), FillingSequencer(), {})
+        rec.receive([raw], lambda: False)
+        return group.cut(None).table, tally.rows
+
+    want, want_rows = run(BatchBuilder(dedupe=RecentKeys()))
+    got, got_rows = run(NativeBatchBuilder(c_module(MODULE), dedupe=RecentKeys()))
+    assert want.column("message").to_pylist()[48:51] == ["m48", "replayed", "m49"]
+    assert got.drop(["ingested_at"]).equals(want.drop(["ingested_at"]))
+    assert got_rows == want_rows == {"shop-prod": 101}
