@@ -73,7 +73,7 @@ def _builder(module: str, header: str, sources: list[str], *, zmq: bool) -> FFI:
         extra_compile_args=["-O2", "-Wall"] + (["-Werror"] if strict() else []),
         # dlopen/dlsym: in libc since glibc 2.34, in libdl before.
         libraries=["dl"] if zmq else [],
-        depends=[os.path.relpath(HERE / h, ROOT) for h in (header, "lj_zmq.h", "lj_zmq_calls.h", "lj_meta.h", "lj_json.h")],
+        depends=[os.path.relpath(HERE / h, ROOT) for h in (header, "lj_zmq.h", "lj_zmq_calls.h", "lj_meta.h", "lj_json.h", "lj_json_read.h")],
         optional=not strict(),
     )
     return ffi
