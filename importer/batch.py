@@ -10,12 +10,16 @@ length of a job); a full batch waits for the writer, and while it waits the impo
 stops receiving (the SUB socket fills, and what its high-water mark drops comes back
 through replay).
 
+With the C decoder (importer/decode_native.py) the receive stage hands over a drained
+chunk's kept messages at once (`add_picks`), and rows are made in C.
+
 Rows are turned into Arrow every CHUNK_ROWS rows, so the Python objects of a large batch
 never pile up: a batch is held as compact Arrow chunks.
 """
 
 from __future__ import annotations
 
+import array
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -24,9 +28,10 @@ import pyarrow as pa
 
 from importer.checkpoint import Position
 from importer.decode import BatchBuilder
+from importer.decode_native import CHUNK_ROWS, NativeBatchBuilder
 from logjam.message import Message
+from logjam.raw import RawBatch
 
-CHUNK_ROWS = 8192
 DEFAULT_BATCH_BYTES = 64 * 1024 * 1024
 
 
@@ -44,7 +49,7 @@ class Batch:
 class GroupCommit:
     """Accumulates decoded rows; says when a batch is due and cuts it."""
 
-    def __init__(self, builder: BatchBuilder, *, flush_interval: float, batch_bytes: int = DEFAULT_BATCH_BYTES,
+    def __init__(self, builder: BatchBuilder | NativeBatchBuilder, *, flush_interval: float, batch_bytes: int = DEFAULT_BATCH_BYTES,
                  batch_rows: int | None = None) -> None:
         self.builder = builder
         self.flush_interval = flush_interval
@@ -80,6 +85,21 @@ class GroupCommit:
         if len(builder) >= CHUNK_ROWS:
             self._finish_chunk()
         return result
+
+    def add_picks(self, raw: RawBatch, picks: array.array, ingested_us: int) -> list[tuple[int, str]]:
+        """Decode the messages of `raw` that `picks` names into the open batch, in one C call a chunk
+        (a `NativeBatchBuilder` only; importer/decode_native.py says what a pick is). Returns (pick
+        number, result) for each pick whose result is not None (see `BatchBuilder.add_raw`)."""
+        builder = self.builder
+        results: list[tuple[int, str]] = []
+        k, total = 0, len(picks) // 4
+        while k < total:
+            k = builder.add_picks(raw, picks, k, ingested_us, results)
+            if self._opened is None and len(builder):
+                self._opened = time.monotonic()
+            if builder.full():
+                self._finish_chunk()
+        return results
 
     def _finish_chunk(self) -> None:
         chunk = self.builder.build()

@@ -21,7 +21,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from importer import variant
+from importer import decode_native, variant
 from importer.batch import DEFAULT_BATCH_BYTES
 from importer.dedupe import DEFAULT_CAPACITY
 from importer.metrics import ImporterMetrics
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = setup_logging("logjam-importer", config.verbose)
     try:
         # Which C paths run (LOGJAM_NATIVE); under `require` a missing build stops the importer here.
-        native.announce(log, [raw.MODULE, variant.MODULE])
+        native.announce(log, [raw.MODULE, decode_native.MODULE, variant.MODULE])
         key = curve.client_key(args, config.owned)
     except (native.NativeUnavailable, curve.KeyFileError) as e:
         log.error("cannot start: %s", e)

@@ -58,7 +58,10 @@ def _int(v: Any) -> int | None:
     if type(v) is int:
         return v if _I64_MIN <= v <= _I64_MAX else None
     if type(v) is str and v.lstrip("-").isdigit():
-        n = int(v)
+        try:
+            n = int(v)
+        except ValueError:  # "--1", digits int() does not read ("²"), or too many of them
+            return None
         return n if _I64_MIN <= n <= _I64_MAX else None
     return None
 
@@ -87,6 +90,15 @@ def event_id(v: Any) -> str | None:
     if type(v) is int:
         return str(v)
     return None
+
+
+def created_us(created_ms: int, ingested_us: int) -> int:
+    """A row's created_at in microseconds (native/decode.c's created_us follows it): a created_ms of 0
+    (no time) or past year 9999 is replaced by the arrival time. The partition's date is decided
+    from it a chunk at a time, in `build` (table/event_time.py)."""
+    if created_ms > MAX_CREATED_MS or created_ms == 0:
+        created_ms = ingested_us // 1000
+    return created_ms * 1000
 
 
 def stream_key(app_env: str, eid: str) -> str:
@@ -215,9 +227,7 @@ class BatchBuilder:
         # Stored as a signed 64-bit integer like every Java and Ruby consumer; u64 values past 2**63 wrap.
         self._seq.append(seq - _U64_WRAP if seq > _I64_MAX else seq)
         self._journal.append(journal)
-        if created_ms > MAX_CREATED_MS or created_ms == 0:
-            created_ms = ingested_us // 1000
-        self._created.append(created_ms * 1000)
+        self._created.append(created_us(created_ms, ingested_us))
         self._ingested.append(ingested_us)
         self._body.append(body)
         self.body_bytes += len(body) if body is not None else len(frame)
@@ -266,10 +276,7 @@ class BatchBuilder:
         app_env = pa.array(self._app_env, pa.string())
         created = pa.array(self._created, pa.int64())
         ingested = pa.array(self._ingested, pa.int64())
-        # The partition's day, in one step over the chunk (table/event_time.py).
-        date, moved = self.window.dates(created, ingested)
-        if moved.null_count < len(moved):
-            self._count_moved(app_env, created, moved)
+        date, moved = self.partition_dates(app_env, created, ingested)
         columns = {
             "app_env": app_env,
             "app": pa.array(self._app, pa.string()),
@@ -302,6 +309,14 @@ class BatchBuilder:
         }
         self._reset()
         return pa.Table.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+
+    def partition_dates(self, app_env: pa.Array, created: pa.Array, ingested: pa.Array) -> tuple[pa.Array, pa.Array]:
+        """The chunk's `date` and `created_out_of_window` columns, in one step (table/event_time.py),
+        from int64 microseconds; the rows moved are counted for `take_out_of_window`."""
+        date, moved = self.window.dates(created, ingested)
+        if moved.null_count < len(moved):
+            self._count_moved(app_env, created, moved)
+        return date, moved
 
     def _count_moved(self, app_envs: pa.Array, created: pa.Array, mark: pa.Array) -> None:
         for app_env, (n, low, high) in moved_by_stream(app_envs, created, mark).items():

@@ -1,5 +1,9 @@
 """The receive stage: every message the devices publish, in sequence order, into the batch or filtered out.
 
+With the C decoder (importer/decode_native.py) the messages kept from a chunk are decoded
+together, in one call, at the end of the chunk, or before a message that is handed on
+alone (a replayed one), so rows keep the order of the sequence.
+
 A worker receives every stream (its gap tracking needs every sequence number) and keeps
 only its own. Messages arrive as columns (`logjam.raw.RawBatch`, drained in C), so a
 message of another worker's stream costs a few dictionary lookups and no object; only
@@ -10,12 +14,14 @@ recovery, through a gap tracker that only counts.
 
 from __future__ import annotations
 
+import array
 import logging
 import time
 from typing import Callable
 
 from importer.batch import GroupCommit
 from importer.decode import DUPLICATE_EVENT
+from importer.decode_native import NativeBatchBuilder
 from importer.report import GapReport, Tally
 from importer.sequence import Sequencer
 from importer.split import StreamFilter
@@ -40,9 +46,16 @@ class Receiver:
         self.tracker = GapTracker() if sequencer is None else None
         self.device_endpoint = device_endpoint
         self.ingested_us = 0
-        # A few streams, many messages: app-env bytes -> (name, kept by this worker); topic bytes -> name.
-        self._streams: dict[bytes, tuple[str, bool]] = {}
-        self._topics: dict[bytes, str] = {}
+        # A few streams, many messages: app-env bytes -> (name, kept by this worker, number);
+        # topic bytes -> (name, number). Numbers are the C decoder's names (-1 without it).
+        self._streams: dict[bytes, tuple[str, bool, int]] = {}
+        self._topics: dict[bytes, tuple[str, int]] = {}
+        self._journals: dict[str, int] = {}
+        builder = batch.builder
+        self._native = builder if isinstance(builder, NativeBatchBuilder) else None
+        # The chunk being received and its kept messages, 4 numbers each (importer/decode_native.py).
+        self._pending: RawBatch | None = None
+        self._picks = array.array("q")
 
     def receive(self, batches: list[RawBatch], stopping: Callable[[], bool]) -> None:
         self.ingested_us = time.time_ns() // 1000
@@ -51,61 +64,116 @@ class Receiver:
             if stopping():
                 break
 
-    def _stream(self, app_env: bytes) -> tuple[str, bool]:
+    def _stream(self, app_env: bytes) -> tuple[str, bool, int]:
+        """(name, kept by this worker, its number for the C decoder or -1)."""
         entry = self._streams.get(app_env)
         if entry is None:
             name = app_env.decode("utf-8", "replace")
-            entry = (name, self.filter.keeps(name))
+            keeps = self.filter.keeps(name)
+            entry = (name, keeps, self._native.name_id(name) if keeps and self._native is not None else -1)
             if len(self._streams) < 100_000:
                 self._streams[app_env] = entry
         return entry
+
+    def _topic(self, topic_b: bytes) -> tuple[str, int]:
+        entry = self._topics.get(topic_b)
+        if entry is None:
+            name = topic_b.decode("utf-8", "replace")
+            entry = (name, self._native.name_id(name) if self._native is not None else -1)
+            if len(self._topics) < 100_000:
+                self._topics[topic_b] = entry
+        return entry
+
+    def _journal_id(self, journal: str | None) -> int:
+        if journal is None or self._native is None:
+            return -1
+        n = self._journals.get(journal)
+        if n is None:
+            n = self._journals[journal] = self._native.name_id(journal)
+        return n
 
     def _columns(self, raw: RawBatch, stopping: Callable[[], bool]) -> None:
         data, pos, meta = raw.data, raw.pos, raw.meta
         endpoints, tally, sequencer = self.device_endpoint, self.tally, self.sequencer
         check = sequencer.check if sequencer is not None else None
-        for i in range(raw.n):
-            p, m = 6 * i, 4 * i
-            at = pos[p]
-            app_env = data[at : at + pos[p + 1]]
-            device, seq = meta[m + 1], meta[m + 3]
-            if device not in endpoints:
-                endpoints[device] = raw.endpoint
-            if app_env == _HEARTBEAT:
-                msg = Message(HEARTBEAT, raw.frame(i, 1).decode("utf-8", "replace"), raw.frame(i, 2),
-                              Meta(meta[m], device, meta[m + 2], seq))
-                if sequencer is not None:
-                    sequencer.admit(msg, self.handle)
-                else:
-                    tally.received += 1
-                continue
-            if check is not None:
-                if not check(device, seq, self.handle):
-                    if stopping():
-                        return
+        journal_of = sequencer.ledger.journal if sequencer is not None else None
+        native = self._native
+        if native is not None:
+            if native.tidy_names():  # the numbers cached here are void
+                self._streams.clear()
+                self._topics.clear()
+                self._journals.clear()
+            self._pending = raw
+        picks, rows, streams, topics = self._picks, tally.rows, self._streams, self._topics
+        journal: str | None = None
+        journal_n = -1
+        try:
+            for i in range(raw.n):
+                p, m = 6 * i, 4 * i
+                at = pos[p]
+                app_env = data[at : at + pos[p + 1]]
+                device, seq = meta[m + 1], meta[m + 3]
+                if device not in endpoints:
+                    endpoints[device] = raw.endpoint
+                if app_env == _HEARTBEAT:
+                    msg = Message(HEARTBEAT, raw.frame(i, 1).decode("utf-8", "replace"), raw.frame(i, 2),
+                                  Meta(meta[m], device, meta[m + 2], seq))
+                    if sequencer is not None:
+                        sequencer.admit(msg, self.handle)
+                    else:
+                        tally.received += 1
                     continue
-            else:
-                gap = self.tracker.observe(device, seq)  # type: ignore[union-attr]
-                if gap is not None:
-                    self.gaps.gap(gap)
-            tally.received += 1
-            name, keeps = self._stream(app_env)
-            if not keeps:
-                tally.skipped += 1
-                continue
-            at = pos[p + 2]
-            topic_b = data[at : at + pos[p + 3]]
-            topic = self._topics.get(topic_b)
-            if topic is None:
-                topic = self._topics[topic_b] = topic_b.decode("utf-8", "replace")
-            at = pos[p + 4]
-            journal = sequencer.ledger.journal(device) if sequencer is not None else None
-            error = self.batch.add_raw(name, topic, data[at : at + pos[p + 5]], meta[m], device, meta[m + 2], seq,
-                                       self.ingested_us, journal)
-            self._count(name, error, seq)
+                if check is not None:
+                    if not check(device, seq, self.handle):
+                        if stopping():
+                            return
+                        continue
+                else:
+                    gap = self.tracker.observe(device, seq)  # type: ignore[union-attr]
+                    if gap is not None:
+                        self.gaps.gap(gap)
+                tally.received += 1
+                name, keeps, stream = streams.get(app_env) or self._stream(app_env)
+                if not keeps:
+                    tally.skipped += 1
+                    continue
+                at = pos[p + 2]
+                topic_b = data[at : at + pos[p + 3]]
+                topic, topic_n = topics.get(topic_b) or self._topic(topic_b)
+                if journal_of is not None:
+                    got = journal_of(device)
+                    if got is not journal:
+                        journal, journal_n = got, self._journal_id(got)
+                if native is not None:
+                    # Decoded with the others at the end of the chunk (or before a message handed on alone).
+                    picks.extend((i, stream, topic_n, journal_n))
+                    rows[name] = rows.get(name, 0) + 1
+                    continue
+                at = pos[p + 4]
+                error = self.batch.add_raw(name, topic, data[at : at + pos[p + 5]], meta[m], device, meta[m + 2],
+                                           seq, self.ingested_us, journal)
+                self._count(name, error, seq)
+        finally:
+            if native is not None:
+                self._flush()
+                self._pending = None
+
+    def _flush(self) -> None:
+        """Decode the picks of the chunk being received (C), then count what did not become a plain row."""
+        raw, picks = self._pending, self._picks
+        if raw is None or not picks:
+            return
+        results = self.batch.add_picks(raw, picks, self.ingested_us)
+        for k, result in results:
+            i = picks[4 * k]
+            name = self._stream(raw.frame(i, 0))[0]
+            self.tally.rows[name] -= 1  # counted as a row when picked
+            self._count(name, result, raw.meta[4 * i + 3])
+        del picks[:]
 
     def handle(self, msg: Message, journal: str | None = None) -> None:
         """One message that travels as a Message (a heartbeat, a replayed one), in sequence order."""
+        self._flush()  # what was picked before it goes first
         tally = self.tally
         tally.received += 1
         if msg.is_heartbeat:

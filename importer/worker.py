@@ -2,7 +2,8 @@
 
 - receive: `logjam.subscriber.Subscriber` (SUB to every device) and `importer.sequence.Sequencer`
   (each device in sequence order; duplicates dropped; holes filled from replay);
-- decode: `importer.decode.BatchBuilder` (a row per message, dedupe by `@metadata._id`);
+- decode: `importer.decode.BatchBuilder` (a row per message, dedupe by `@metadata._id`), made in
+  C a drained chunk at a time by `importer.decode_native.NativeBatchBuilder` when LOGJAM_NATIVE allows;
 - batch: `importer.batch.GroupCommit` (group commit, bounded by bytes);
 - write: `importer.write.BackgroundWriter` running `TableWriter` (a Spark job per batch, in a thread);
 - checkpoint: `importer.checkpoint.Checkpoints` (persisted after each commit).
@@ -27,6 +28,7 @@ from table import catalog
 from importer.batch import Batch, GroupCommit
 from importer.checkpoint import Checkpoints, Position, default_state_dir, new_session_id, resume_positions
 from importer.decode import BatchBuilder, stream_key
+from importer.decode_native import NativeBatchBuilder
 from importer.dedupe import RecentKeys
 from importer.metrics import ImporterMetrics
 from table.event_time import EventWindow
@@ -211,7 +213,9 @@ class Worker:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
         config = self.config
-        builder = BatchBuilder(dedupe=self.dedupe, window=self.window)
+        # Rows made in C a drained chunk at a time when LOGJAM_NATIVE allows, else by the Python reference.
+        native = NativeBatchBuilder.load(dedupe=self.dedupe, window=self.window)
+        builder = native if native is not None else BatchBuilder(dedupe=self.dedupe, window=self.window)
         self.batch = GroupCommit(builder, flush_interval=config.flush_interval, batch_bytes=config.batch_bytes,
                                  batch_rows=config.batch_rows)
         self.writer = BackgroundWriter(self.connect, self.table, on_written=self.written,

@@ -1,6 +1,6 @@
 """Build the mesh's C modules from the sources beside this file, with cffi, at install time.
 
-setup.py names the four builders below in `cffi_modules`, so `pip install -e .` (and
+setup.py names the builders below in `cffi_modules`, so `pip install -e .` (and
 `make venv`) compiles them into their packages; nothing is compiled when a process
 starts. Each module's cffi declaration is its header (without #include and #pragma
 lines), so declarations are written once. The wire constants come from
@@ -73,7 +73,7 @@ def _builder(module: str, header: str, sources: list[str], *, zmq: bool) -> FFI:
         extra_compile_args=["-O2", "-Wall"] + (["-Werror"] if strict() else []),
         # dlopen/dlsym: in libc since glibc 2.34, in libdl before.
         libraries=["dl"] if zmq else [],
-        depends=[os.path.relpath(HERE / h, ROOT) for h in (header, "lj_zmq.h", "lj_zmq_calls.h", "lj_meta.h")],
+        depends=[os.path.relpath(HERE / h, ROOT) for h in (header, "lj_zmq.h", "lj_zmq_calls.h", "lj_meta.h", "lj_json.h", "lj_json_read.h")],
         optional=not strict(),
     )
     return ffi
@@ -84,8 +84,9 @@ link = _builder("bridges.host._native_link", "link.h", ["link.c"], zmq=True)
 scan = _builder("bridges.lumberjack._native_scan", "scan.h", ["scan.c"], zmq=False)
 sub_drain = _builder("logjam._native_sub", "sub_drain.h", ["sub_drain.c"], zmq=True)
 variant = _builder("importer._native_variant", "variant.h", ["variant.c"], zmq=False)
+decode = _builder("importer._native_decode", "decode.h", ["decode.c"], zmq=False)
 
-BUILDERS = ("device", "link", "scan", "sub_drain", "variant")
+BUILDERS = ("device", "link", "scan", "sub_drain", "variant", "decode")
 
 if __name__ == "__main__":
     # `python native/build.py` writes lj_constants.h, for compiling or linting the C by hand.

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lj_json.h"
 #include "variant.h"
 
 #define MAX_DEPTH 128
@@ -79,44 +80,11 @@ static void skip_ws(parser_t *ps) {
     while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\n' || *ps->p == '\r' || *ps->p == '\t')) ps->p++;
 }
 
-static int hex4(const uint8_t *p, uint32_t *out) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) {
-        uint8_t c = p[i];
-        v <<= 4;
-        if (c >= '0' && c <= '9') v |= c - '0';
-        else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-        else return BAD;
-    }
-    *out = v;
-    return OK;
-}
+static int hex4(const uint8_t *p, uint32_t *out) { return lj_hex4(p, out) ? BAD : OK; }
 
-static void put_utf8(buf_t *b, uint32_t cp) {
-    uint8_t *p = b->p + b->len;
-    if (cp < 0x80) { p[0] = (uint8_t)cp; b->len += 1; }
-    else if (cp < 0x800) { p[0] = 0xC0 | (cp >> 6); p[1] = 0x80 | (cp & 0x3F); b->len += 2; }
-    else if (cp < 0x10000) {
-        p[0] = 0xE0 | (cp >> 12); p[1] = 0x80 | ((cp >> 6) & 0x3F); p[2] = 0x80 | (cp & 0x3F); b->len += 3;
-    } else {
-        p[0] = 0xF0 | (cp >> 18); p[1] = 0x80 | ((cp >> 12) & 0x3F); p[2] = 0x80 | ((cp >> 6) & 0x3F);
-        p[3] = 0x80 | (cp & 0x3F); b->len += 4;
-    }
-}
+static void put_utf8(buf_t *b, uint32_t cp) { b->len += lj_utf8_put(b->p + b->len, cp); }
 
-/* Length of the well-formed UTF-8 sequence at p (no overlongs, surrogates or code points past
- * U+10FFFF), or 0. */
-static size_t utf8_len(const uint8_t *p, const uint8_t *end) {
-    uint8_t c = p[0];
-    size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
-    if (n == 0 || c > 0xF4 || (size_t)(end - p) < n) return 0;
-    for (size_t i = 1; i < n; i++)
-        if ((p[i] & 0xC0) != 0x80) return 0;
-    if (n == 3 && ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] >= 0xA0))) return 0;
-    if (n == 4 && ((c == 0xF0 && p[1] < 0x90) || (c == 0xF4 && p[1] >= 0x90))) return 0;
-    return n;
-}
+static size_t utf8_len(const uint8_t *p, const uint8_t *end) { return lj_utf8_len(p, end); }
 
 /* The JSON string at ps->p (its opening quote), unescaped into s->str. */
 static int read_string(parser_t *ps) {

@@ -24,7 +24,8 @@ def built_modules() -> list[str]:
 
 def test_the_build_list_is_every_c_module():
     assert built_modules() == ["bridges.host._native_link", "bridges.lumberjack._native_scan",
-                               "devices._native", "importer._native_variant", "logjam._native_sub"]
+                               "devices._native", "importer._native_decode", "importer._native_variant",
+                               "logjam._native_sub"]
 
 
 @pytest.mark.parametrize("name", built_modules())
@@ -36,7 +37,7 @@ def test_every_module_is_built_from_todays_constants(name):
 
 
 def test_only_the_modules_that_call_libzmq_are_bound_to_it():
-    for name in ("bridges.lumberjack._native_scan", "importer._native_variant"):
+    for name in ("bridges.lumberjack._native_scan", "importer._native_variant", "importer._native_decode"):
         assert not hasattr(c_module(name)[1], "lj_zmq_bind")
     for name in ("devices._native", "bridges.host._native_link", "logjam._native_sub"):
         assert hasattr(c_module(name)[1], "lj_zmq_bind")
