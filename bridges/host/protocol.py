@@ -12,6 +12,7 @@ from bridges.host.connection import Connection
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
 from bridges.host.metrics import BridgeMetrics
+from runtime.health import Check
 
 
 @dataclass
@@ -61,3 +62,10 @@ class BridgeProtocol:
 
     async def aclose(self) -> None:
         """Called once at shutdown, after every connection has finished."""
+
+    def reload_tls(self) -> None:
+        """SIGHUP, after the host reloaded its TLS files: a protocol's own listener reloads its copy."""
+
+    def health(self) -> list[Check]:
+        """/healthz checks of the protocol's own (a second listener), besides the host's."""
+        return []
