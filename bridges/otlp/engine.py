@@ -24,7 +24,7 @@ import hashlib
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import orjson
 from google.protobuf import json_format
@@ -34,7 +34,9 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from logjam.errors import DecompressedTooLarge, RemoteProtocolError
 from logjam.validation import is_valid_app_env
@@ -47,6 +49,8 @@ __all__ = [
     "any_value",
     "app_env_of",
     "attributes",
+    "client_reply",
+    "client_request",
     "decode",
     "gunzip",
     "record_body",
@@ -277,6 +281,58 @@ def response(rejected: int = 0, message: str = "") -> ExportLogsServiceResponse:
     return ExportLogsServiceResponse(
         partial_success=ExportLogsPartialSuccess(rejected_log_records=rejected, error_message=message)
     )
+
+
+def to_any_value(value: Any) -> AnyValue:
+    """A JSON value as an AnyValue (the client half: `logjam-send otlp`)."""
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int) and -(2**63) <= value < 2**63:
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    if isinstance(value, str):
+        return AnyValue(string_value=value)
+    if isinstance(value, list):
+        return AnyValue(array_value=ArrayValue(values=[to_any_value(v) for v in value]))
+    if isinstance(value, dict):
+        return AnyValue(kvlist_value=KeyValueList(values=to_attributes(value)))
+    if value is None:
+        return AnyValue()
+    return AnyValue(string_value=str(value))
+
+
+def to_attributes(values: dict[str, Any]) -> list[KeyValue]:
+    return [KeyValue(key=str(k), value=to_any_value(v)) for k, v in values.items()]
+
+
+def client_request(events: Sequence[dict[str, Any]], resource: dict[str, str], observed_ns: int) -> bytes:
+    """One ExportLogsServiceRequest of `events` under `resource` (the client half): an event's
+    string `message` is the record's body and its other fields its attributes; an event
+    without one is the body itself, as a key-value list."""
+    records = []
+    for event in events:
+        message = event.get("message")
+        if isinstance(message, str):
+            rest = {k: v for k, v in event.items() if k != "message"}
+            rec = LogRecord(body=AnyValue(string_value=message), attributes=to_attributes(rest))
+        else:
+            rec = LogRecord(body=to_any_value(event))
+        rec.observed_time_unix_nano = observed_ns
+        records.append(rec)
+    request = ExportLogsServiceRequest(resource_logs=[ResourceLogs(
+        resource=Resource(attributes=to_attributes(resource)),
+        scope_logs=[ScopeLogs(scope=InstrumentationScope(name="logjam-send"), log_records=records)],
+    )])
+    return request.SerializeToString()
+
+
+def client_reply(data: bytes) -> ExportLogsServiceResponse:
+    """A server's ExportLogsServiceResponse (the client half); BadRequest when it is none."""
+    try:
+        return ExportLogsServiceResponse.FromString(data)
+    except (DecodeError, RecursionError, ValueError) as e:
+        raise BadRequest(f"not an ExportLogsServiceResponse: {e}") from None
 
 
 def response_json(message: Any) -> bytes:
