@@ -12,6 +12,7 @@ from bridges.host.connection import Connection
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
 from bridges.host.metrics import BridgeMetrics
+from runtime.check import Checker
 from runtime.health import Check
 
 
@@ -48,6 +49,10 @@ class BridgeProtocol:
     def config_from_flags(cls, args: argparse.Namespace) -> Any:
         """`Config` from the parsed flags and TOML, once, at start; ValueError says what is wrong."""
         return from_flags(cls.Config, args)
+
+    @classmethod
+    def check(cls, config: Any, host: HostConfig, checker: Checker) -> None:
+        """--check: what the protocol's own flags would do (a second listener), besides the host's."""
 
     @classmethod
     def data_dir(cls, config: Any) -> str | None:

@@ -37,10 +37,11 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc.error_details_pb2 import RetryInfo
 
 from bridges.host import BridgeProtocol, Connection, Host, forward
-from bridges.host.config import TLSConfig
+from bridges.host.config import HostConfig, TLSConfig
 from bridges.host.server import split_listen
 from bridges.otlp import engine
 from logjam.meta import now_ms
+from runtime.check import Checker
 from runtime.health import Check
 
 log = logging.getLogger("logjam-bridge.otlp")
@@ -89,6 +90,21 @@ class Bridge(BridgeProtocol):
         parser.add_argument("--max-pending-requests", type=int, default=64, metavar="N",
                             help="requests awaiting the device, both transports together; past it clients are "
                                  "told to retry (default %(default)s)")
+
+    @classmethod
+    def check(cls, config: OtlpConfig, host: HostConfig, checker: Checker) -> None:
+        grpc_listen = checker.attempt(f"--grpc-listen {config.grpc_listen}", lambda: split_listen(config.grpc_listen))
+        if grpc_listen is None:
+            return
+        checker.port("--grpc-listen", grpc_listen[1], zero_ok=True)
+        listen = split_listen(host.listen)[1] if host.listen.rpartition(":")[2].isdigit() else None
+        checker.distinct_ports({"--listen": listen, "--grpc-listen": grpc_listen[1]})
+        checker.distinct_ports({"--grpc-listen": grpc_listen[1], "--metrics-port": host.metrics_port})
+        if host.tls.cert and host.tls.key_password:
+            checker.error("--tls-key-password: the gRPC side takes only an unencrypted key")
+        checker.would_run(f"OTLP/gRPC (LogsService/Export) on {config.grpc_listen}"
+                          f"{' (TLS, client certificates: ' + host.tls.auth + ')' if host.tls.cert else ''}; "
+                          f"OTLP/HTTP (POST /v1/logs) on --listen {host.listen}")
 
     def __init__(self, config: OtlpConfig, host: Host) -> None:
         super().__init__(config, host)
