@@ -194,3 +194,47 @@ def _one_request() -> bytes:
     from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 
     return encode_logs(sdk_records(SERVICE, 1, "probe")).SerializeToString()
+
+
+def test_sighup_reloads_tls_on_both_ports_and_metrics_and_healthz_show_the_bridge(device, tmp_path) -> None:
+    import json
+    import urllib.request
+
+    from tests.bridge_support import client_tls
+    from tests.test_tls_reload import install, reloads
+    from tests.tls_certs import make_certs
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b_certs = make_certs(tmp_path / "a"), make_certs(tmp_path / "b")
+    live = tmp_path / "live"
+    live.mkdir()
+    cert, key = live / "server.crt", live / "server.key"
+    install(a.server_cert, a.server_key, cert, key)
+    mport = free_port()
+    b, grpc_port = start_otlp(device, "--tls-cert", str(cert), "--tls-key", str(key), "--metrics-port", str(mport))
+    try:
+        sub = ready_subscriber(device.pub, device.router, "checkout-prod")
+
+        def both(certs: Any, tag: str) -> None:
+            g = grpc_exporter(grpc_port, tls=grpc.ssl_channel_credentials(certs.ca.read_bytes()), timeout=5)
+            try:
+                assert g.export(sdk_records(SERVICE, 3, f"{tag}-grpc")) == LogRecordExportResult.SUCCESS
+            finally:
+                g.shutdown()
+            status, _, _ = post(b.port, _one_request(), context=client_tls(certs))
+            assert status == 200
+
+        both(a, "before")
+        install(b_certs.server_cert, b_certs.server_key, cert, key)
+        os.kill(b.proc.pid, signal.SIGHUP)
+        wait_for(lambda: reloads(mport, "ok") == 1, timeout=10, what="the reload to be counted")
+        both(b_certs, "after")  # only certificate B is trusted now, on both ports
+        got = collect(sub, "checkout-prod", 8)
+        assert len(got) == 8
+        health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{mport}/healthz", timeout=5).read())
+        assert health["healthy"] and health["checks"]["grpc_listening"]["ok"]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+        assert 'logjam_bridge_events_acked_total{protocol="otlp"} 8.0' in text
+    finally:
+        stop_bridge(b)
