@@ -201,16 +201,9 @@ def test_sighup_reloads_tls_on_both_ports_and_metrics_and_healthz_show_the_bridg
     import urllib.request
 
     from tests.bridge_support import client_tls
-    from tests.test_tls_reload import install, reloads
-    from tests.tls_certs import make_certs
+    from tests.test_tls_reload import install, reloads, two_certificates
 
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a, b_certs = make_certs(tmp_path / "a"), make_certs(tmp_path / "b")
-    live = tmp_path / "live"
-    live.mkdir()
-    cert, key = live / "server.crt", live / "server.key"
-    install(a.server_cert, a.server_key, cert, key)
+    a, b_certs, cert, key = two_certificates(tmp_path)
     mport = free_port()
     b, grpc_port = start_otlp(device, "--tls-cert", str(cert), "--tls-key", str(key), "--metrics-port", str(mport))
     try:

@@ -22,7 +22,6 @@ import base64
 import binascii
 import hashlib
 import math
-import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -38,7 +37,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, Instr
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from logjam.errors import DecompressedTooLarge, RemoteProtocolError
+from logjam.compression import decompress
+from logjam.errors import CompressionError, DecompressedTooLarge, RemoteProtocolError
+from logjam.meta import Compression
 from logjam.validation import is_valid_app_env
 
 __all__ = [
@@ -87,17 +88,14 @@ class ResourceRecords:
 
 
 def gunzip(data: bytes, limit: int) -> bytes:
-    """`data` inflated (gzip), refused past `limit` bytes before they are all allocated."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    """`data` inflated (gzip), refused past `limit` bytes before they are all allocated
+    (logjam.compression's bounded inflate, whose zlib mode reads gzip headers too)."""
     try:
-        out = d.decompress(data, limit + 1)
-    except zlib.error as e:
+        return decompress(Compression.ZLIB, data, limit)
+    except DecompressedTooLarge:
+        raise TooLarge(f"gzip body inflates past {limit} bytes (--max-frame-size)") from None
+    except CompressionError as e:
         raise BadRequest(f"gzip body does not inflate: {e}") from None
-    if len(out) > limit:
-        raise TooLarge(f"gzip body inflates past {limit} bytes (--max-frame-size)")
-    if not d.eof:
-        raise BadRequest("gzip body is truncated")
-    return out
 
 
 def decode(body: bytes, *, json: bool = False, default_environment: str = "default") -> list[ResourceRecords]:
@@ -107,11 +105,8 @@ def decode(body: bytes, *, json: bool = False, default_environment: str = "defau
     first = 0
     for rl in request.resource_logs:
         attrs = attributes(rl.resource.attributes)
-        resource: dict[str, Any] = {"attributes": attrs}
-        if rl.resource.dropped_attributes_count:
-            resource["dropped_attributes_count"] = rl.resource.dropped_attributes_count
-        if rl.schema_url:
-            resource["schema_url"] = rl.schema_url
+        resource: dict[str, Any] = {"attributes": attrs, **_present(rl.resource, ("dropped_attributes_count",)),
+                                    **_present(rl, ("schema_url",))}
         bodies: list[dict[str, Any]] = []
         created: list[int] = []
         for sl in rl.scope_logs:
@@ -131,11 +126,11 @@ def request_key(body: bytes) -> str:
     return hashlib.blake2b(body, digest_size=12).hexdigest()
 
 
-def _parse_proto(body: bytes) -> ExportLogsServiceRequest:
+def _parse_proto(body: bytes, kind: Any = ExportLogsServiceRequest) -> Any:
     try:
-        return ExportLogsServiceRequest.FromString(body)
+        return kind.FromString(body)
     except (DecodeError, RecursionError, ValueError) as e:
-        raise BadRequest(f"not an ExportLogsServiceRequest: {e}") from None
+        raise BadRequest(f"not an {kind.__name__}: {e}") from None
 
 
 def _parse_json(body: bytes) -> ExportLogsServiceRequest:
@@ -209,17 +204,17 @@ def attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
     return {kv.key: any_value(kv.value) for kv in kvs}
 
 
+def _present(message: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of `message` named in `names` that are set (not zero, not empty)."""
+    return {name: value for name in names if (value := getattr(message, name))}
+
+
 def _scope(sl: Any) -> dict[str, Any]:
-    scope: dict[str, Any] = {}
     s = sl.scope
-    if s.name:
-        scope["name"] = s.name
-    if s.version:
-        scope["version"] = s.version
+    scope = _present(s, ("name", "version"))
     if len(s.attributes):
         scope["attributes"] = attributes(s.attributes)
-    if sl.schema_url:
-        scope["schema_url"] = sl.schema_url
+    scope.update(_present(sl, ("schema_url",)))
     return scope
 
 
@@ -232,26 +227,15 @@ def record_body(rec: Any, resource: dict[str, Any], scope: dict[str, Any]) -> tu
         body["message"] = rec.body.string_value
     elif kind is not None:
         body["body"] = any_value(rec.body)
-    if rec.severity_text:
-        body["severity_text"] = rec.severity_text
-    if rec.severity_number:
-        body["severity_number"] = rec.severity_number
+    body.update(_present(rec, ("severity_text", "severity_number")))
     if len(rec.attributes):
         body["attributes"] = attributes(rec.attributes)
-    if rec.dropped_attributes_count:
-        body["dropped_attributes_count"] = rec.dropped_attributes_count
-    if rec.event_name:
-        body["event_name"] = rec.event_name
+    body.update(_present(rec, ("dropped_attributes_count", "event_name")))
     if rec.trace_id:
         body["trace_id"] = rec.trace_id.hex()
     if rec.span_id:
         body["span_id"] = rec.span_id.hex()
-    if rec.flags:
-        body["flags"] = rec.flags
-    if rec.time_unix_nano:
-        body["time_unix_nano"] = rec.time_unix_nano
-    if rec.observed_time_unix_nano:
-        body["observed_time_unix_nano"] = rec.observed_time_unix_nano
+    body.update(_present(rec, ("flags", "time_unix_nano", "observed_time_unix_nano")))
     body["resource"] = resource
     if scope:
         body["scope"] = scope
@@ -329,10 +313,7 @@ def client_request(events: Sequence[dict[str, Any]], resource: dict[str, str], o
 
 def client_reply(data: bytes) -> ExportLogsServiceResponse:
     """A server's ExportLogsServiceResponse (the client half); BadRequest when it is none."""
-    try:
-        return ExportLogsServiceResponse.FromString(data)
-    except (DecodeError, RecursionError, ValueError) as e:
-        raise BadRequest(f"not an ExportLogsServiceResponse: {e}") from None
+    return _parse_proto(data, ExportLogsServiceResponse)
 
 
 def response_json(message: Any) -> bytes:
