@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -132,6 +133,11 @@ def test_malformed_requests_are_refused_without_retry(device, bridge) -> None:
     assert status == 200 and body == b"{}"
     status, _, _ = post(b.port, b"", content_type="text/plain")
     assert status == 415
+    # Not HTTP at all: a 400, and the connection closes.
+    with socket.create_connection(("127.0.0.1", b.port), timeout=10) as raw:
+        raw.sendall(b"GARBAGE\r\n\r\n")
+        answer = b"".join(iter(lambda: raw.recv(4096), b""))
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"connection: close" in answer
 
 
 def test_oversize_requests_get_413_and_resource_exhausted(device) -> None:

@@ -15,6 +15,7 @@ method or content type.
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 import h11
@@ -154,7 +155,7 @@ class HttpSession:
                    *(extra or [])]
         if close:
             headers.append((b"connection", b"close"))
-        out = self.h.send(h11.Response(status_code=status, headers=headers))
+        out = self.h.send(h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase.encode()))
         out += self.h.send(h11.Data(data=body))
         out += self.h.send(h11.EndOfMessage())
         self.conn.write(out)
