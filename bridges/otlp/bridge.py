@@ -40,6 +40,8 @@ from bridges.host import BridgeProtocol, Connection, Host, forward
 from bridges.host.config import HostConfig, TLSConfig
 from bridges.host.server import split_listen
 from bridges.otlp import engine
+from bridges.otlp.engine import Outcome
+from bridges.otlp.http import HttpSession
 from logjam.meta import now_ms
 from runtime.check import Checker
 from runtime.health import Check
@@ -59,15 +61,6 @@ class OtlpConfig:
     answer_timeout: float
     retry_after: float
     max_pending_requests: int
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What one Export request earned: `kind` is ok, retry, bad or too_large."""
-
-    kind: str
-    rejected: int = 0
-    message: str = ""
 
 
 class Bridge(BridgeProtocol):
@@ -187,9 +180,8 @@ class Bridge(BridgeProtocol):
     # -- HTTP on the host's server
 
     async def serve(self, conn: Connection) -> None:
-        from bridges.otlp.http import HttpSession
-
-        await HttpSession(self, conn).run()
+        await HttpSession(conn, self.export, limit=self.host.config.max_frame_size,
+                          retry_after=self.config.retry_after, count_error=self.host.metrics.protocol_error).run()
 
     # -- gRPC beside it
 

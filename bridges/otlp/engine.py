@@ -45,6 +45,7 @@ from logjam.validation import is_valid_app_env
 __all__ = [
     "BadRequest",
     "ExportLogsServiceResponse",
+    "Outcome",
     "ResourceRecords",
     "TooLarge",
     "any_value",
@@ -256,6 +257,15 @@ def app_env_of(resource: dict[str, Any], default_environment: str) -> str | None
 
 
 # -- the replies
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one Export request earned: `kind` is ok, retry, bad or too_large."""
+
+    kind: str
+    rejected: int = 0
+    message: str = ""
 
 
 def response(rejected: int = 0, message: str = "") -> ExportLogsServiceResponse:

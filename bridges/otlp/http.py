@@ -16,7 +16,7 @@ method or content type.
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import Any, Awaitable, Callable
 
 import h11
 from google.rpc import code_pb2, status_pb2
@@ -24,8 +24,8 @@ from google.rpc import code_pb2, status_pb2
 from bridges.host import Connection
 from bridges.otlp import engine
 
-if TYPE_CHECKING:
-    from bridges.otlp.bridge import Bridge
+# Bridge.export: a request's inflated body in, the answer it earned out.
+Export = Callable[..., Awaitable[engine.Outcome]]
 
 PATH = b"/v1/logs"
 PROTOBUF = "application/x-protobuf"
@@ -36,10 +36,13 @@ MAX_HEADERS = 64 * 1024
 class HttpSession:
     """One client connection: request, answer, next request."""
 
-    def __init__(self, bridge: Bridge, conn: Connection) -> None:
-        self.bridge = bridge
+    def __init__(self, conn: Connection, export: Export, *, limit: int, retry_after: float,
+                 count_error: Callable[[str], Any]) -> None:
         self.conn = conn
-        self.limit = bridge.host.config.max_frame_size
+        self.export = export
+        self.limit = limit
+        self.retry_after = retry_after
+        self.count_error = count_error
         self.h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADERS)
         # Inside a request the client must finish it within --frame-timeout (slowloris).
         conn.partial = lambda: self.h.their_state is h11.SEND_BODY or bool(self.h.trailing_data[0])
@@ -95,16 +98,16 @@ class HttpSession:
             self._answer(413, str(e), json)
             return True
         except engine.BadRequest as e:
-            self.bridge.host.metrics.protocol_error(e.reason)
+            self.count_error(e.reason)
             self._answer(400, str(e), json)
             return True
         transport = "http/json" if json else "http/protobuf"
-        outcome = await self.bridge.export(body, json=json, metadata={**self.conn.metadata("1"), "transport": transport})
+        outcome = await self.export(body, json=json, metadata={**self.conn.metadata("1"), "transport": transport})
         if outcome.kind == "ok":
             response = engine.response(outcome.rejected, outcome.message)
             self._send(200, engine.response_json(response) if json else response.SerializeToString(), json)
         elif outcome.kind == "retry":
-            delay = max(1, round(self.bridge.config.retry_after))
+            delay = max(1, round(self.retry_after))
             self._answer(503, outcome.message, json, [(b"retry-after", str(delay).encode())])
         else:
             self._answer(400, outcome.message, json)
