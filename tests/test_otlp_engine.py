@@ -203,3 +203,113 @@ def test_mutated_and_truncated_requests_give_records_or_a_protocol_error(at: int
     mutated = VALID[:at] + bytes([byte]) + VALID[at + 1:]
     _check(mutated[:cut], False)
     _check(otlp_json(request(resource_logs(SERVICE, RECORD)))[:cut], True)
+
+
+# -- OTLP/HTTP framing: OtlpServer and OtlpClient
+
+
+def post(body: bytes, *, json_: bool = False, headers: bytes = b"", target: bytes = b"/v1/logs",
+         method: bytes = b"POST") -> bytes:
+    kind = b"application/json" if json_ else b"application/x-protobuf"
+    return (b"%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n"
+            % (method, target, kind, len(body), headers)) + body
+
+
+def test_a_request_whole_byte_by_byte_and_with_the_next_one_behind_it() -> None:
+    data = post(VALID)
+    assert engine.OtlpServer().feed(data) == [engine.ExportRequest(VALID, False)]
+    server = engine.OtlpServer()
+    got = [e for i in range(len(data)) for e in server.feed(data[i:i + 1])]
+    assert got == [engine.ExportRequest(VALID, False)]
+    # A second request right behind the first is read once the first is answered.
+    server = engine.OtlpServer()
+    assert server.feed(data + post(b"{}", json_=True)) == [engine.ExportRequest(VALID, False)]
+    answer = server.send(engine.Outcome("ok"))
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"\r\n\r\n")
+    assert server.feed(b"") == [engine.ExportRequest(b"{}", True)]
+    assert server.send(engine.Outcome("ok", 2, "refused")).endswith(
+        b'{"partialSuccess":{"rejectedLogRecords":"2","errorMessage":"refused"}}')
+
+
+def test_gzip_bodies_are_inflated_with_the_bound() -> None:
+    assert engine.OtlpServer().feed(post(gzip.compress(VALID), headers=b"Content-Encoding: gzip\r\n")) == [
+        engine.ExportRequest(VALID, False)]
+    [refusal] = engine.OtlpServer(limit=1000).feed(post(gzip.compress(b"\0" * 5000), headers=b"Content-Encoding: gzip\r\n"))
+    assert refusal.status == 413 and not refusal.close
+
+
+@pytest.mark.parametrize("request_,status,close", [
+    (post(b"x", target=b"/v1/traces"), 404, False),
+    (post(b"", method=b"PUT"), 405, False),
+    (post(b"x", headers=b"Content-Encoding: br\r\n"), 415, False),
+    (b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n", 415, False),
+    (post(b"x" * 5000), 413, True),
+    (post(b"not gzip", headers=b"Content-Encoding: gzip\r\n"), 400, False),
+])
+def test_refusals(request_: bytes, status: int, close: bool) -> None:
+    server = engine.OtlpServer(limit=4096)
+    [refusal] = server.feed(request_)
+    assert (refusal.status, refusal.close) == (status, close)
+    answer = server.send(refusal)
+    assert answer.startswith(b"HTTP/1.1 %d " % status)
+    assert (b"connection: close" in answer) == close and server.must_close == close
+
+
+def test_a_chunked_body_over_the_limit_is_refused_as_it_arrives() -> None:
+    server = engine.OtlpServer(limit=100)
+    head = b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert server.feed(head + b"40\r\n" + b"{" * 64 + b"\r\n") == []
+    assert server.mid_request
+    [refusal] = server.feed(b"40\r\n" + b"{" * 64 + b"\r\n")
+    assert refusal.status == 413 and refusal.close
+    assert server.send(refusal).startswith(b"HTTP/1.1 413 Request Entity Too Large\r\n")
+
+
+def test_a_503_says_when_to_retry_and_errors_are_google_rpc_status() -> None:
+    server = engine.OtlpServer(retry_after=2)
+    server.feed(post(VALID))
+    answer = server.send(engine.Outcome("retry", message="hold on"))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 Service Unavailable") and b"retry-after: 2" in head
+    from google.rpc.status_pb2 import Status
+
+    assert Status.FromString(body) == Status(code=14, message="hold on")
+
+
+def test_the_client_reads_what_the_server_writes() -> None:
+    client, server = engine.OtlpClient(json=True), engine.OtlpServer()
+    for n in range(2):  # keep-alive: a second request on the same engines
+        assert server.feed(client.send(b"{}")) == [engine.ExportRequest(b"{}", True)]
+        [reply] = client.feed(server.send(engine.Outcome("ok")))
+        assert (reply.status, reply.headers["content-type"], reply.body) == (200, "application/json", b"{}")
+    with pytest.raises(ProtocolError):
+        engine.OtlpClient().feed(b"garbage\r\n\r\n")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_to_the_http_engine_give_events_or_a_protocol_error(data: bytes) -> None:
+    server = engine.OtlpServer(limit=1024)
+    try:
+        events = server.feed(data) + server.feed(b"")
+    except ProtocolError as e:
+        assert isinstance(e, RemoteProtocolError)
+        return
+    assert all(isinstance(e, (engine.ExportRequest, engine.Refusal)) for e in events)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 400), st.binary(min_size=1, max_size=4))
+def test_a_mutated_request_gives_events_or_a_protocol_error(at: int, junk: bytes) -> None:
+    data = post(VALID[:200])
+    at = min(at, len(data))
+    _http_check(data[:at] + junk + data[at:])
+
+
+def _http_check(data: bytes) -> None:
+    server = engine.OtlpServer(limit=1024)
+    try:
+        for e in server.feed(data):
+            assert isinstance(e, (engine.ExportRequest, engine.Refusal))
+    except ProtocolError as e:
+        assert isinstance(e, RemoteProtocolError)

@@ -23,7 +23,8 @@ from tests.bridge_support import collect, no_more, ready_subscriber, stop_bridge
 from tests.helpers import free_port, wait_for
 from tests.lumberjack_support import start_lumberjack
 from tests.test_lumberjack_bridge import send_window, tagged
-from tests.tls_certs import TestCerts, make_certs
+from tests import tls_certs
+from tests.tls_certs import make_certs
 
 
 def reloads(port: int, result: str) -> float:
@@ -55,7 +56,7 @@ def der(path: Path) -> bytes:
     return ssl.PEM_cert_to_DER_cert(path.read_text())
 
 
-def two_certificates(tmp_path: Path) -> tuple[TestCerts, TestCerts, Path, Path]:
+def two_certificates(tmp_path: Path) -> tuple[tls_certs.TestCerts, tls_certs.TestCerts, Path, Path]:
     """Certificates A and B (two CAs), and the live cert and key files, holding A."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -8,7 +8,6 @@ This module is the only place where `logjam-send`'s bytes meet sockets.
 
 from __future__ import annotations
 
-import http.client
 import os
 import socket
 import ssl
@@ -382,30 +381,21 @@ class OtlpSender(Sender):
         self.opts = opts
         self.resource = {k: v for k, v in (("service.name", opts.service),
                                           ("deployment.environment.name", opts.environment)) if v}
-        if opts.tls is not None:
-            self.conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                opts.host, opts.port, timeout=opts.timeout, context=opts.tls)
-        else:
-            self.conn = http.client.HTTPConnection(opts.host, opts.port, timeout=opts.timeout)
-        try:
-            self.conn.connect()
-        except OSError as e:
-            raise SendFailed(f"cannot connect to {opts.where}: {getattr(e, 'strerror', None) or e}") from None
+        self.client = otlp.OtlpClient(opts.host)
+        self.stream = _Stream(opts)
 
     def send(self, batch: list[Event]) -> None:
         o = self.opts
-        body = otlp.client_request(batch, self.resource, time.time_ns())
         try:
-            self.conn.request("POST", "/v1/logs", body=body, headers={"Content-Type": "application/x-protobuf"})
-            reply = self.conn.getresponse()
-            data = reply.read()
-        except (OSError, http.client.HTTPException) as e:
-            raise SendFailed(f"OTLP/HTTP request to {o.where} failed: {e}") from None
+            self.stream.write(self.client.send(otlp.client_request(batch, self.resource, time.time_ns())))
+        except ProtocolError as e:
+            raise SendFailed(f"cannot send the OTLP request: {e}") from None
+        reply = self.stream.until(self.client.feed, lambda r: True, "OTLP/HTTP response")
         if reply.status != 200:
-            retry = reply.getheader("Retry-After")
+            retry = reply.headers.get("retry-after")
             raise SendFailed(f"{o.where} answered HTTP {reply.status}" + (f" (retry after {retry} s)" if retry else ""))
         try:
-            partial = otlp.client_reply(data).partial_success
+            partial = otlp.client_reply(reply.body).partial_success
         except ProtocolError as e:
             raise SendFailed(f"{o.where} answered something unreadable: {e}") from None
         if partial.rejected_log_records:
@@ -413,7 +403,7 @@ class OtlpSender(Sender):
                              f"{partial.error_message}")
 
     def close(self) -> None:
-        self.conn.close()
+        self.stream.close()
 
 
 SENDERS: dict[str, Callable[[Options], Sender]] = {

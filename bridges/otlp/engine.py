@@ -1,17 +1,18 @@
-"""OTLP logs, decoded: an `ExportLogsServiceRequest` body in, one `ResourceRecords` per resource out.
+"""OTLP logs without I/O: a request body decoded into one `ResourceRecords` per resource (the
+mapping), the replies, and the OTLP/HTTP engine pair `OtlpServer` / `OtlpClient` (on h11).
 
-No I/O here. The gRPC side (bridge.py) and the HTTP side (http.py) both hand this module
-the request's bytes, after the transport's own decompression, so one decoding step serves
-protobuf over gRPC, protobuf over HTTP and OTLP/JSON over HTTP, and one Hypothesis
+The gRPC side (bridge.py) and the HTTP side (http.py, through `OtlpServer`) both hand
+`decode` the request's bytes after the transport's own decompression, so one decoding step
+serves protobuf over gRPC, protobuf over HTTP and OTLP/JSON over HTTP, and one Hypothesis
 property covers it (tests/test_otlp_engine.py): arbitrary bytes give records or a
 `RemoteProtocolError` subclass, nothing else.
 
 The wire types come from `opentelemetry-proto` (the project's generated code) and the
-replies' `google.rpc` types from `googleapis-common-protos`, not from a hand-written codec.
-OTLP/JSON is protobuf's JSON mapping with two changes (OTLP spec, "JSON Protobuf Encoding"):
-trace and span ids are hex, not base64, and enums may be integers; int64 values are
-strings (protobuf's JSON parser accepts that, and numbers too). `_hex_ids` turns the ids
-into what `json_format` expects before parsing.
+replies' `google.rpc` types from `googleapis-common-protos`, not from a hand-written codec;
+HTTP/1.1 is h11's. OTLP/JSON is protobuf's JSON mapping with two changes (OTLP spec, "JSON
+Protobuf Encoding"): trace and span ids are hex, not base64, and enums may be integers;
+int64 values are strings (protobuf's JSON parser accepts that, and numbers too). `_hex_ids`
+turns the ids into what `json_format` expects before parsing.
 
 The mapping (docs/protocols/otlp.md) is `record_body`: one JSON object per log record.
 """
@@ -22,11 +23,14 @@ import base64
 import binascii
 import hashlib
 import math
+from http import HTTPStatus
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+import h11
 import orjson
 from google.protobuf import json_format
+from google.rpc.status_pb2 import Status
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsPartialSuccess,
@@ -38,13 +42,20 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeL
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from logjam.compression import decompress
-from logjam.errors import CompressionError, DecompressedTooLarge, RemoteProtocolError
+from logjam.errors import (
+    CompressionError, DecompressedTooLarge, HeldErrors, LocalProtocolError, ProtocolError, RemoteProtocolError,
+)
 from logjam.meta import Compression
 from logjam.validation import is_valid_app_env
 
 __all__ = [
     "BadRequest",
     "ExportLogsServiceResponse",
+    "ExportRequest",
+    "HttpResponse",
+    "OtlpClient",
+    "OtlpServer",
+    "Refusal",
     "Outcome",
     "ResourceRecords",
     "TooLarge",
@@ -330,3 +341,231 @@ def response_json(message: Any) -> bytes:
     """A reply message as OTLP/JSON (lowerCamelCase names, int64 as strings)."""
     return orjson.dumps(json_format.MessageToDict(message))
 
+
+
+# -- OTLP/HTTP framing: the engine pair (docs/architecture.md, "The engine contract")
+
+PATH = b"/v1/logs"
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+MAX_HEADERS = 64 * 1024
+_STATUS_CODES = {400: 3, 404: 5, 405: 12, 413: 8, 415: 3, 503: 14}  # google.rpc.Code of each HTTP answer
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRequest:
+    """A whole `POST /v1/logs`: its body, inflated, and whether it is OTLP/JSON."""
+
+    body: bytes
+    json: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request answered without an export (another path, method or type, a bad or too large
+    body); as a reply, that answer. `close`: the rest of the request is not read."""
+
+    status: int
+    message: str
+    close: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    """What an OtlpClient reads: the status, the headers (lowercase names) and the body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def _headers(items: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in items}
+
+
+def _next_event(h: h11.Connection, what: str) -> Any:
+    """h11's next event, or None when it has nothing more for now (or the peer closed)."""
+    try:
+        event = h.next_event()
+    except h11.RemoteProtocolError as e:
+        raise BadRequest(f"bad HTTP {what}: {e}") from None
+    if event is h11.NEED_DATA or event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+        return None
+    return event
+
+
+class OtlpServer(HeldErrors):
+    """OTLP/HTTP, server side, on h11: `feed(bytes)` gives ExportRequest and Refusal events
+    (one request at a time: HTTP/1.1 answers in order, so the next request is read only
+    after `send` answered this one), `send(Outcome | Refusal)` the answer's bytes.
+
+    A body is bounded by `limit` before and after gzip; a Content-Length over it is refused
+    at once and the rest not read (`must_close`). Bytes that are not HTTP raise `BadRequest`
+    (the contract's rule: after the events before them); `send(Refusal(400, ..., True))`
+    still answers them."""
+
+    def __init__(self, limit: int = 4 * 1024 * 1024, retry_after: float = 1.0) -> None:
+        self.limit = limit
+        self.retry_after = retry_after
+        self.h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADERS)
+        self._error: ProtocolError | None = None
+        self._json = False  # the request being answered was OTLP/JSON
+        self._refused: Refusal | None = None  # decided at the headers, answered at the end
+        self._encoding = "identity"
+        self._parts: list[bytes] = []
+        self._size = 0
+        self.must_close = False  # answered and to be closed; nothing more is read
+
+    @property
+    def mid_request(self) -> bool:
+        """A request has begun and is not complete (the adapter's --frame-timeout)."""
+        return self.h.their_state is h11.SEND_BODY or (self.h.their_state is h11.IDLE and bool(self.h.trailing_data[0]))
+
+    def feed(self, data: bytes) -> list[ExportRequest | Refusal]:
+        self._raise_held()
+        if data and not self.must_close:
+            self.h.receive_data(data)
+        return self._until_error(self._events())
+
+    def feed_eof(self) -> None:
+        """The client closed its side; a request it left unfinished is a BadRequest at the next feed."""
+        if not self.must_close:
+            self.h.receive_data(b"")
+
+    def _events(self) -> Iterable[ExportRequest | Refusal]:
+        while not self.must_close and self.h.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            event = _next_event(self.h, "request")
+            if event is None:
+                return
+            if isinstance(event, h11.Request):
+                refusal = self._start(event)
+                if refusal is not None and refusal.close:
+                    yield refusal
+                    return
+            elif isinstance(event, h11.Data):
+                self._size += len(event.data)
+                if self._size > self.limit:
+                    yield Refusal(413, f"the body is over {self.limit} bytes (--max-frame-size)", True)
+                    return
+                if self._refused is None:
+                    self._parts.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                yield self._complete()
+                return
+
+    def _start(self, request: h11.Request) -> Refusal | None:
+        headers = _headers(request.headers)
+        kind = headers.get("content-type", "").split(";")[0].strip().lower()
+        self._json = kind == JSON
+        self._parts, self._size, self._refused = [], 0, None
+        self._encoding = headers.get("content-encoding", "identity").strip().lower()
+        target = request.target.split(b"?")[0]
+        length = headers.get("content-length", "")
+        if target != PATH:
+            self._refused = Refusal(404, f"no such path: {target.decode('latin-1')}")
+        elif request.method != b"POST":
+            self._refused = Refusal(405, "only POST")
+        elif kind not in (PROTOBUF, JSON):
+            self._refused = Refusal(415, f"content type {kind!r}: use {PROTOBUF} or {JSON}")
+        elif self._encoding not in ("identity", "gzip"):
+            self._refused = Refusal(415, f"content encoding {self._encoding!r}: use gzip or none")
+        elif length.isdigit() and int(length) > self.limit:
+            return Refusal(413, f"the body is {length} bytes; the limit is {self.limit} (--max-frame-size)", True)
+        return None
+
+    def _complete(self) -> ExportRequest | Refusal:
+        if self._refused is not None:
+            return self._refused
+        body = b"".join(self._parts)
+        self._parts = []
+        if self._encoding == "gzip":
+            try:
+                body = gunzip(body, self.limit)
+            except TooLarge as e:
+                return Refusal(413, str(e))
+            except BadRequest as e:
+                return Refusal(400, str(e))
+        return ExportRequest(body, self._json)
+
+    def send(self, reply: Outcome | Refusal) -> bytes:
+        """The answer to the request in hand (or, after a BadRequest, to the bytes that were not HTTP)."""
+        if self.h.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            raise LocalProtocolError("no request to answer")
+        extra: list[tuple[bytes, bytes]] = []
+        if isinstance(reply, Refusal):
+            status, message, close = reply.status, reply.message, reply.close or self._error is not None
+            body = self._status(status, message)
+            if status == 405:
+                extra.append((b"allow", b"POST"))
+        elif reply.kind == "ok":
+            status, close = 200, False
+            res = response(reply.rejected, reply.message)
+            body = response_json(res) if self._json else res.SerializeToString()
+        elif reply.kind == "retry":
+            status, close = 503, False
+            body = self._status(503, reply.message)
+            extra.append((b"retry-after", str(max(1, round(self.retry_after))).encode()))
+        else:
+            status, close = (413 if reply.kind == "too_large" else 400), False
+            body = self._status(status, reply.message)
+        headers = [(b"content-type", (JSON if self._json else PROTOBUF).encode()),
+                   (b"content-length", str(len(body)).encode()), *extra]
+        if close:
+            headers.append((b"connection", b"close"))
+        try:
+            out = self.h.send(h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase.encode()))
+            out += self.h.send(h11.Data(data=body))
+            out += self.h.send(h11.EndOfMessage())  # type: ignore[operator]
+        except h11.LocalProtocolError as e:
+            raise LocalProtocolError(f"cannot answer: {e}") from None
+        if close or h11.MUST_CLOSE in (self.h.our_state, self.h.their_state):
+            self.must_close = True
+        elif self.h.our_state is h11.DONE and self.h.their_state is h11.DONE:
+            self.h.start_next_cycle()
+        return out  # type: ignore[return-value]
+
+    def _status(self, status: int, message: str) -> bytes:
+        st = Status(code=_STATUS_CODES[status], message=message)
+        return response_json(st) if self._json else st.SerializeToString()
+
+
+class OtlpClient(HeldErrors):
+    """OTLP/HTTP, client side, on h11 (`logjam-send otlp`, the tests): `send(body)` gives the
+    bytes of one `POST /v1/logs`, `feed(bytes)` the responses."""
+
+    def __init__(self, host: str = "localhost", *, json: bool = False) -> None:
+        self.host = host
+        self.json = json
+        self.h = h11.Connection(h11.CLIENT)
+        self._error: ProtocolError | None = None
+        self._response: h11.Response | None = None
+        self._parts: list[bytes] = []
+
+    def send(self, body: bytes) -> bytes:
+        if self.h.our_state is h11.DONE and self.h.their_state is h11.DONE:
+            self.h.start_next_cycle()
+        headers = [(b"host", self.host.encode()), (b"content-type", (JSON if self.json else PROTOBUF).encode()),
+                   (b"content-length", str(len(body)).encode())]
+        try:
+            out = self.h.send(h11.Request(method=b"POST", target=PATH, headers=headers))
+            out += self.h.send(h11.Data(data=body))
+            out += self.h.send(h11.EndOfMessage())  # type: ignore[operator]
+        except h11.LocalProtocolError as e:
+            raise LocalProtocolError(f"cannot send a request now: {e}") from None
+        return out  # type: ignore[return-value]
+
+    def feed(self, data: bytes) -> list[HttpResponse]:
+        self._raise_held()
+        if data:
+            self.h.receive_data(data)
+        return self._until_error(self._responses())
+
+    def _responses(self) -> Iterable[HttpResponse]:
+        while (event := _next_event(self.h, "response")) is not None:
+            if isinstance(event, h11.Response):
+                self._response, self._parts = event, []
+            elif isinstance(event, h11.Data):
+                self._parts.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage) and self._response is not None:
+                r, self._response = self._response, None
+                yield HttpResponse(r.status_code, _headers(r.headers), b"".join(self._parts))
