@@ -131,6 +131,8 @@ class Bridge(BridgeProtocol):
             self.host.metrics.events_received.inc(len(out))
             task = asyncio.ensure_future(self._publish(out, key, len(body), metadata.get("peer", "?")))
             self.pending[key] = task
+            # Its answer may have gone out already ("retry"): an error it ends with is still read here.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
         timeout = self.config.answer_timeout
         if deadline is not None:
             timeout = min(timeout, max(0.0, deadline - 0.5))
@@ -209,7 +211,6 @@ class Bridge(BridgeProtocol):
                  host, self.grpc_port, " (TLS)" if creds else "", cfg.listen)
 
     async def _grpc_export(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self.host.metrics.connections.inc()
         metadata = self._grpc_metadata(context)
         remaining = context.time_remaining()
         outcome = await self.export(request, json=False, metadata=metadata, deadline=remaining)
