@@ -10,8 +10,11 @@ until the table answers. Then:
    duplicated events (acknowledged against rows and distinct `event_id`s);
 2. steady: one connection at --steady-rate ev/s for --steady-seconds; every event's time
    from being sent until it is queryable (its row counted in `logjam.messages`), p50/p99.
-The CPU each program used during the load phase is printed too: the figure to optimise
-is where that time goes. Each result is also given as a ratio of its target.
+Events carry the time they are sent, as shippers send them (an open day, compacted while it is
+written); `--backdate DAYS` stamps them that many days ago instead (late data: a closed day
+that keeps receiving rows). The CPU each program used during the load phase is printed too,
+per landed event, next to its budget (issue 34: the default mesh's per-event CPU); the figure
+to optimise is where that time goes. Each result is also given as a ratio of its target.
 CURVE is on, as `make up` runs it; `--no-curve` runs a copy of supervisord.conf whose device
 takes --allow-plaintext and whose bridges and importers --plaintext, to measure its cost.
 
@@ -21,7 +24,7 @@ Scale-out (docs/scaling.md): `--devices D --importers N` runs D devices and N im
 how importer CPU per landed event is compared across (D, N) at one rate. Each importer's
 share of the rows is printed with its ratio to 1/N.
 Usage: python benchmarks/e2e.py [--seconds 60] [--connections 4] [--steady-rate 5000]
-       [--devices D --importers N] [--rate 20000] [--steady-seconds 0] [--no-curve]
+       [--devices D --importers N] [--rate 20000] [--steady-seconds 0] [--no-curve] [--backdate DAYS]
 """
 
 from __future__ import annotations
@@ -49,11 +52,19 @@ from tests.mesh_support import PORT_STEP, mesh_ports  # noqa: E402
 
 WINDOW = 2048
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-TARGETS = {"landed": 30_000.0, "drain": 15.0, "p99": 10.0}
+# Issue 34: landed >= 1.2x what ca445a6 landed on the same machine in the same hour (about 25k
+# ev/s on the quiet 2-core machine of that issue, so 30k), p99 <= 3 s at 5k ev/s.
+TARGETS = {"landed": 30_000.0, "drain": 15.0, "p99": 3.0}
+# CPU per landed event each kind of process may spend (us), from issue 34: the importers 0.4x
+# of 28dc2f2's 34 us; the devices and the bridge what ca445a6 spent (7 and 7.3 us; ipc hops
+# carry no CURVE); Spark 1.3x its CPU per row in benchmarks/spark_writes.py with `doc` (about
+# 9-10 us there: 13 us).
+BUDGETS_US = {"logjam-spark": 13.0, "logjam-importer": 13.6, "logjam-device": 7.0, "bridge-lumberjack": 7.3}
+STAMP = "2026-11-23T12:00:00.000Z"  # replaced in main(): now, or --backdate days ago
 
 
 def event(rnd: random.Random, k: int) -> dict:
-    return {"@timestamp": "2026-11-23T12:00:00.000Z",
+    return {"@timestamp": STAMP,
             "message": f"GET /api/v1/users/{rnd.randrange(10**6)}/orders HTTP/1.1 200 {rnd.random() * 200:.1f}ms "
                        f"req={rnd.getrandbits(64):016x}",
             "host": {"name": f"web-{k % 17}.example.net"}, "log": {"offset": k * 120}, "service": "shop"}
@@ -236,12 +247,15 @@ def bytes_per_row(mesh: Mesh) -> tuple[float, float]:
                              "WHERE app_env = 'lumberjack-default' GROUP BY 1)").collect()[0]
         return int(row[0]) / max(int(row[1]), 1), int(row[2])
 
-    before, _ = measure()
-    # A pass finds the table busy while logjam-spark's own pass runs: try again until one file per importer is left.
-    deadline = time.monotonic() + 600
-    while measure()[1] > len(mesh.shares()) and time.monotonic() < deadline:
+    before, files = measure()
+    # A pass finds the table busy while logjam-spark's own pass runs: try again until one file per
+    # importer is left, or (an open day keeps an importer's large files) until passes stop merging.
+    deadline, idle = time.monotonic() + 600, 0
+    while files > len(mesh.shares()) and idle < 3 and time.monotonic() < deadline:
         subprocess.run([command("logjam-sql"), "--spark", mesh.url, "--compact", "--older-than", "0"], env=mesh.env,
                        capture_output=True, timeout=600, check=True)
+        files, was = measure()[1], files
+        idle = idle + 1 if files >= was else 0
     return before, measure()[0]
 
 
@@ -275,6 +289,12 @@ def steady_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> list[float]
     return latencies
 
 
+def per_event_us(cpu_seconds: dict[str, float], kind: str, rows: int) -> float:
+    """CPU of every process of one kind (`logjam-importer` matches each importer; `logjam-device` each device), per row."""
+    total = sum(v for k, v in cpu_seconds.items() if k.split(":")[0].startswith(kind))
+    return total / max(rows, 1) * 1e6
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60)
@@ -286,7 +306,12 @@ def main() -> int:
     ap.add_argument("--importers", type=int, default=int(DEFAULTS["LOGJAM_IMPORTERS"]))
     ap.add_argument("--rate", type=float, default=0.0, help="pace the load phase at this many ev/s in total (default: "
                     "as fast as acknowledged)")
+    ap.add_argument("--backdate", type=float, default=0.0, metavar="DAYS",
+                    help="stamp events this many days ago (late data into a closed day; default: the time they are sent)")
     args = ap.parse_args()
+    global STAMP
+    stamped = time.time() - args.backdate * 86400
+    STAMP = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(stamped))
     if args.importers > args.devices:
         ap.error("--importers must not exceed --devices (each importer owns whole devices)")
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-e2e-"))
@@ -302,7 +327,7 @@ def main() -> int:
         acked_rate, landed_rate = r["acked"] / r["elapsed"], r["landed_in_window"] / r["elapsed"]
         lost, dup = max(0, r["acked"] - r["distinct"]), r["rows"] - r["distinct"]
         print(f"e2e benchmark: {args.devices} devices, {args.importers} importers, {args.connections} Lumberjack "
-              f"connections, {WINDOW}-event windows, {r['elapsed']:.0f} s"
+              f"connections, {WINDOW}-event windows, {r['elapsed']:.0f} s, events stamped {STAMP}"
               + (f", paced at {args.rate:,.0f} ev/s" if args.rate else ", as fast as acknowledged"))
         print(f"  acknowledged:        {acked_rate:9,.0f} ev/s ({r['acked']} events)")
         print(f"  landed (queryable):  {landed_rate:9,.0f} ev/s in the same window "
@@ -320,6 +345,9 @@ def main() -> int:
         busy = sum(r["cpu"].values())
         print(f"  CPU during the load phase ({busy / r['elapsed']:.2f} of {os.cpu_count()} cores busy): " + ", ".join(
             f"{k} {v / r['elapsed']:.2f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]) if v > 0.05))
+        print("  CPU per landed event, load start until drained (budget, issue 34): " + ", ".join(
+            f"{kind} {us:.1f} us ({budget / max(us, 1e-9):.2f}x of {budget:.1f})"
+            for kind, budget in BUDGETS_US.items() for us in [per_event_us(r["cpu_drained"], kind, r["rows"])]))
         importer_cpu = sum(v for k, v in r["cpu_drained"].items() if k.startswith("logjam-importer"))
         print(f"  importer CPU per landed event (load start until drained): {importer_cpu / max(r['rows'], 1) * 1e6:.2f} us "
               f"({importer_cpu:.1f} s for {r['rows']} rows)")

@@ -13,6 +13,7 @@ from typing import Sequence
 from bridges.host.config import HostConfig
 from bridges.host.protocol import BridgeProtocol
 from logjam import native
+from logjam.endpoints import needs_curve
 from runtime import curve
 from runtime.check import Checker
 from runtime.config import add_config_flag, parse_args, setup_logging
@@ -91,7 +92,7 @@ def check(cls: type[BridgeProtocol], args: argparse.Namespace) -> int:
     for endpoint in config.device:
         scheme, _, rest = endpoint.partition("://")
         if scheme not in ("tcp", "ipc") or not rest or (scheme == "tcp" and not rest.rpartition(":")[2].isdigit()):
-            c.error(f"--device {endpoint}: not tcp://HOST:PORT")
+            c.error(f"--device {endpoint}: not tcp://HOST:PORT nor ipc://PATH")
     c.port("--metrics-port", config.metrics_port)
     if listen is not None:
         c.distinct_ports({"--listen": listen[1], "--metrics-port": config.metrics_port})
@@ -111,7 +112,7 @@ def check(cls: type[BridgeProtocol], args: argparse.Namespace) -> int:
     if data_dir:
         c.would_run(f"store in {Path(data_dir).absolute()}")
     c.would_run(f"metrics and /healthz on :{config.metrics_port}" if config.metrics_port else "no metrics port")
-    curve.check_client(c, args)
+    curve.check_client(c, args, config.device)
     return c.report()
 
 
@@ -140,11 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     modules = ["bridges.host._native_link"] + (["bridges.lumberjack._native_scan"] if cls.name == "lumberjack" else [])
     try:
         log.info("%s", native.describe(modules))
-        key = curve.client_key(args)
+        key = curve.client_key(args, config.device)
     except (native.NativeUnavailable, ValueError) as e:  # curve.KeyFileError is a ValueError
         log.error("cannot start: %s", e)
         return 1
-    log.info("to the device: %s", "CURVE" if key is not None else "plaintext (--plaintext)")
+    log.info("to the devices: %s", ", ".join(f"{d} ({'CURVE' if key is not None and needs_curve(d) else 'plaintext'})"
+                                             for d in config.device))
 
     # A bridge makes a few short-lived dicts per event and keeps almost nothing: with the
     # default gen-0 threshold (700) the cycle collector ran every few events and scanned

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from logjam import native
+from logjam import endpoints, native
 from runtime import curve, lifecycle
 from runtime.check import Checker
 from runtime.config import FSYNC_POLICIES, add_config_flag, fsync_policy, parse_args, setup_logging
@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delete the oldest segments beyond this total size; 0: no limit (default 1 GiB)")
     j.add_argument("--journal-retention-hours", type=_non_negative, default=24.0, metavar="HOURS",
                    help="delete segments last written longer ago than this; 0: no limit (default 24)")
+    j.add_argument("--no-ipc", action="store_true",
+                   help="serve TCP only; by default a device with --data-dir serves every socket on its own host "
+                        "too, as ipc://DIR/ipc/<socket>, without CURVE and open only to its user (docs/security.md)")
     j.add_argument("--replay-port", type=int, default=9607,
                    help="ROUTER port of the replay endpoint; without --data-dir it answers info only (default 9607)")
     p.add_argument("--max-importer-lag", type=_non_negative, default=10.0, metavar="SECONDS",
@@ -151,6 +154,10 @@ def check(args: argparse.Namespace) -> int:
                 f"PUB :{args.pub_port}, stats :{args.stats_port}, LOGJAM_NATIVE={native.mode()}")
     c.would_run(f"journal in {Path(args.data_dir).absolute() / 'journal'} (fsync {args.journal_fsync}), "
                 f"replay on :{args.replay_port}" if args.data_dir else f"no journal; replay :{args.replay_port} answers info only")
+    if args.data_dir and not args.no_ipc:
+        c.would_run(f"ipc endpoints for this host in {endpoints.ipc_dir(args.data_dir)} (mode 0700, no CURVE)"
+                    if endpoints.ipc_fits(endpoints.ipc_dir(args.data_dir)) else
+                    f"no ipc endpoints: {endpoints.ipc_dir(args.data_dir)} is too long for a Unix socket path")
     c.would_run(f"metrics and /healthz on :{args.metrics_port}" if args.metrics_port else "no metrics port")
     curve.check_server(c, args)
     return c.report()
@@ -177,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal_retention_bytes=args.journal_retention_bytes,
         journal_retention_hours=args.journal_retention_hours, replay_port=args.replay_port,
         max_importer_lag=args.max_importer_lag, importer_evict_after=args.importer_evict_after,
-        max_importer_lag_messages=args.max_importer_lag_messages, curve=security,
+        max_importer_lag_messages=args.max_importer_lag_messages, curve=security, ipc=not args.no_ipc,
     )
     stop = lifecycle.stop_event()
     try:
@@ -200,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("CURVE allowlist: %d keys; SIGHUP reads %s again", len(device.gate.allowed), security.allow_dir)
     log.info("%s%s", native.describe([devices_native.MODULE]),
              " (the C loop does not compress: Python loop with --compress)" if config.compress else "")
+    if device.ipc_dir is not None:
+        log.info("ipc endpoints for this host in %s (mode 0700, no CURVE): %s", device.ipc_dir, ", ".join(endpoints.SOCKETS))
     if device.journal is not None:
         log.info(
             "journal %s in %s/journal (fsync %s), continuing after seq %d; replay on port %d",

@@ -30,6 +30,8 @@ class DeviceConfig:
     journal_retention_bytes: int = 1024 * 1024 * 1024  # 0: no size limit
     journal_retention_hours: float = 24.0  # 0: no age limit
     replay_port: int = 9607
+    # With a data directory, every socket is served on <data_dir>/ipc/<name> too (logjam/endpoints.py).
+    ipc: bool = True
     # Flow control: while an in-sync importer's committed position is further behind than this
     # (seconds), the device reads no input (devices/lag.py). 0 turns it off.
     max_importer_lag: float = 10.0

@@ -42,16 +42,17 @@ import logging
 import socket as pysocket
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import zmq
 from zmq.backend import Socket as _RawSocket
 
-from logjam import sockets
+from logjam import endpoints, sockets
 from logjam.constants import ACCEPTED, BAD_REQUEST, PONG
 from logjam.compression import compress
 from logjam.meta import META_COMPRESSION_AT, META_HEAD, META_SIZE, now_ms
-from devices import stamp
+from devices import listen, stamp
 from devices import native
 from devices.batch import TupleBatch
 from devices.config import DeviceConfig
@@ -120,6 +121,7 @@ class Device:
         self._replay_stop = threading.Event()
         self.journal_id = ""
         self.lag: ImporterLag | None = None
+        self.ipc_dir: Path | None = None  # set by open(): where the ipc endpoints are, if any
 
     def open(self) -> "Device":
         """Recover the journal, bind the sockets and start the replay endpoint, in the thread that runs the loop."""
@@ -127,6 +129,8 @@ class Device:
             return self
         config = self.config
         self.ctx = self._context or zmq.Context()
+        if config.data_dir is not None and config.ipc:
+            self.ipc_dir = listen.open_ipc_dir(config.data_dir)
         self._bind(config)
         if config.data_dir is not None:
             self._open_journal(config)
@@ -169,9 +173,13 @@ class Device:
             (self.pub, "pub", config.pub_port),
             (self.stats, "stats", config.stats_port),
         ):
-            endpoint = f"tcp://{config.bind}:{port}"
-            self._secure(sock, name, endpoint)
-            sock.bind(endpoint)
+            self._listen(sock, name, port)
+
+    def _listen(self, sock: zmq.Socket, name: str, port: int) -> None:
+        """Bind `sock` on its ipc endpoint (plaintext, this host only) and on its TCP port (CURVE)."""
+        tcp = f"tcp://{self.config.bind}:{port}"
+        ipc = endpoints.ipc_endpoint(self.ipc_dir, name) if self.ipc_dir is not None else None
+        listen.bind(sock, tcp, ipc, lambda: self._secure(sock, name, tcp))
 
     def _secure(self, sock: zmq.Socket, name: str, endpoint: str) -> None:
         """Make `sock` a CURVE server watched by the gatekeeper, unless --allow-plaintext leaves it open."""
@@ -196,11 +204,10 @@ class Device:
 
     def _start_replay(self, config: DeviceConfig) -> None:
         """The replay endpoint: ranges and `info` with a journal, `info` alone without one."""
-        endpoint = f"tcp://{config.bind}:{config.replay_port}"
-        replay = ReplayServer(self.ctx, self.journal, endpoint, self._replay_stop,
+        replay = ReplayServer(self.ctx, self.journal, self._replay_stop,
                               journal_id=self.journal_id, last_seq=lambda: self.seq,
                               on_progress=self.lag.progress,  # type: ignore[union-attr]
-                              secure=lambda sock: self._secure(sock, "replay", endpoint))
+                              listen=lambda sock: self._listen(sock, "replay", config.replay_port))
         replay.start()
         # The replay socket is created and bound in its own thread; wait for the outcome so
         # that a port in use fails the start like any other port.

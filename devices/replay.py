@@ -31,10 +31,10 @@ class ReplayServer(threading.Thread):
     journal, `info` from `journal_id` and `last_seq()`."""
 
     def __init__(
-        self, ctx: zmq.Context, journal: Journal | None, endpoint: str, stop: threading.Event, *,
+        self, ctx: zmq.Context, journal: Journal | None, stop: threading.Event, *,
         journal_id: str | None = None, last_seq: Callable[[], int] | None = None,
         on_progress: Callable[[str, str, int, float], None] | None = None,
-        secure: Callable[[zmq.Socket], None] | None = None,
+        listen: Callable[[zmq.Socket], None],
     ) -> None:
         super().__init__(name="replay", daemon=True)
         if journal is None and (journal_id is None or last_seq is None):
@@ -45,8 +45,7 @@ class ReplayServer(threading.Thread):
         self._id = self.journal_id.encode("ascii")  # type: ignore[union-attr]
         self._last_seq = last_seq
         self._on_progress = on_progress
-        self._secure = secure  # CURVE options, set in this thread before the bind
-        self.endpoint = endpoint
+        self._listen = listen  # binds the socket (with its CURVE options), in this thread
         self.stop = stop
         self.served = 0
         self.requests = 0
@@ -60,9 +59,7 @@ class ReplayServer(threading.Thread):
             sock = sockets.socket(self.ctx, zmq.ROUTER, linger_ms=0)
             try:
                 try:
-                    if self._secure is not None:
-                        self._secure(sock)
-                    sock.bind(self.endpoint)
+                    self._listen(sock)
                 except zmq.ZMQError as e:
                     self.error = e
                     return

@@ -39,5 +39,5 @@ def check_importer(config: ImporterConfig, args: argparse.Namespace) -> int:
     c.would_run(f"metrics and /healthz on :{port}" if port else "no metrics port")
     from runtime.curve import check_client
 
-    check_client(c, args)
+    check_client(c, args, subs)
     return c.report()

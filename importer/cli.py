@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Which C paths run (LOGJAM_NATIVE); under `require` a missing build stops the importer here.
         native.announce(log, [raw.MODULE, variant.MODULE])
-        key = curve.client_key(args)
+        key = curve.client_key(args, config.owned)
     except (native.NativeUnavailable, curve.KeyFileError) as e:
         log.error("cannot start: %s", e)
         return 1

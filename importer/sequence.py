@@ -29,6 +29,7 @@ from importer.checkpoint import Position
 from importer.metrics import ImporterMetrics
 from logjam.errors import ProtocolError
 from logjam.message import Message
+from logjam import endpoints
 from logjam.curve import ClientKey
 from logjam.replay import JournalChanged, Lost, ReplayClient, ReplayTimeout
 
@@ -94,7 +95,10 @@ class Ledger:
 
 
 def replay_endpoint(sub_endpoint: str, port: int) -> str:
-    """`tcp://host:9606` -> `tcp://host:<port>`: a device serves replay on the host it publishes from."""
+    """`tcp://host:9606` -> `tcp://host:<port>`: a device serves replay on the host it publishes from;
+    `ipc://DIR/pub` -> `ipc://DIR/replay`, beside it (`port` does not apply)."""
+    if endpoints.is_local(sub_endpoint):
+        return endpoints.sibling(sub_endpoint, "replay")
     base, sep, _ = sub_endpoint.rpartition(":")
     if not sep or "://" not in base:
         raise ValueError(f"cannot derive a replay endpoint from {sub_endpoint!r}")

@@ -16,12 +16,14 @@ handler (runtime/curve.py); creating the files is runtime's job too. This module
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import zmq
 import zmq.auth
+
+from logjam.endpoints import default_data_root, needs_curve
 
 SERVER = "server"
 CLIENT = "client"
@@ -34,7 +36,7 @@ class KeyFileError(ValueError):
 
 def default_dir() -> Path:
     """`$LOGJAM_DATA_DIR/keys`, else `./data/keys` (where `make up` keeps them)."""
-    return Path(os.environ.get("LOGJAM_DATA_DIR") or "data") / "keys"
+    return default_data_root() / "keys"
 
 
 def public_file(keys_dir: str | Path, name: str) -> Path:
@@ -102,8 +104,18 @@ class ClientKey:
         sock.curve_secretkey = self.secret
 
 
-def secure(sock: zmq.Socket, curve: ClientKey | None) -> zmq.Socket:
-    """Apply `curve` to a client socket (None: plaintext, for a device run with --allow-plaintext)."""
-    if curve is not None:
-        curve.apply(sock)
+def connect(sock: zmq.Socket, endpoints: str | Sequence[str], curve: ClientKey | None) -> zmq.Socket:
+    """Connect a client socket to `endpoints`, as a CURVE client on every hop but a local one.
+
+    `curve` None speaks plaintext everywhere (a device run with --allow-plaintext). An
+    `ipc://` endpoint (logjam/endpoints.py) is plaintext either way: the device serves it
+    without CURVE, behind file permissions. libzmq copies the options when it connects, so
+    the local endpoints are connected first, before the key is set.
+    """
+    keyed = False
+    for endpoint in sorted([endpoints] if isinstance(endpoints, str) else endpoints, key=needs_curve):
+        if curve is not None and needs_curve(endpoint) and not keyed:
+            curve.apply(sock)
+            keyed = True
+        sock.connect(endpoint)
     return sock

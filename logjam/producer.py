@@ -16,7 +16,7 @@ import zmq
 
 from logjam import sockets
 from logjam.constants import ACCEPTED, PONG
-from logjam.curve import ClientKey, secure
+from logjam.curve import ClientKey, connect
 from logjam.message import Message
 from logjam.meta import Compression, Meta
 
@@ -58,9 +58,7 @@ class Producer:
         kind = zmq.DEALER if mode == "dealer" else zmq.PUSH
         # `curve`: the key to connect with (logjam.curve); None speaks plaintext, which only a
         # device run with --allow-plaintext accepts.
-        self._sock = secure(sockets.socket(self._ctx, kind, linger_ms=linger_ms, sndhwm=sndhwm), curve)
-        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
-            self._sock.connect(ep)
+        self._sock = connect(sockets.socket(self._ctx, kind, linger_ms=linger_ms, sndhwm=sndhwm), endpoints, curve)
         self._seq = 0
         self._outstanding = 0
         self._accepted = 0

@@ -36,7 +36,7 @@ from typing import Iterator
 import zmq
 
 from logjam import sockets
-from logjam.curve import ClientKey, secure
+from logjam.curve import ClientKey, connect
 from logjam.errors import RemoteProtocolError
 from logjam.message import Message
 
@@ -120,8 +120,7 @@ class ReplayClient:
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
-            self._sock = secure(sockets.socket(self._ctx, zmq.DEALER, linger_ms=0), self.curve)
-            self._sock.connect(self.endpoint)
+            self._sock = connect(sockets.socket(self._ctx, zmq.DEALER, linger_ms=0), self.endpoint, self.curve)
         return self._sock
 
     def _ask(self, request: list[bytes]) -> list[bytes]:

@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 import zmq
 
 from logjam import sockets
-from logjam.curve import ClientKey, secure
+from logjam.curve import ClientKey, connect
 from logjam.errors import RemoteProtocolError
 from logjam.message import HEARTBEAT, Message
 from logjam.raw import Drain, RawBatch
@@ -116,10 +116,10 @@ class Subscriber:
         self._pending: list[Message | Gap] = []
 
     def _open(self, endpoint: str) -> _Link:
-        sock = secure(sockets.socket(self._ctx, zmq.SUB, linger_ms=0, rcvhwm=self._rcvhwm), self._curve)
+        sock = sockets.socket(self._ctx, zmq.SUB, linger_ms=0, rcvhwm=self._rcvhwm)
         for prefix in self._prefixes:
             sock.setsockopt(zmq.SUBSCRIBE, prefix)
-        sock.connect(endpoint)
+        connect(sock, endpoint, self._curve)
         return _Link(endpoint, sock)
 
     def _tick(self) -> None:

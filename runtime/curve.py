@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import zmq
 import zmq.auth
@@ -37,6 +38,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from logjam import curve
 from logjam.curve import ClientKey, KeyFileError, ServerKey
+from logjam.endpoints import needs_curve
 from runtime.check import Checker
 from runtime.ratelimit import RateLimitedLog
 
@@ -127,9 +129,10 @@ def keys_dir(args: argparse.Namespace) -> Path:
     return Path(args.keys) if args.keys else curve.default_dir()
 
 
-def client_key(args: argparse.Namespace) -> ClientKey | None:
-    """The client's key from the flags (None with --plaintext); KeyFileError says what is missing."""
-    if args.plaintext:
+def client_key(args: argparse.Namespace, endpoints: Sequence[str] = ()) -> ClientKey | None:
+    """The client's key from the flags (None with --plaintext, or when every one of `endpoints` is a
+    local ipc endpoint, which takes no CURVE); KeyFileError says what is missing."""
+    if args.plaintext or (endpoints and not any(needs_curve(e) for e in endpoints)):
         return None
     keys = keys_dir(args)
     secret = args.curve_secret or curve.secret_file(keys, curve.CLIENT)
@@ -214,10 +217,12 @@ def check_server(c: Checker, args: argparse.Namespace) -> None:
         c.would_run(ServerCurve(ServerKey(b"", b""), allow, plaintext).describe())
 
 
-def check_client(c: Checker, args: argparse.Namespace) -> None:
-    """--check: the client's key files."""
+def check_client(c: Checker, args: argparse.Namespace, endpoints: Sequence[str] = ()) -> None:
+    """--check: the client's key files, unless none of `endpoints` takes CURVE."""
     if args.plaintext:
         c.would_run("CURVE off (--plaintext): the device must run with --allow-plaintext")
+    elif endpoints and not any(needs_curve(e) for e in endpoints):
+        c.would_run("no CURVE: every device endpoint is a local ipc socket (guarded by file permissions)")
     elif c.attempt("CURVE client key", lambda: client_key(args)) is not None:
         c.would_run(f"CURVE client key {args.curve_secret or curve.secret_file(keys_dir(args), curve.CLIENT)}")
 

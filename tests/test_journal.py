@@ -128,7 +128,7 @@ def test_replay_endpoint_serves_ranges_and_reports_loss(tmp_path):
     ctx = zmq.Context()
     stop = threading.Event()
     port = free_port()
-    server = ReplayServer(ctx, j, f"tcp://127.0.0.1:{port}", stop)
+    server = ReplayServer(ctx, j, stop, listen=lambda sock: sock.bind(f"tcp://127.0.0.1:{port}"))
     server.start()
     assert server.bound.wait(5)
     client = ReplayClient(f"tcp://127.0.0.1:{port}", context=ctx)

@@ -134,42 +134,52 @@ def test_status_shows_health_and_follows_a_stopped_device(mesh) -> None:
     wait_for(lambda: mesh_cli(mesh, "status").returncode == 0, timeout=60, interval=1, what="every process healthy again")
 
 
-def test_curve_is_on_and_the_quickstart_tools_find_their_key(mesh, tmp_path: Path) -> None:
-    """`make up` made the keys; logjam-send and logjam-tail find the client key with no flag
-    ($LOGJAM_DATA_DIR, as in the quickstart's shell), while a client without CURVE and one
-    with keys of another mesh get nothing in: nothing of theirs reaches the table."""
-    keys = Path(mesh["LOGJAM_DATA_DIR"], "keys")
+def test_curve_guards_tcp_ipc_serves_the_host_and_the_quickstart_tools_need_no_flags(mesh, tmp_path: Path) -> None:
+    """`make up` made the keys and every device serves this host over ipc (mode 0700 and 0600).
+    logjam-send and logjam-tail, with no flag but $LOGJAM_DATA_DIR (as in the quickstart's shell),
+    find the mesh: send goes to device 0 over ipc, tail follows every device. Over TCP the
+    client key is needed: a client without CURVE and one with keys of another mesh get nothing
+    in, and nothing of theirs reaches the table."""
+    data = Path(mesh["LOGJAM_DATA_DIR"])
+    keys = data / "keys"
     for name in ("server", "client"):
         assert (keys / f"{name}.key_secret").stat().st_mode & 0o777 == 0o600
-    assert "CURVE           every ZeroMQ socket" in Path(mesh["LOGJAM_DATA_DIR"], "mesh-up.out").read_text()
+    for device in ("device", "device-1"):
+        ipc = data / device / "ipc"
+        assert ipc.stat().st_mode & 0o777 == 0o700 and ipc.stat().st_uid == os.geteuid()
+        assert sorted(p.name for p in ipc.iterdir()) == ["pub", "pull", "replay", "router", "stats"]
+        assert all(p.stat().st_mode & 0o777 == 0o600 for p in ipc.iterdir())
+    banner = (data / "mesh-up.out").read_text()
+    assert "CURVE           every ZeroMQ TCP port" in banner and "/device[-K]/ipc/<socket> (mode 0700, no CURVE)" in banner
     device = healthz(ports(mesh)["logjam-device"])[1]
     assert device["checks"]["curve"]["detail"].startswith("CURVE on router, pull, pub, stats, replay"), device
 
     run = uuid.uuid4().hex[:8]
-    tail = subprocess.Popen([command("logjam-tail"), "--sub", f"tcp://127.0.0.1:{mesh['LOGJAM_PUB_PORT']}",
-                             "--app-env", f"quick{run}-", "--json", "--count", "1"], env=mesh,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    router = f"127.0.0.1:{mesh['LOGJAM_ROUTER_PORT']}"
+    shown = tmp_path / "tail.out"
+    with open(shown, "w") as f:
+        tail = subprocess.Popen([command("logjam-tail"), "--app-env", f"quick{run}-", "--json"], env=mesh,
+                                stdout=f, stderr=subprocess.STDOUT, text=True)
+    device1 = f"127.0.0.1:{int(mesh['LOGJAM_ROUTER_PORT']) + int(mesh['LOGJAM_DEVICE_PORT_STEP'])}"
 
     def send(app_env: str, *flags: str) -> subprocess.CompletedProcess:
-        return subprocess.run([command("logjam-send"), "logjam", "--to", router, "--app-env", app_env,
+        return subprocess.run([command("logjam-send"), "logjam", "--app-env", app_env,
                                "--timeout", "3", *flags, f"{run} {app_env}"], env=mesh, capture_output=True,
                               text=True, timeout=60)
 
     from runtime.curve import ensure
 
     ensure(tmp_path / "other-mesh")
-    assert send(f"quick{run}-plain", "--plaintext").returncode == 1
-    assert send(f"quick{run}-stranger", "--keys", str(tmp_path / "other-mesh")).returncode == 1
+    assert send(f"quick{run}-plain", "--to", device1, "--plaintext").returncode == 1
+    assert send(f"quick{run}-stranger", "--to", device1, "--keys", str(tmp_path / "other-mesh")).returncode == 1
     try:
-        # The tail subscribes a moment after it starts: send until it has shown one.
-        wait_for(lambda: send(f"quick{run}-ok").returncode == 0 and tail.poll() is not None, timeout=60,
-                 interval=0.5, what="logjam-tail to show what logjam-send sent")
+        # The tail subscribes a moment after it starts: send until it has shown one from each device.
+        wait_for(lambda: send(f"quick{run}-ipc").returncode == 0 and send(f"quick{run}-tcp", "--to", device1).returncode == 0
+                 and f"quick{run}-ipc" in shown.read_text() and f"quick{run}-tcp" in shown.read_text(),
+                 timeout=60, interval=0.5, what="logjam-tail to show what logjam-send sent to both devices")
+        assert tail.poll() is None, shown.read_text()
     finally:
-        if tail.poll() is None:
-            tail.kill()
-    out, err = tail.communicate(timeout=10)
-    assert tail.returncode == 0 and f"quick{run}-ok" in out, out + err
+        tail.terminate()
+        tail.wait(10)
 
     def rows() -> list[dict]:
         res = subprocess.run([command("logjam-sql"), "--json", "--max-rows", "0", "--spark",
@@ -180,5 +190,6 @@ def test_curve_is_on_and_the_quickstart_tools_find_their_key(mesh, tmp_path: Pat
         assert res.returncode == 0, res.stderr[-3000:]
         return [__import__("json").loads(line) for line in res.stdout.splitlines() if line.strip()]
 
-    landed = wait_for(rows, timeout=120, interval=2, what="the allowlisted sends to land")
-    assert {r["app_env"] for r in landed} == {f"quick{run}-ok"}, landed
+    landed = wait_for(lambda: (r := rows()) if len(r) >= 2 else None, timeout=120, interval=2,
+                      what="the allowlisted sends to land")
+    assert {r["app_env"] for r in landed} == {f"quick{run}-ipc", f"quick{run}-tcp"}, landed

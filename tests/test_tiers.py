@@ -101,3 +101,27 @@ def test_an_importers_large_files_wait_for_the_day_to_close() -> None:
     assert policy.pick(big, closed=True) is not None
     merged = [FileInfo(f"L1-{i}", 10 * 2**20) for i in range(3)]
     assert policy.pick(merged, closed=False) is not None, "merged files keep climbing the levels"
+
+
+def test_a_closed_day_that_keeps_receiving_rows_is_not_rewritten_whole_at_every_pass() -> None:
+    """A backlog for a closed day: 2-second commits of 1 MiB for six hours, a pass every 15 s.
+    Before, every pass merged the day's whole small part again (rows rewritten at every pass)."""
+    policy = TierPolicy()
+    files: dict[str, tuple[int, int]] = {}  # name -> (size, rewrites of its rows)
+    rewritten = worst = 0
+    for t in range(2, 6 * 3600 + 1, 2):
+        files[f"part-{uuid.uuid4().hex}"] = (2**20, 0)
+        if t % 15 < 2:
+            pick = policy.pick([FileInfo(n, s) for n, (s, _) in files.items()], closed=True)
+            if pick is not None:
+                rewrites = max(files[n][1] for n in pick.names) + 1
+                for n in pick.names:
+                    del files[n]
+                for _ in range(pick.files):
+                    files[leveled_name(f"part-{uuid.uuid4().hex}", pick.level)] = (pick.bytes // pick.files, rewrites)
+                worst, rewritten = max(worst, rewrites), rewritten + pick.bytes
+    written = 6 * 3600 // 2 * 2**20
+    assert worst <= 4, worst  # the closing merge, then log_10 of the passes
+    assert rewritten / written <= 4, rewritten / written
+    small = [s for s, _ in files.values() if s < policy.full_bytes]
+    assert len(small) <= 2 * policy.fanin, len(small)

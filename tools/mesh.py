@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from logjam import endpoints
+
 DEFAULTS = {
     "LOGJAM_DATA_DIR": "data",
     "LOGJAM_BIND": "0.0.0.0",
@@ -71,11 +73,26 @@ METRICS_PORTS = {
 # Every device's own port: device K listens on the variable's port + K * LOGJAM_DEVICE_PORT_STEP.
 DEVICE_PORTS = ("LOGJAM_ROUTER_PORT", "LOGJAM_PULL_PORT", "LOGJAM_PUB_PORT", "LOGJAM_STATS_PORT",
                 "LOGJAM_REPLAY_PORT", "LOGJAM_DEVICE_METRICS_PORT")
+_PORT_OF = {name: f"LOGJAM_{name.upper()}_PORT" for name in endpoints.SOCKETS}
 
 
 def device_port(env: dict[str, str], key: str, k: int) -> int:
     """Device K's port for `key` (one of DEVICE_PORTS)."""
     return int(env[key]) + k * int(env["LOGJAM_DEVICE_PORT_STEP"])
+
+
+def device_data_dir(env: dict[str, str], k: int) -> Path:
+    """Device K's --data-dir as supervisord.conf gives it (devices/cli.py adds -K for K > 0)."""
+    return Path(env["LOGJAM_DATA_DIR"], "device" if k == 0 else f"device-{k}")
+
+
+def device_endpoint(env: dict[str, str], name: str, k: int) -> str:
+    """Device K's socket `name` as the mesh's own processes reach it: its ipc endpoint, without CURVE
+    (logjam/endpoints.py), unless the path is too long for a Unix socket; then TCP, with CURVE."""
+    directory = endpoints.ipc_dir(device_data_dir(env, k))
+    if endpoints.ipc_fits(directory):
+        return endpoints.ipc_endpoint(directory, name)
+    return f"tcp://127.0.0.1:{device_port(env, _PORT_OF[name], k)}"
 
 
 def device_count(env: dict[str, str]) -> int:
@@ -120,16 +137,17 @@ def mesh_environment(config: Path, base: dict[str, str] | None = None) -> dict[s
     env = dict(os.environ if base is None else base)
     for key, value in DEFAULTS.items():
         env.setdefault(key, value)
-    devices = range(device_count(env))
-    env["LOGJAM_EXTRA_DEVICES"] = str(len(devices) - 1)
-    env["LOGJAM_DEVICE_ROUTERS"] = ",".join(f"tcp://127.0.0.1:{device_port(env, 'LOGJAM_ROUTER_PORT', k)}" for k in devices)
-    env["LOGJAM_DEVICE_PUBS"] = ",".join(f"tcp://127.0.0.1:{device_port(env, 'LOGJAM_PUB_PORT', k)}" for k in devices)
-    env["LOGJAM_DEVICE_REPLAY_PORTS"] = ",".join(str(device_port(env, "LOGJAM_REPLAY_PORT", k)) for k in devices)
     data = Path(env["LOGJAM_DATA_DIR"])
     if not data.is_absolute():
         data = config.parent / data
     env["LOGJAM_DATA_DIR"] = str(data.resolve())
     (data / "logs").mkdir(parents=True, exist_ok=True)
+    devices = range(device_count(env))
+    env["LOGJAM_EXTRA_DEVICES"] = str(len(devices) - 1)
+    # The mesh's own clients (bridges, importers) reach the devices on this host through ipc.
+    env["LOGJAM_DEVICE_ROUTERS"] = ",".join(device_endpoint(env, "router", k) for k in devices)
+    env["LOGJAM_DEVICE_PUBS"] = ",".join(device_endpoint(env, "pub", k) for k in devices)
+    env["LOGJAM_DEVICE_REPLAY_PORTS"] = ",".join(str(device_port(env, "LOGJAM_REPLAY_PORT", k)) for k in devices)
     return env
 
 
@@ -161,19 +179,17 @@ def ensure_keys(env: dict[str, str]) -> Path:
     return keys
 
 
-def _keys_flag(env: dict[str, str]) -> str:
-    """` --keys DIR` when the tools would not find the keys from here by themselves."""
-    from logjam.curve import default_dir
-
-    keys = Path(env["LOGJAM_DATA_DIR"], "keys")
-    return "" if default_dir().resolve() == keys.resolve() else f" --keys {keys}"
+def _local_prefix(env: dict[str, str]) -> str:
+    """`LOGJAM_DATA_DIR=... ` when the tools would not find this mesh (its ipc endpoints, its keys) from here."""
+    data = Path(env["LOGJAM_DATA_DIR"])
+    return "" if endpoints.default_data_root().resolve() == data.resolve() else f"LOGJAM_DATA_DIR={data} "
 
 
 def banner(env: dict[str, str]) -> str:
     e = env.get
     bin_dir = Path(sys.executable).parent
     rel = os.path.relpath(bin_dir)
-    keys = _keys_flag(env)
+    local = _local_prefix(env)
     return f"""
 logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
 
@@ -186,11 +202,12 @@ logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
   OTLP HTTP       tcp :{e('LOGJAM_OTLP_HTTP_PORT')}   (OpenTelemetry logs: POST /v1/logs, protobuf and JSON)
   Spark Connect   sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')}  ({e('LOGJAM_IMPORTERS')} importers, each owning whole devices)
   JDBC            jdbc:hive2://127.0.0.1:{e('LOGJAM_JDBC_PORT')}  (table logjam.messages)
-  CURVE           every ZeroMQ socket above; keys in {e('LOGJAM_DATA_DIR')}/keys, admitted clients in keys/allowed (SIGHUP the devices after a change)
+  CURVE           every ZeroMQ TCP port above; keys in {e('LOGJAM_DATA_DIR')}/keys, admitted clients in keys/allowed (SIGHUP the devices after a change)
+  ipc             this host's processes reach device K at {e('LOGJAM_DATA_DIR')}/device[-K]/ipc/<socket> (mode 0700, no CURVE)
   Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device K :{e('LOGJAM_DEVICE_METRICS_PORT')}+K*{e('LOGJAM_DEVICE_PORT_STEP')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  otlp :{e('LOGJAM_OTLP_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
 
-Send:   echo hello | {rel}/logjam-send logjam --to 127.0.0.1:{e('LOGJAM_ROUTER_PORT')}{keys}
-Tail:   {rel}/logjam-tail --sub tcp://127.0.0.1:{e('LOGJAM_PUB_PORT')}{keys}
+Send:   echo hello | {local}{rel}/logjam-send logjam        (device 0 over ipc; from another host: --to HOST:{e('LOGJAM_ROUTER_PORT')} and the keys)
+Tail:   {local}{rel}/logjam-tail                           (every device of this mesh, over ipc)
 Query:  {rel}/logjam-sql --spark sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')} "SELECT app_env, count(*) FROM messages GROUP BY 1"
 Health: make status    Check a config: make check
 Stop:   Ctrl-C here, or `make down`

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 from runtime import curve, lifecycle
 from runtime.check import Checker
 from runtime.config import add_config_flag, from_flags, parse_config
+from logjam import endpoints
 from logjam.message import body_from_bytes
 from logjam.curve import ClientKey
 from tools.send_clients import DEFAULT_PORTS, SENDERS, Options, Sender, SendFailed, tls_context
@@ -81,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one event per argument; none, or '-', reads lines from stdin (use -- before messages starting with -)")
     p.add_argument("--to", metavar="HOST:PORT",
                    help="where to send (default 127.0.0.1 and the protocol's port: logjam 9604, or 9605 with "
-                        "--mode push; lumberjack 5044; courier 5043; segment 12345; rustlog 9092; otlp 4318, OTLP/HTTP)")
+                        "--mode push, unless the mesh runs on this host: then device 0's ipc endpoint; "
+                        "lumberjack 5044; courier 5043; segment 12345; rustlog 9092; otlp 4318, OTLP/HTTP)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="wait this long for each connection and acknowledgement (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=500, metavar="N",
@@ -242,10 +244,14 @@ def options(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> O
             tls = tls_context(config.tls_ca, config.tls_cert, config.tls_key)
         except (OSError, ssl.SSLError) as e:
             raise ValueError(f"cannot load TLS files: {e}") from None
-    # The logjam protocol goes to the device itself: CURVE, with the mesh's client key by default.
-    key = client_key() if config.protocol == "logjam" else None
+    # The logjam protocol goes to the device itself: on the mesh's host without --to, to device 0's
+    # ipc endpoint (no CURVE); else over TCP with CURVE, with the mesh's client key by default.
+    local = endpoints.local_devices("router" if config.mode == "dealer" else "pull") \
+        if config.protocol == "logjam" and not config.to else []
+    key = client_key() if config.protocol == "logjam" and not local else None
     return Options(
         host=host, port=port, timeout=config.timeout, tls=tls, curve=key, mode=config.mode,
+        endpoint=local[0] if local else None,
         app_env=config.app_env, topic=config.topic, compress=config.compress,
         lumberjack_version=config.lumberjack_version, segment=config.segment, rustlog_topic=config.rustlog_topic,
         partition=config.partition, dialect=config.dialect, service=config.service, environment=config.environment,

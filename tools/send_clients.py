@@ -53,7 +53,8 @@ class Options:
     timeout: float
     tls: ssl.SSLContext | None = None
     # logjam
-    curve: ClientKey | None = None  # None: plaintext (--plaintext)
+    curve: ClientKey | None = None  # None: plaintext (--plaintext, or an ipc endpoint)
+    endpoint: str | None = None  # the device's ipc endpoint on the mesh's host, instead of host:port
     mode: str = "dealer"
     app_env: str = "send-default"
     topic: str = "logs.send"
@@ -72,7 +73,7 @@ class Options:
 
     @property
     def where(self) -> str:
-        return f"{self.host}:{self.port}"
+        return self.endpoint or f"{self.host}:{self.port}"
 
 
 def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
@@ -175,7 +176,7 @@ class LogjamSender(Sender):
         # DEALER only closes after every reply came back; PUSH must linger to deliver.
         linger = 0 if self.acknowledged else int(opts.timeout * 1000)
         self.producer = Producer(
-            f"tcp://{opts.host}:{opts.port}", mode=opts.mode, compression=opts.compress,
+            opts.endpoint or f"tcp://{opts.host}:{opts.port}", mode=opts.mode, compression=opts.compress,
             timeout=opts.timeout, context=self.ctx, linger_ms=linger, curve=opts.curve,
         )
         self.failed = False

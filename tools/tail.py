@@ -20,7 +20,7 @@ from rich.color import ColorSystem
 from rich.console import Console
 from rich.live import Live
 
-from logjam import sockets
+from logjam import endpoints, sockets
 from logjam.curve import ClientKey
 from runtime import curve, lifecycle
 from runtime.check import Checker
@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="logjam-tail", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--sub", action=_Repeatable, metavar="ENDPOINT",
-                   help=f"device PUB endpoint; repeatable (default {DEFAULT_SUB})")
+                   help="device PUB endpoint; repeatable (default: on the mesh's host, every device it runs, "
+                        f"through their ipc endpoints under $LOGJAM_DATA_DIR or ./data; else {DEFAULT_SUB})")
     p.add_argument("--app-env", action=_Repeatable, metavar="PREFIX",
                    help="subscribe only to app-envs starting with PREFIX (a ZeroMQ subscription); "
                         "repeatable. Turns gap detection off, see below")
@@ -147,7 +148,8 @@ class TailConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "TailConfig":
         """The config of these flags, or ValueError (TOML values bypass argparse's type checks)."""
-        sub = tuple(_as_list(args.sub)) or (DEFAULT_SUB,)
+        # On the mesh's host: every device `make up` runs, over ipc; elsewhere device 0 over TCP.
+        sub = tuple(_as_list(args.sub)) or tuple(endpoints.local_devices("pub")) or (DEFAULT_SUB,)
         if args.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {args.mode!r}")
         if args.count is not None and (not isinstance(args.count, int) or args.count <= 0):
@@ -172,7 +174,7 @@ def check(config: TailConfig, args: argparse.Namespace) -> int:
     topics = f", topics starting with {', '.join(config.topic)}" if config.topic else ""
     c.would_run(f"subscribe to {', '.join(config.sub)}: {streams}{topics}, shown as {config.mode}"
                 + (f", stop after {config.count}" if config.count else ""))
-    curve.check_client(c, args)
+    curve.check_client(c, args, config.sub)
     return c.report()
 
 
@@ -281,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return check(config, args)
         setup_logging("logjam-tail", config.verbose)
         try:
-            key = curve.client_key(args)
+            key = curve.client_key(args, config.sub)
         except curve.KeyFileError as e:
             parser.error(str(e))
         stop = lifecycle.stop_event()

@@ -10,8 +10,13 @@ while the day is open neither are an importer's own files of `open_full_bytes` o
 high ingest rate they are that large already, few per hour, and rewriting them would take the
 cores the importers need (measured: 16% fewer rows landed in benchmarks/e2e.py).
 
-Once the day is closed (the importers have moved on), every file below `full_bytes` is
-merged into as few files of `target_bytes` as their size needs: one more rewrite, once.
+Once the day is closed (the importers have moved on), every small file that has not been
+through the closing merge is merged into as few files of `target_bytes` as their size needs,
+at the level `max_level + 1`: one more rewrite. A closed day that keeps receiving rows (a
+backlog, a late shipper) gets a closing merge of its new files at every pass, and those
+merged files are not rewritten again until `fanin` of them have gathered at one level, which
+then merge into one level up: tiers again, so a row is rewritten O(log_fanin(passes)) times
+however long the rows keep coming, instead of the whole day at every pass.
 
 This is size-tiered compaction keyed on merge count instead of file size: Parquet sizes
 shift with compression and load, merge counts do not, and the rewrite bound stays exact.
@@ -87,10 +92,15 @@ class TierPolicy:
         return None
 
     def _final(self, small: list[FileInfo]) -> Pick | None:
-        size = sum(f.size for f in small)
-        if len(small) <= max(1, math.ceil(size / self.target_bytes)):
-            return None
-        return self._pick(small, self.max_level + 1)
+        closing = self.max_level + 1
+        merged = [f for f in small if f.level >= closing]
+        for level in sorted({f.level for f in merged}, reverse=True):
+            if sum(1 for f in merged if f.level == level) >= self.fanin:
+                return self._pick([f for f in merged if f.level <= level], level + 1)
+        fresh = [f for f in small if f.level < closing]
+        if len(fresh) > max(1, math.ceil(sum(f.size for f in fresh) / self.target_bytes)):
+            return self._pick(fresh, closing)
+        return None
 
     def _pick(self, chosen: list[FileInfo], level: int) -> Pick:
         size = sum(f.size for f in chosen)

@@ -40,7 +40,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from bridges.host.native_link import ACCEPTED, OK, UNEXPECTED, NativeWire, PyWire, wire
-from logjam.curve import ClientKey, secure
+from logjam.curve import ClientKey, connect
 from logjam.errors import DeviceRejected
 from logjam.message import Message, MessageBatch
 
@@ -98,14 +98,14 @@ class _Endpoint:
         self._open()
 
     def _open(self) -> None:
-        sock = secure(self.ctx.socket(zmq.DEALER), self.curve)
+        sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.sndhwm)
         sock.setsockopt(zmq.RCVHWM, 0)
         self.connected = False  # TCP to the device is up (the monitor says so); for /healthz
         # Connected means handshaken: with CURVE a TCP connection the device refuses is not a link.
         self.monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _REFUSED)
-        sock.connect(self.endpoint)
+        connect(sock, self.endpoint, self.curve)
         self.sock = sock
         self.loop.add_reader(sock.FD, self._on_socket)
         self.loop.add_reader(self.monitor.FD, self._on_monitor)
