@@ -120,7 +120,7 @@ def running_mesh(tmp_path_factory, ready_timeout: float = 180, **mesh_args):
             assert m.proc.poll() is None, "supervisord exited"
             states = m.states()
             return (
-                len(states) == 5 + m.devices + m.importers and all(s == "RUNNING" for s, _ in states.values())
+                len(states) == 6 + m.devices + m.importers and all(s == "RUNNING" for s, _ in states.values())
                 and all(port_open(m.port(k)) for k in PROTOCOL_PORTS.values())
                 and port_open(m.port("LOGJAM_SPARK_PORT"))
             )
