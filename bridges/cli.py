@@ -23,6 +23,7 @@ PROTOCOLS = {
     "courier": "bridges.courier.bridge:Bridge",
     "segment": "bridges.segment.bridge:Bridge",
     "rustlog": "bridges.rustlog.bridge:Bridge",
+    "otlp": "bridges.otlp.bridge:Bridge",
 }
 
 
@@ -102,6 +103,8 @@ def check(cls: type[BridgeProtocol], args: argparse.Namespace) -> int:
             c.readable_file(flag, path)
         if c.attempt("TLS certificate, key and client CA load", lambda: server_context(config.tls)) is not None:
             tls = f"TLS (client certificates: {config.tls.auth}; SIGHUP reloads the files)"
+    if protocol_config is not None:
+        cls.check(protocol_config, config, c)
     data_dir = cls.data_dir(protocol_config) if protocol_config is not None else None
     c.writable_dir("--data-dir", data_dir)
     c.would_run(f"{cls.name} bridge on {config.listen} ({tls}), forwarding to {', '.join(config.device)} "

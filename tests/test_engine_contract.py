@@ -1,4 +1,4 @@
-"""The one engine contract (docs/architecture.md, logjam.errors.until_error), checked on all four engines.
+"""The one engine contract (docs/architecture.md, logjam.errors.until_error), checked on every engine.
 
 Each protocol has an `XServer` and an `XClient`; `feed(bytes)` returns a list; good input
 followed by a violation in one read gives the good events first and raises the
@@ -12,6 +12,7 @@ import pytest
 
 from bridges.courier import engine as courier
 from bridges.lumberjack import engine as lumberjack
+from bridges.otlp import engine as otlp
 from bridges.rustlog import engine as rustlog
 from bridges.segment import engine as segment
 from logjam.errors import ProtocolError
@@ -29,9 +30,9 @@ ENGINES = {
 }
 
 
-@pytest.mark.parametrize("protocol", ["courier", "lumberjack", "rustlog", "segment"])
+@pytest.mark.parametrize("protocol", ["courier", "lumberjack", "rustlog", "segment", "otlp"])
 def test_every_protocol_has_a_server_and_a_client(protocol: str) -> None:
-    module = {"courier": courier, "lumberjack": lumberjack, "rustlog": rustlog, "segment": segment}[protocol]
+    module = {"courier": courier, "lumberjack": lumberjack, "rustlog": rustlog, "segment": segment, "otlp": otlp}[protocol]
     name = protocol.capitalize()
     assert hasattr(module, f"{name}Server") and hasattr(module, f"{name}Client")
 
@@ -62,3 +63,17 @@ def test_lumberjack_raises_at_once_and_stays_failed() -> None:
         failed.feed(b"9Z")
     with pytest.raises(ProtocolError):
         failed.feed(good)
+
+
+def test_otlp_answers_the_good_request_first_then_raises() -> None:
+    """HTTP/1.1 answers in order, so the OTLP engine reads the request after a good one only
+    once that one is answered: the error comes on the call after the answer."""
+    post = otlp.OtlpClient().send(b"")  # an empty ExportLogsServiceRequest
+    assert otlp.OtlpServer().feed(post) == [otlp.ExportRequest(b"", False)]
+    server = otlp.OtlpServer()
+    assert server.feed(post + b"GARBAGE\r\n\r\n") == [otlp.ExportRequest(b"", False)]
+    assert server.send(otlp.Outcome("ok")).startswith(b"HTTP/1.1 200 OK\r\n")
+    with pytest.raises(ProtocolError):
+        server.feed(b"")
+    with pytest.raises(ProtocolError):
+        server.feed(post)  # failed for good

@@ -1,6 +1,6 @@
 """The whole mesh under the real supervisord, on test ports, end to end.
 
-Events go in through all four bridges (pylogbeat, the real Beats-protocol client, for
+Events go in through all five bridges (pylogbeat, the real Beats-protocol client, for
 Lumberjack; `logjam-send` for the others) and straight to the device over DEALER and
 PUSH. `logjam-sql` must then show every event exactly once with the right app_env,
 topic and @metadata, and every bridge event with its idempotency key in `event_id`.
@@ -37,6 +37,8 @@ KEY_FORMATS = {
     "courier": lambda md: r"[0-9a-f]{16}:[1-9][0-9]*",
     "segment": lambda md: rf"segment:[0-9a-f]{{16}}:{re.escape(md['segment'])}@{md['segment_offset']}",
     "rustlog": lambda md: rf"rustlog:[0-9a-f]{{16}}:{re.escape(md['topic'])}/{md['partition']}@{md['offset']}",
+    # bridges/otlp/bridge.py `_map`: a digest of the request's bytes and the record's index in it.
+    "otlp": lambda md: r"otlp:[0-9a-f]{24}:[0-9]+",
 }
 
 
@@ -74,7 +76,7 @@ def test_events_from_every_path_land_exactly_once(mesh):
             assert "@metadata" not in body and row["event_id"] is None, (marker, row)
     assert set(seen) == set(expected)
     keyed = [row["event_id"] for row in seen.values() if row["event_id"] is not None]
-    assert len(keyed) == len(set(keyed)) == 4 * n, "bridge events share an idempotency key"
+    assert len(keyed) == len(set(keyed)) == 5 * n, "bridge events share an idempotency key"
     # Both importers wrote: each owns one device, and the bridges spread their events over both.
     roots = sorted(p.name for p in Path(mesh.env["LOGJAM_DATA_DIR"], "warehouse", "messages").glob("importer=*"))
     assert roots == ["importer=0", "importer=1"]
@@ -181,7 +183,7 @@ def table_metrics(mesh) -> dict[str, float]:
 def test_the_table_answers_jdbc_and_keeps_its_partitions_across_a_spark_restart(mesh):
     run = f"jdbc-{uuid.uuid4().hex[:8]}"
     send_everywhere(mesh, run, 5)
-    wait_landed(mesh, run, 5 * 6)
+    wait_landed(mesh, run, 5 * 7)
     count = int(beeline(mesh, "SELECT count(*) FROM logjam.messages")[0][0])
     assert count == mesh.sql("SELECT count(*) AS n FROM messages")[0]["n"]
     partitions = sorted(r[0] for r in beeline(mesh, "SHOW PARTITIONS logjam.messages"))
@@ -197,5 +199,5 @@ def test_the_table_answers_jdbc_and_keeps_its_partitions_across_a_spark_restart(
     # The importers reconnect by themselves, and later rows land.
     after = f"after-{uuid.uuid4().hex[:8]}"
     send_everywhere(mesh, after, 3)
-    wait_landed(mesh, after, 3 * 6)
-    assert int(beeline(mesh, "SELECT count(*) FROM logjam.messages")[0][0]) == count + 3 * 6
+    wait_landed(mesh, after, 3 * 7)
+    assert int(beeline(mesh, "SELECT count(*) FROM logjam.messages")[0][0]) == count + 3 * 7

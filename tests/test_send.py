@@ -118,7 +118,7 @@ def test_logjam_device_400_exits_nonzero(device) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("protocol", ["logjam", "lumberjack", "courier", "segment", "rustlog"])
+@pytest.mark.parametrize("protocol", ["logjam", "lumberjack", "courier", "segment", "rustlog", "otlp"])
 def test_nothing_listening_exits_nonzero(protocol: str) -> None:
     port = free_port()
     r = send(protocol, "--to", f"127.0.0.1:{port}", "--timeout", "1", "hello")
@@ -160,6 +160,34 @@ def test_bridge_protocols_arguments_and_stdin(device, tmp_path, protocol: str, f
     finally:
         sub.close()
         stop_bridge(b)
+
+
+@pytest.mark.timeout(90)
+def test_otlp_over_http_with_a_service_and_environment(device) -> None:
+    b = start_bridge("otlp", device.router, "--grpc-listen", f"127.0.0.1:{free_port()}")
+    sub = ready_subscriber(device.pub, device.router, "shop-test")
+    fallback = ready_subscriber(device.pub, device.router, b.app_env)
+    try:
+        r = send("otlp", "--to", b.to, "--service", "shop", "--environment", "test", *ARG_LINES)
+        assert r.returncode == 0, r.stderr
+        assert f"3 events sent to otlp {b.to} and acknowledged" in r.stderr
+        got = [m.json() for m in _messages(sub, "shop-test", 3)]
+        # A line's message is the record's body; its other fields are the record's attributes.
+        assert sorted(body.get("message", "") for body in got) == sorted(e.get("message", "") for e in ARG_EVENTS)
+        assert all(body["scope"] == {"name": "logjam-send"} for body in got)
+        assert [body["attributes"] for body in got if body["message"] == "from json"] == [{"level": "warn", "n": 3}]
+        # Without --service the bridge's --app-env names the stream.
+        r = send("otlp", "--to", b.to, "no service")
+        assert r.returncode == 0, r.stderr
+        assert [m.json()["message"] for m in _messages(fallback, b.app_env, 1)] == ["no service"]
+    finally:
+        sub.close()
+        fallback.close()
+        stop_bridge(b)
+
+
+def _messages(sub, app_env: str, n: int) -> list:
+    return [m for m, _ in collect(sub, app_env, n)]
 
 
 @pytest.mark.timeout(90)

@@ -23,6 +23,7 @@ from tests.bridge_support import collect, no_more, ready_subscriber, stop_bridge
 from tests.helpers import free_port, wait_for
 from tests.lumberjack_support import start_lumberjack
 from tests.test_lumberjack_bridge import send_window, tagged
+from tests import tls_certs
 from tests.tls_certs import make_certs
 
 
@@ -55,8 +56,8 @@ def der(path: Path) -> bytes:
     return ssl.PEM_cert_to_DER_cert(path.read_text())
 
 
-@pytest.mark.timeout(120)
-def test_sighup_rotates_the_certificate_and_keeps_open_connections(device, tmp_path) -> None:
+def two_certificates(tmp_path: Path) -> tuple[tls_certs.TestCerts, tls_certs.TestCerts, Path, Path]:
+    """Certificates A and B (two CAs), and the live cert and key files, holding A."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a, b = make_certs(tmp_path / "a"), make_certs(tmp_path / "b")
@@ -64,6 +65,12 @@ def test_sighup_rotates_the_certificate_and_keeps_open_connections(device, tmp_p
     live.mkdir()
     cert, key = live / "server.crt", live / "server.key"
     install(a.server_cert, a.server_key, cert, key)
+    return a, b, cert, key
+
+
+@pytest.mark.timeout(120)
+def test_sighup_rotates_the_certificate_and_keeps_open_connections(device, tmp_path) -> None:
+    a, b, cert, key = two_certificates(tmp_path)
     mport = free_port()
     bridge = start_lumberjack(device.router, "--tls-cert", str(cert), "--tls-key", str(key), "--metrics-port", str(mport))
     sub = ready_subscriber(device.pub, device.router, bridge.app_env)

@@ -40,6 +40,8 @@ DEFAULTS = {
     "LOGJAM_COURIER_PORT": "5043",
     "LOGJAM_SEGMENT_PORT": "12345",
     "LOGJAM_RUSTLOG_PORT": "9092",
+    "LOGJAM_OTLP_GRPC_PORT": "4317",
+    "LOGJAM_OTLP_HTTP_PORT": "4318",
     # Devices and importers (docs/scaling.md): importer I owns devices I, I+N, ... so N <= D.
     "LOGJAM_DEVICES": "2",
     "LOGJAM_IMPORTERS": "2",
@@ -52,6 +54,7 @@ DEFAULTS = {
     "LOGJAM_COURIER_METRICS_PORT": "9633",
     "LOGJAM_SEGMENT_METRICS_PORT": "9634",
     "LOGJAM_RUSTLOG_METRICS_PORT": "9635",
+    "LOGJAM_OTLP_METRICS_PORT": "9637",
     "LOGJAM_IMPORTER_METRICS_PORT": "9640",
 }
 
@@ -63,6 +66,7 @@ METRICS_PORTS = {
     "bridge-courier": "LOGJAM_COURIER_METRICS_PORT",
     "bridge-segment": "LOGJAM_SEGMENT_METRICS_PORT",
     "bridge-rustlog": "LOGJAM_RUSTLOG_METRICS_PORT",
+    "bridge-otlp": "LOGJAM_OTLP_METRICS_PORT",
 }
 
 
@@ -194,11 +198,13 @@ logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
   Log Courier     tcp :{e('LOGJAM_COURIER_PORT')}
   Segment append  tcp :{e('LOGJAM_SEGMENT_PORT')}  (Pravega wire protocol)
   RustLog         tcp :{e('LOGJAM_RUSTLOG_PORT')}
+  OTLP gRPC       tcp :{e('LOGJAM_OTLP_GRPC_PORT')}   (OpenTelemetry logs: LogsService/Export)
+  OTLP HTTP       tcp :{e('LOGJAM_OTLP_HTTP_PORT')}   (OpenTelemetry logs: POST /v1/logs, protobuf and JSON)
   Spark Connect   sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')}  ({e('LOGJAM_IMPORTERS')} importers, each owning whole devices)
   JDBC            jdbc:hive2://127.0.0.1:{e('LOGJAM_JDBC_PORT')}  (table logjam.messages)
   CURVE           every ZeroMQ TCP port above; keys in {e('LOGJAM_DATA_DIR')}/keys, admitted clients in keys/allowed (SIGHUP the devices after a change)
   ipc             this host's processes reach device K at {e('LOGJAM_DATA_DIR')}/device[-K]/ipc/<socket> (mode 0700, no CURVE)
-  Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device K :{e('LOGJAM_DEVICE_METRICS_PORT')}+K*{e('LOGJAM_DEVICE_PORT_STEP')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
+  Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device K :{e('LOGJAM_DEVICE_METRICS_PORT')}+K*{e('LOGJAM_DEVICE_PORT_STEP')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  otlp :{e('LOGJAM_OTLP_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
 
 Send:   echo hello | {local}{rel}/logjam-send logjam        (device 0 over ipc; from another host: --to HOST:{e('LOGJAM_ROUTER_PORT')} and the keys)
 Tail:   {local}{rel}/logjam-tail                           (every device of this mesh, over ipc)

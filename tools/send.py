@@ -50,6 +50,7 @@ acknowledgements:
   segment     DataAppended for each append (a new writer id per run; the segment is
               created when missing)
   rustlog     ProduceResponse for each batch (the topic is created when missing)
+  otlp        an OTLP/HTTP (protobuf) Export per batch answered 200 without refused records
 
 examples:
   logjam-send logjam 'hello' '{"message": "hi", "level": "warn"}'
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", metavar="HOST:PORT",
                    help="where to send (default 127.0.0.1 and the protocol's port: logjam 9604, or 9605 with "
                         "--mode push, unless the mesh runs on this host: then device 0's ipc endpoint; "
-                        "lumberjack 5044; courier 5043; segment 12345; rustlog 9092)")
+                        "lumberjack 5044; courier 5043; segment 12345; rustlog 9092; otlp 4318, OTLP/HTTP)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="wait this long for each connection and acknowledgement (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=500, metavar="N",
@@ -107,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--rustlog-topic", default="logjam-send", help="topic to produce to (default %(default)s)")
     rl.add_argument("--partition", type=int, default=0, help="partition (default %(default)s)")
     rl.add_argument("--dialect", choices=["json", "binary"], default="json", help="wire dialect (default %(default)s)")
+    ot = p.add_argument_group("otlp")
+    ot.add_argument("--service", metavar="NAME", help="the resource's service.name (none: the bridge's --app-env)")
+    ot.add_argument("--environment", metavar="ENV", help="the resource's deployment.environment.name")
     curve.add_client_flags(p)
     add_config_flag(p)
     return p
@@ -134,6 +138,8 @@ class SendConfig:
     rustlog_topic: str
     partition: int
     dialect: str
+    service: str | None
+    environment: str | None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "SendConfig":
@@ -248,7 +254,7 @@ def options(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> O
         endpoint=local[0] if local else None,
         app_env=config.app_env, topic=config.topic, compress=config.compress,
         lumberjack_version=config.lumberjack_version, segment=config.segment, rustlog_topic=config.rustlog_topic,
-        partition=config.partition, dialect=config.dialect,
+        partition=config.partition, dialect=config.dialect, service=config.service, environment=config.environment,
     )
 
 

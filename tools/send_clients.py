@@ -21,6 +21,7 @@ import zmq
 
 from bridges.courier.engine import AckReceived, CourierClient, UnknownReceived, VersionReceived
 from bridges.lumberjack.engine import V1, V2, LumberjackClient
+from bridges.otlp import engine as otlp
 from bridges.rustlog import engine as rl
 from bridges.segment import engine as seg
 from logjam.curve import ClientKey
@@ -37,6 +38,7 @@ DEFAULT_PORTS = {
     "courier": 5043,
     "segment": 12345,
     "rustlog": 9092,
+    "otlp": 4318,
 }
 
 
@@ -65,6 +67,9 @@ class Options:
     rustlog_topic: str = "logjam-send"
     partition: int = 0
     dialect: str = "json"
+    # otlp: the resource's service.name and deployment.environment.name (none: the bridge's --app-env)
+    service: str | None = None
+    environment: str | None = None
 
     @property
     def where(self) -> str:
@@ -369,10 +374,44 @@ def _error(reply: rl.ErrorReply) -> str:
     return f"error {reply.code}: {reply.message}"
 
 
+class OtlpSender(Sender):
+    """One OTLP/HTTP protobuf request (`POST /v1/logs`) per batch, on one keep-alive connection;
+    success, or a partial success with nothing refused, is the acknowledgement."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.resource = {k: v for k, v in (("service.name", opts.service),
+                                          ("deployment.environment.name", opts.environment)) if v}
+        self.client = otlp.OtlpClient(opts.host)
+        self.stream = _Stream(opts)
+
+    def send(self, batch: list[Event]) -> None:
+        o = self.opts
+        try:
+            self.stream.write(self.client.send(otlp.client_request(batch, self.resource, time.time_ns())))
+        except ProtocolError as e:
+            raise SendFailed(f"cannot send the OTLP request: {e}") from None
+        reply = self.stream.until(self.client.feed, lambda r: True, "OTLP/HTTP response")
+        if reply.status != 200:
+            retry = reply.headers.get("retry-after")
+            raise SendFailed(f"{o.where} answered HTTP {reply.status}" + (f" (retry after {retry} s)" if retry else ""))
+        try:
+            partial = otlp.client_reply(reply.body).partial_success
+        except ProtocolError as e:
+            raise SendFailed(f"{o.where} answered something unreadable: {e}") from None
+        if partial.rejected_log_records:
+            raise SendFailed(f"{o.where} refused {partial.rejected_log_records} of {len(batch)} records: "
+                             f"{partial.error_message}")
+
+    def close(self) -> None:
+        self.stream.close()
+
+
 SENDERS: dict[str, Callable[[Options], Sender]] = {
     "logjam": LogjamSender,
     "lumberjack": LumberjackSender,
     "courier": CourierSender,
     "segment": SegmentSender,
     "rustlog": RustlogSender,
+    "otlp": OtlpSender,
 }

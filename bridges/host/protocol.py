@@ -12,6 +12,8 @@ from bridges.host.connection import Connection
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
 from bridges.host.metrics import BridgeMetrics
+from runtime.check import Checker
+from runtime.health import Check
 
 
 @dataclass
@@ -49,6 +51,10 @@ class BridgeProtocol:
         return from_flags(cls.Config, args)
 
     @classmethod
+    def check(cls, config: Any, host: HostConfig, checker: Checker) -> None:
+        """--check: what the protocol's own flags would do (a second listener), besides the host's."""
+
+    @classmethod
     def data_dir(cls, config: Any) -> str | None:
         """Where the protocol stores what it received (--data-dir), if it stores anything."""
         return None
@@ -61,3 +67,10 @@ class BridgeProtocol:
 
     async def aclose(self) -> None:
         """Called once at shutdown, after every connection has finished."""
+
+    def reload_tls(self) -> None:
+        """SIGHUP, after the host reloaded its TLS files: a protocol's own listener reloads its copy."""
+
+    def health(self) -> list[Check]:
+        """/healthz checks of the protocol's own (a second listener), besides the host's."""
+        return []

@@ -111,10 +111,12 @@ class BridgeServer:
             Check("device_link", bool(links) and not down,
                   f"not connected to {', '.join(down or self.config.device)}" if down or not links
                   else f"connected to {', '.join(links)}"),
+            *self.protocol.health(),
         ]
 
     def reload_tls(self, tls: ReloadableTLS) -> None:
         self.metrics.tls_reload(tls.reload())
+        self.protocol.reload_tls()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = Connection(

@@ -1,0 +1,1 @@
+"""OTLP logs over gRPC and HTTP (protobuf and JSON): `logjam-bridge otlp`."""
