@@ -22,6 +22,7 @@ PROTOCOLS = {
     "courier": "bridges.courier.bridge:Bridge",
     "segment": "bridges.segment.bridge:Bridge",
     "rustlog": "bridges.rustlog.bridge:Bridge",
+    "syslog": "bridges.syslog.bridge:Bridge",
 }
 
 
