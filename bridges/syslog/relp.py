@@ -7,7 +7,8 @@ commands came, `200 OK` or `500 <reason>`. librelp keeps up to 128 frames unansw
 sends every unanswered one again after a reconnect, so an `rsp 200` is the only thing that
 lets it forget a message: the bridge sends it after the device's 202 (at-least-once).
 
-`RelpServer.feed` returns `Open`, `Syslog` and `Close` events; `send(Response(...))` is the
+`RelpServer.feed` returns `Open`, `Syslog` (one trailing LF of the message dropped, as in
+a counted frame) and `Close` events; `send(Response(...))` is the
 bytes of one `rsp`, and refuses an answer out of order. Before `open` only `open` is
 allowed, and nothing after `close`. DATALEN is checked against `max_frame` before anything
 is buffered for it. `RelpClient` is the mirror image, for the tests and `logjam-send`.
@@ -198,7 +199,8 @@ class RelpServer(HeldErrors):
                 self.offers = _offers(data)
                 yield Open(txnr, self.offers)
             elif command == "syslog":
-                yield Syslog(txnr, data)
+                # rsyslog's RSYSLOG_SyslogProtocol23Format ends in LF, as over octet-counted TCP.
+                yield Syslog(txnr, data[:-1] if data[-1:] == b"\n" else data)
             elif command == "close":
                 self.closed = True
                 yield Close(txnr)
