@@ -35,6 +35,7 @@ pytestmark = pytest.mark.timeout(600)
 KEY_FORMATS = {
     "lumberjack": lambda md: r"[0-9a-f]{16}:[1-9][0-9]*",
     "courier": lambda md: r"[0-9a-f]{16}:[1-9][0-9]*",
+    "syslog": lambda md: r"[0-9a-f]{16}:[1-9][0-9]*",
     "segment": lambda md: rf"segment:[0-9a-f]{{16}}:{re.escape(md['segment'])}@{md['segment_offset']}",
     "rustlog": lambda md: rf"rustlog:[0-9a-f]{{16}}:{re.escape(md['topic'])}/{md['partition']}@{md['offset']}",
 }
@@ -74,7 +75,7 @@ def test_events_from_every_path_land_exactly_once(mesh):
             assert "@metadata" not in body and row["event_id"] is None, (marker, row)
     assert set(seen) == set(expected)
     keyed = [row["event_id"] for row in seen.values() if row["event_id"] is not None]
-    assert len(keyed) == len(set(keyed)) == 4 * n, "bridge events share an idempotency key"
+    assert len(keyed) == len(set(keyed)) == 5 * n, "bridge events share an idempotency key"
     # Both importers wrote: each owns one device, and the bridges spread their events over both.
     roots = sorted(p.name for p in Path(mesh.env["LOGJAM_DATA_DIR"], "warehouse", "messages").glob("importer=*"))
     assert roots == ["importer=0", "importer=1"]

@@ -38,6 +38,9 @@ DEFAULTS = {
     "LOGJAM_COURIER_PORT": "5043",
     "LOGJAM_SEGMENT_PORT": "12345",
     "LOGJAM_RUSTLOG_PORT": "9092",
+    # Syslog over TCP and UDP share the number; 514 needs root.
+    "LOGJAM_SYSLOG_PORT": "5514",
+    "LOGJAM_RELP_PORT": "2514",
     # Devices and importers (docs/scaling.md): importer I owns devices I, I+N, ... so N <= D.
     "LOGJAM_DEVICES": "2",
     "LOGJAM_IMPORTERS": "2",
@@ -50,6 +53,8 @@ DEFAULTS = {
     "LOGJAM_COURIER_METRICS_PORT": "9633",
     "LOGJAM_SEGMENT_METRICS_PORT": "9634",
     "LOGJAM_RUSTLOG_METRICS_PORT": "9635",
+    "LOGJAM_SYSLOG_METRICS_PORT": "9638",
+    "LOGJAM_RELP_METRICS_PORT": "9639",
     "LOGJAM_IMPORTER_METRICS_PORT": "9640",
 }
 
@@ -61,6 +66,8 @@ METRICS_PORTS = {
     "bridge-courier": "LOGJAM_COURIER_METRICS_PORT",
     "bridge-segment": "LOGJAM_SEGMENT_METRICS_PORT",
     "bridge-rustlog": "LOGJAM_RUSTLOG_METRICS_PORT",
+    "bridge-syslog": "LOGJAM_SYSLOG_METRICS_PORT",
+    "bridge-relp": "LOGJAM_RELP_METRICS_PORT",
 }
 
 
@@ -178,10 +185,12 @@ logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
   Log Courier     tcp :{e('LOGJAM_COURIER_PORT')}
   Segment append  tcp :{e('LOGJAM_SEGMENT_PORT')}  (Pravega wire protocol)
   RustLog         tcp :{e('LOGJAM_RUSTLOG_PORT')}
+  Syslog          tcp :{e('LOGJAM_SYSLOG_PORT')}  udp :{e('LOGJAM_SYSLOG_PORT')}  (RFC 5424/3164; TLS :6514 once given a certificate, docs/protocols/syslog.md)
+  RELP            tcp :{e('LOGJAM_RELP_PORT')}  (rsyslog omrelp, acknowledged)
   Spark Connect   sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')}  ({e('LOGJAM_IMPORTERS')} importers, each owning whole devices)
   JDBC            jdbc:hive2://127.0.0.1:{e('LOGJAM_JDBC_PORT')}  (table logjam.messages)
   CURVE           every ZeroMQ socket above; keys in {e('LOGJAM_DATA_DIR')}/keys, admitted clients in keys/allowed (SIGHUP the devices after a change)
-  Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device K :{e('LOGJAM_DEVICE_METRICS_PORT')}+K*{e('LOGJAM_DEVICE_PORT_STEP')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
+  Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device K :{e('LOGJAM_DEVICE_METRICS_PORT')}+K*{e('LOGJAM_DEVICE_PORT_STEP')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  syslog :{e('LOGJAM_SYSLOG_METRICS_PORT')}  relp :{e('LOGJAM_RELP_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
 
 Send:   echo hello | {rel}/logjam-send logjam --to 127.0.0.1:{e('LOGJAM_ROUTER_PORT')}{keys}
 Tail:   {rel}/logjam-tail --sub tcp://127.0.0.1:{e('LOGJAM_PUB_PORT')}{keys}

@@ -49,6 +49,8 @@ acknowledgements:
   segment     DataAppended for each append (a new writer id per run; the segment is
               created when missing)
   rustlog     ProduceResponse for each batch (the topic is created when missing)
+  syslog      RELP (logjam-bridge syslog --relp): rsp 200 OK for each message, an RFC 5424
+              line from APP-NAME logjam-send (MSG: the line, or the JSON object as text)
 
 examples:
   logjam-send logjam 'hello' '{"message": "hi", "level": "warn"}'
@@ -80,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one event per argument; none, or '-', reads lines from stdin (use -- before messages starting with -)")
     p.add_argument("--to", metavar="HOST:PORT",
                    help="where to send (default 127.0.0.1 and the protocol's port: logjam 9604, or 9605 with "
-                        "--mode push; lumberjack 5044; courier 5043; segment 12345; rustlog 9092)")
+                        "--mode push; lumberjack 5044; courier 5043; segment 12345; rustlog 9092; syslog 2514, RELP)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="wait this long for each connection and acknowledgement (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=500, metavar="N",
