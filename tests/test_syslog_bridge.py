@@ -18,7 +18,9 @@ import pytest
 from bridges.syslog.engine import SyslogClient
 from bridges.syslog.relp import RelpClient, Response
 from tests.bridge_support import client_tls, collect, ready_subscriber, stop_bridge
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
+from tests.test_tls_reload import der, install, reloads, tls_connect
+from tests.tls_certs import make_certs
 from tests.syslog_support import landed_once, relp_send, run_id, start_syslog, tls_flags
 
 pytestmark = pytest.mark.native
@@ -185,3 +187,30 @@ def test_oversize_counted_frame_is_refused_on_its_length(device) -> None:
     finally:
         out = stop_bridge(b)
     assert "frame_too_large" in out
+
+
+@pytest.mark.timeout(60)
+def test_sighup_reloads_the_tls_certificate(device, tmp_path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = make_certs(tmp_path / "a"), make_certs(tmp_path / "b")
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    install(a.server_cert, a.server_key, cert, key)
+    mport = free_port()
+    bridge = start_syslog(device.router, "--tls-cert", str(cert), "--tls-key", str(key), "--metrics-port", str(mport))
+    try:
+        sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+        run = run_id()
+        with tls_connect(bridge.port, a.ca) as old:
+            assert old.getpeercert(binary_form=True) == der(a.server_cert)
+            install(b.server_cert, b.server_key, cert, key)
+            os.kill(bridge.proc.pid, signal.SIGHUP)
+            wait_for(lambda: reloads(mport, "ok") == 1, timeout=10, what="the reload to be counted")
+            with tls_connect(bridge.port, b.ca) as new:
+                assert new.getpeercert(binary_form=True) == der(b.server_cert)
+                new.sendall(SyslogClient().send(b"<13>1 - h a - - - run %b 1" % run.encode()))
+            old.sendall(SyslogClient().send(b"<13>1 - h a - - - run %b 0" % run.encode()))  # still on A
+        landed_once(sub, bridge.app_env, run, 2)
+        sub.close()
+    finally:
+        stop_bridge(bridge)
