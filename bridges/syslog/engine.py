@@ -24,6 +24,7 @@ syslog server has met something else.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from logjam.errors import FrameTooLarge, HeldErrors, LocalProtocolError, RemoteProtocolError
@@ -36,7 +37,7 @@ DATAGRAM = "udp"
 
 
 class SyslogProtocolError(RemoteProtocolError):
-    """The sender broke RFC 6587 framing."""
+    """The peer broke RFC 6587 framing or RELP (bridges/syslog/relp.py); `reason` says which rule."""
 
     reason = "syslog_protocol_error"
 
@@ -78,7 +79,7 @@ class SyslogServer(HeldErrors):
             self._buf += data
         return self._until_error(self._frames())
 
-    def _frames(self):  # type: ignore[no-untyped-def]
+    def _frames(self) -> Iterator[Frame]:
         buf = self._buf
         while buf:
             if 48 <= buf[0] <= 57:

@@ -17,8 +17,11 @@ is buffered for it. `RelpClient` is the mirror image, for the tests and `logjam-
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+from bridges.syslog.engine import SyslogProtocolError
 from logjam.errors import FrameTooLarge, HeldErrors, LocalProtocolError, RemoteProtocolError
 
 DEFAULT_MAX_FRAME = 128 * 1024 + 64  # librelp's own bound on one frame's data, plus a header
@@ -28,12 +31,6 @@ COMMAND_MAX = 32
 HEADER_MAX = TXNR_DIGITS + 1 + COMMAND_MAX + 1 + 9 + 1  # up to the SP after DATALEN
 RELP_VERSION = "0"
 SOFTWARE = "logjam-mesh"
-
-
-class RelpProtocolError(RemoteProtocolError):
-    """The RELP peer broke the protocol."""
-
-    reason = "relp_protocol_error"
 
 
 # ---------------------------------------------------------------- events and replies
@@ -93,7 +90,7 @@ class _Framer:
         self.max_frame = max_frame
         self.buf = bytearray()
 
-    def frames(self):  # type: ignore[no-untyped-def]
+    def frames(self) -> Iterator[tuple[int, str, bytes]]:
         buf = self.buf
         while buf:
             frame = self._one(buf)
@@ -107,19 +104,19 @@ class _Framer:
         sp2 = buf.find(b" ", sp1 + 1, sp1 + 2 + COMMAND_MAX) if sp1 > 0 else -1
         if sp2 < 0:
             if len(buf) > TXNR_DIGITS + 1 + COMMAND_MAX + 1 or (sp1 < 0 and len(buf) > TXNR_DIGITS):
-                raise RelpProtocolError(f"bad RELP header {bytes(buf[:48])!r}", reason="relp_bad_header")
+                raise SyslogProtocolError(f"bad RELP header {bytes(buf[:48])!r}", reason="relp_bad_header")
             self._digits(bytes(buf[:sp1 if sp1 > 0 else len(buf)]), "TXNR", partial=True)
             return None
         txnr = self._digits(bytes(buf[:sp1]), "TXNR")
         command = bytes(buf[sp1 + 1:sp2])
         if not command.isalpha():
-            raise RelpProtocolError(f"bad RELP command {command[:32]!r}", reason="relp_bad_header")
+            raise SyslogProtocolError(f"bad RELP command {command[:32]!r}", reason="relp_bad_header")
         end_len = sp2 + 1
         while end_len < len(buf) and 48 <= buf[end_len] <= 57 and end_len - sp2 <= 9:
             end_len += 1
         if end_len >= len(buf):
             if end_len - sp2 > 9:
-                raise RelpProtocolError("RELP DATALEN of more than 9 digits", reason="relp_bad_header")
+                raise SyslogProtocolError("RELP DATALEN of more than 9 digits", reason="relp_bad_header")
             return None
         datalen = self._digits(bytes(buf[sp2 + 1:end_len]), "DATALEN")
         if datalen > self.max_frame:
@@ -127,16 +124,16 @@ class _Framer:
         sep = buf[end_len]
         if datalen == 0:
             if sep != 10:
-                raise RelpProtocolError("RELP frame with DATALEN 0 not ended by LF", reason="relp_bad_trailer")
+                raise SyslogProtocolError("RELP frame with DATALEN 0 not ended by LF", reason="relp_bad_trailer")
             del buf[:end_len + 1]
             return txnr, command.decode(), b""
         if sep != 32:
-            raise RelpProtocolError("RELP DATALEN not followed by SP", reason="relp_bad_header")
+            raise SyslogProtocolError("RELP DATALEN not followed by SP", reason="relp_bad_header")
         end = end_len + 1 + datalen
         if len(buf) <= end:
             return None
         if buf[end] != 10:
-            raise RelpProtocolError("RELP frame not ended by LF after DATALEN bytes", reason="relp_bad_trailer")
+            raise SyslogProtocolError("RELP frame not ended by LF after DATALEN bytes", reason="relp_bad_trailer")
         data = bytes(buf[end_len + 1:end])
         del buf[:end + 1]
         return txnr, command.decode(), data
@@ -146,7 +143,7 @@ class _Framer:
         if partial and not token:
             return 0
         if not token.isdigit() or len(token) > 9:
-            raise RelpProtocolError(f"RELP {what} {token[:16]!r} is not a number", reason="relp_bad_header")
+            raise SyslogProtocolError(f"RELP {what} {token[:16]!r} is not a number", reason="relp_bad_header")
         return int(token)
 
 
@@ -156,45 +153,58 @@ def frame(txnr: int, command: str, data: bytes = b"") -> bytes:
     return b"%d %b %d %b\n" % (txnr, command.encode(), len(data), data)
 
 
-class RelpServer(HeldErrors):
-    """The receiving side (rsyslog's imrelp's role)."""
+class _Half(HeldErrors):
+    """What both halves share: the framer, the held error and the TXNRs awaiting their rsp."""
 
-    __slots__ = ("_framer", "_error", "_unanswered", "opened", "closed", "offers")
+    __slots__ = ("_framer", "_error", "_unanswered")
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(self, max_frame: int) -> None:
         self._framer = _Framer(max_frame)
         self._error: RemoteProtocolError | None = None
         self._unanswered: deque[int] = deque()
-        self.opened = False
-        self.closed = False
-        self.offers: dict[str, str] = {}
 
     @property
     def mid_frame(self) -> bool:
+        """Part of a frame has arrived, not all of it (the host's --frame-timeout runs)."""
         return bool(self._framer.buf)
 
     @property
     def unanswered(self) -> int:
         return len(self._unanswered)
 
-    def feed(self, data: bytes) -> list[Open | Syslog | Close]:
+    def feed(self, data: bytes) -> list[Any]:
         self._raise_held()
         if data:
             self._framer.buf += data
         return self._until_error(self._events())
 
-    def _events(self):  # type: ignore[no-untyped-def]
+    def _events(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+
+class RelpServer(_Half):
+    """The receiving side (rsyslog's imrelp's role): `feed` gives `Open`, `Syslog` and `Close`."""
+
+    __slots__ = ("opened", "closed", "offers")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        super().__init__(max_frame)
+        self.opened = False
+        self.closed = False
+        self.offers: dict[str, str] = {}
+
+    def _events(self) -> Iterator[Any]:
         for txnr, command, data in self._framer.frames():
             if self.closed:
-                raise RelpProtocolError(f"RELP {command} after close", reason="relp_after_close")
+                raise SyslogProtocolError(f"RELP {command} after close", reason="relp_after_close")
             if txnr == 0 or txnr > MAX_TXNR:
-                raise RelpProtocolError(f"RELP TXNR {txnr} from a client", reason="relp_bad_txnr")
+                raise SyslogProtocolError(f"RELP TXNR {txnr} from a client", reason="relp_bad_txnr")
             if not self.opened and command != "open":
-                raise RelpProtocolError(f"RELP {command} before open", reason="relp_not_open")
+                raise SyslogProtocolError(f"RELP {command} before open", reason="relp_not_open")
             self._unanswered.append(txnr)
             if command == "open":
                 if self.opened:
-                    raise RelpProtocolError("a second RELP open", reason="relp_reopen")
+                    raise SyslogProtocolError("a second RELP open", reason="relp_reopen")
                 self.opened = True
                 self.offers = _offers(data)
                 yield Open(txnr, self.offers)
@@ -205,7 +215,7 @@ class RelpServer(HeldErrors):
                 self.closed = True
                 yield Close(txnr)
             else:
-                raise RelpProtocolError(f"RELP command {command!r} was not offered", reason="relp_unknown_command")
+                raise SyslogProtocolError(f"RELP command {command!r} was not offered", reason="relp_unknown_command")
 
     def send(self, reply: Response | ServerClose) -> bytes:
         if isinstance(reply, ServerClose):
@@ -218,20 +228,14 @@ class RelpServer(HeldErrors):
         return frame(reply.txnr, "rsp", head + (b"\n" + reply.data if reply.data else b""))
 
 
-class RelpClient(HeldErrors):
-    """The sending side (omrelp's role): `send` frames a command, `feed` reads `rsp` and hints."""
+class RelpClient(_Half):
+    """The sending side (omrelp's role): `send` frames a command, `feed` gives `Response` and `ServerClose`."""
 
-    __slots__ = ("_framer", "_error", "_next", "_unanswered")
+    __slots__ = ("_next",)
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
-        self._framer = _Framer(max_frame)
-        self._error: RemoteProtocolError | None = None
+        super().__init__(max_frame)
         self._next = 1
-        self._unanswered: deque[int] = deque()
-
-    @property
-    def unanswered(self) -> int:
-        return len(self._unanswered)
 
     def _take(self) -> int:
         txnr = self._next
@@ -241,29 +245,23 @@ class RelpClient(HeldErrors):
 
     def send(self, command: str, data: bytes = b"") -> bytes:
         if command == "open" and not data:
-            data = f"relp_version={RELP_VERSION}\nrelp_software={SOFTWARE}\ncommands=syslog".encode()
+            data = open_answer()  # the same offers a server answers with
         if command not in ("open", "syslog", "close"):
             raise LocalProtocolError(f"a RELP client does not send {command!r}")
         return frame(self._take(), command, data)
 
-    def feed(self, data: bytes) -> list[Response | ServerClose]:
-        self._raise_held()
-        if data:
-            self._framer.buf += data
-        return self._until_error(self._events())
-
-    def _events(self):  # type: ignore[no-untyped-def]
+    def _events(self) -> Iterator[Any]:
         for txnr, command, data in self._framer.frames():
             if command == "serverclose" and txnr == 0:
                 yield ServerClose()
                 continue
             if command != "rsp":
-                raise RelpProtocolError(f"RELP server sent {command!r}", reason="relp_unknown_command")
+                raise SyslogProtocolError(f"RELP server sent {command!r}", reason="relp_unknown_command")
             if not self._unanswered or self._unanswered[0] != txnr:
-                raise RelpProtocolError(f"rsp {txnr} answers nothing outstanding", reason="relp_bad_txnr")
+                raise SyslogProtocolError(f"rsp {txnr} answers nothing outstanding", reason="relp_bad_txnr")
             self._unanswered.popleft()
             head, _, rest = data.partition(b"\n")
             code, _, text = head.decode("utf-8", "replace").partition(" ")
             if not code.isdigit():
-                raise RelpProtocolError(f"rsp {txnr} without a status code", reason="relp_bad_rsp")
+                raise SyslogProtocolError(f"rsp {txnr} without a status code", reason="relp_bad_rsp")
             yield Response(txnr, int(code), text, rest)
