@@ -12,11 +12,13 @@ import socket
 import ssl
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
 from bridges.syslog.engine import SyslogClient
 from bridges.syslog.relp import RelpClient, Response
+from runtime.health import fetch
 from tests.bridge_support import client_tls, collect, ready_subscriber, stop_bridge
 from tests.helpers import free_port, wait_for
 from tests.test_tls_reload import der, install, reloads, tls_connect
@@ -212,5 +214,45 @@ def test_sighup_reloads_the_tls_certificate(device, tmp_path) -> None:
             old.sendall(SyslogClient().send(b"<13>1 - h a - - - run %b 0" % run.encode()))  # still on A
         landed_once(sub, bridge.app_env, run, 2)
         sub.close()
+        code, health = fetch(f"http://127.0.0.1:{mport}/healthz")
+        assert code == 200 and health is not None and health["healthy"], health
+        with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        assert 'logjam_bridge_events_received_total{protocol="syslog"} 2.0' in metrics
     finally:
         stop_bridge(bridge)
+
+
+@pytest.mark.timeout(60)
+def test_udp_while_the_device_is_stopped_drops_and_counts(device) -> None:
+    """UDP cannot push back: with 64 batches waiting on a stopped device, further datagrams are
+    dropped and counted; what was kept lands once the device resumes (at-most-once)."""
+    mport = free_port()
+    b = start_syslog(device.router, "--metrics-port", str(mport), udp=True)
+    try:
+        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        run = run_id()
+        os.kill(device.proc.pid, signal.SIGSTOP)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                for i in range(150):
+                    s.sendto(b"<13>1 - h a - - - run %b %d" % (run.encode(), i), ("127.0.0.1", b.port))
+                    time.sleep(0.01)  # one batch each: the bridge flushes what one loop turn received
+
+            def counts() -> dict[str, float]:
+                with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as r:
+                    return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                            if line.startswith(("logjam_bridge_datagrams_dropped_total",
+                                                "logjam_bridge_events_received_total"))}
+
+            # Every datagram is either forwarded (received) or dropped (counted), none unaccounted for.
+            c = wait_for(lambda: (c := counts()) and sum(c.values()) == 150 and c, timeout=10,
+                         what="every datagram received or counted as dropped")
+            lost = int(c["logjam_bridge_datagrams_dropped_total"])
+        finally:
+            os.kill(device.proc.pid, signal.SIGCONT)
+        got = collect(sub, b.app_env, 150 - lost, timeout=30)
+        assert len(got) == 150 - lost and 0 < lost < 150
+        sub.close()
+    finally:
+        stop_bridge(b)
