@@ -211,8 +211,9 @@ class _Session:
             await self.flush()
 
     def add(self, raw: bytes, meta: dict[str, Any]) -> None:
-        body, ms = parse(raw, meta["received_at"])
-        self.mapper.add(self.batch, body, meta, created_ms=ms or meta["received_at"], app_env=self.bridge.app_env(body))
+        received = meta["received_at"]
+        body = parse(raw, received)  # its @timestamp, when it has one, is created_ms
+        self.mapper.add(self.batch, body, meta, created_ms=received, app_env=self.bridge.app_env(body))
 
     async def flush(self) -> None:
         if not self.batch:
@@ -306,8 +307,8 @@ class _Datagrams:
         received = now_ms()
         meta = {"protocol": "syslog", "protocol_version": "rfc5426", "peer": peer, "received_at": received,
                 "framing": frame.framing}
-        body, ms = parse(frame.raw, received)
-        self.mapper.add(self.batch, body, meta, created_ms=ms or received, app_env=self.bridge.app_env(body))
+        body = parse(frame.raw, received)
+        self.mapper.add(self.batch, body, meta, created_ms=received, app_env=self.bridge.app_env(body))
         if self.batch.n >= UDP_FLUSH_EVENTS:
             self.flush()
         elif not self.scheduled:

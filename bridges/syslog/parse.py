@@ -23,16 +23,15 @@ import datetime
 import re
 from typing import Any
 
-BOM = b"\xef\xbb\xbf"
 _UTC = datetime.timezone.utc
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
-_PRI = re.compile(rb"<(\d{1,3})>")
-_3164_TS = re.compile(rb"([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.\d+)? ")
-_ISO_TS = re.compile(rb"\d{4}-\d\d-\d\dT\S+ ")
+_3164_TS = re.compile(r"([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.\d+)? ")
+_ISO_TS = re.compile(r"\d{4}-\d\d-\d\dT\S+ ")
+_5424_NAMES = ("timestamp", "hostname", "app_name", "procid", "msgid")
+_fromisoformat = datetime.datetime.fromisoformat
 _TAG = re.compile(r"([^\s\[\]:]{1,64})(?:\[([^\]\s]{0,128})\])?:(?: |$)")
 _SD_ESCAPE = re.compile(r'\\(["\\\]])')
-_NIL = "-"
 
 
 def text(data: bytes) -> str:
@@ -43,21 +42,6 @@ def text(data: bytes) -> str:
 def raw_text(data: bytes) -> str:
     """The frame as JSON-safe text: UTF-8 as is, other bytes as `\\xNN`."""
     return data.decode("utf-8", "backslashreplace")
-
-
-def iso_ms(value: str) -> tuple[str, int] | None:
-    """A 5424 (ISO 8601) timestamp as (normalised text, epoch ms), or None when unreadable."""
-    try:
-        ts = datetime.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=_UTC)
-    try:
-        ms = int(ts.timestamp() * 1000)
-    except (OverflowError, OSError, ValueError):
-        return None
-    return ts.isoformat(), ms
 
 
 def infer_year(month: int, day: int, hms: tuple[int, int, int], received_ms: int) -> datetime.datetime | None:
@@ -110,62 +94,72 @@ def structured_data(sd: str) -> tuple[dict[str, Any], str] | None:
     return out, sd[i:]
 
 
-def _pri(raw: bytes) -> tuple[dict[str, Any], int]:
-    m = _PRI.match(raw)
-    if m is None or int(m.group(1)) > 191:
-        return {}, 0
-    pri = int(m.group(1))
-    return {"priority": pri, "facility": pri >> 3, "severity": pri & 7}, m.end()
+def _pri(s: str) -> tuple[int, int]:
+    """(PRI, where the header goes on), or (-1, 0) without a valid `<0..191>`."""
+    if s[:1] != "<":
+        return -1, 0
+    end = s.find(">", 1, 5)
+    digits = s[1:end]
+    if end < 0 or not digits.isdigit() or not digits.isascii():
+        return -1, 0
+    pri = int(digits)
+    return (pri, end + 1) if pri <= 191 else (-1, 0)
 
 
-def _rfc5424(header: dict[str, Any], raw: bytes, at: int) -> tuple[dict[str, Any], str, str | None]:
-    """`raw[at:]` follows `<PRI>1 `: header fields, the message and the ISO timestamp."""
-    fields = raw[at:].split(b" ", 5)
-    names = ("timestamp", "hostname", "app_name", "procid", "msgid")
-    syslog = {"format": "rfc5424", **header, "version": 1}
-    for name, value in zip(names, fields):
-        if value != b"-":
-            syslog[name] = text(value)
-    rest = text(fields[5]) if len(fields) > 5 else ""
-    message = rest
-    if rest.startswith(_NIL):
-        message = rest[2:] if rest[1:2] == " " else rest[1:]
-    elif rest.startswith("["):
-        parsed = structured_data(rest)
+def _valid_iso(value: str) -> bool:
+    try:
+        _fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _rfc5424(pri: int, s: str, at: int) -> tuple[dict[str, Any], str]:
+    """`s[at:]` follows `<PRI>1 `: the header fields and the message."""
+    fields = s[at:].split(" ", 5)
+    syslog: dict[str, Any] = {"format": "rfc5424", "priority": pri, "facility": pri >> 3, "severity": pri & 7,
+                              "version": 1}
+    for name, value in zip(_5424_NAMES, fields):
+        if value != "-":
+            syslog[name] = value
+    message = fields[5] if len(fields) > 5 else ""
+    first = message[:1]
+    if first == "-":
+        message = message[2:] if message[1:2] == " " else message[1:]
+    elif first == "[":
+        parsed = structured_data(message)
         if parsed is not None:
             syslog["structured_data"], message = parsed
-            message = message[1:] if message.startswith(" ") else message
+            if message[:1] == " ":
+                message = message[1:]
     # The BOM is MSG's own first bytes; dropped after decoding (U+FEFF).
-    message = message.removeprefix("\ufeff")
-    return syslog, message, syslog.get("timestamp")
+    if message[:1] == "\ufeff":
+        message = message[1:]
+    return syslog, message
 
 
-def _rfc3164(header: dict[str, Any], raw: bytes, at: int,
-             received_ms: int) -> tuple[dict[str, Any], str, str | None, int | None]:
-    syslog: dict[str, Any] = {"format": "rfc3164" if header else "unknown", **header}
-    ms: int | None = None
+def _rfc3164(pri: int, s: str, at: int, received_ms: int) -> tuple[dict[str, Any], str, str | None]:
+    header = pri >= 0
+    syslog: dict[str, Any] = {"format": "rfc3164", "priority": pri, "facility": pri >> 3, "severity": pri & 7} \
+        if header else {"format": "unknown"}
     iso: str | None = None
-    m = _3164_TS.match(raw, at)
+    m = _3164_TS.match(s, at)
     if m is not None:
-        syslog["timestamp"] = text(m.group(0)[:-1])
-        month = _MONTHS.get(m.group(1).decode())
-        day = int(m.group(2))
-        ts = infer_year(month, day, (int(m.group(3)), int(m.group(4)), int(m.group(5))), received_ms) \
-            if month and day else None
+        syslog["timestamp"] = m.group(0)[:-1]
+        month = _MONTHS.get(m.group(1))
+        ts = infer_year(month, int(m.group(2)), (int(m.group(3)), int(m.group(4)), int(m.group(5))), received_ms) \
+            if month else None
         if ts is not None:
             iso = ts.isoformat()
-            ms = int(ts.timestamp() * 1000)
         at = m.end()
     else:
-        m = _ISO_TS.match(raw, at)
+        m = _ISO_TS.match(s, at)
         if m is not None:
-            value = text(m.group(0)[:-1])
-            read = iso_ms(value)
-            if read is not None:
-                syslog["timestamp"] = value
-                iso, ms = read
+            value = m.group(0)[:-1]
+            if _valid_iso(value):
+                syslog["timestamp"] = iso = value
                 at = m.end()
-    rest = text(raw[at:])
+    rest = s[at:]
     if m is not None or header:
         # HOSTNAME follows a timestamp, unless the first word is already the tag ("host tag:
         # msg" vs "tag: msg"); without a timestamp there is none (rsyslog reads it so too).
@@ -179,21 +173,25 @@ def _rfc3164(header: dict[str, Any], raw: bytes, at: int,
             if t.group(2):
                 syslog["procid"] = t.group(2)
             rest = rest[t.end():]
-    return syslog, rest, iso, ms
+    return syslog, rest, iso
 
 
-def parse(raw: bytes, received_ms: int) -> tuple[dict[str, Any], int | None]:
-    """The body of one syslog message and its time in epoch ms (None: use the receive time)."""
-    header, at = _pri(raw)
-    if header and raw[at:at + 2] == b"1 ":
-        syslog, message, ts = _rfc5424(header, raw, at + 2)
-        read = iso_ms(ts) if ts else None
-        body: dict[str, Any] = {"message": message, "syslog": syslog, "raw": raw_text(raw)}
-        if read is not None:
-            body["@timestamp"] = read[0]
-        return body, read[1] if read is not None else None
-    syslog, message, iso, ms = _rfc3164(header, raw, at, received_ms)
-    body = {"message": message, "syslog": syslog, "raw": raw_text(raw)}
+def parse(raw: bytes, received_ms: int) -> dict[str, Any]:
+    """The body of one syslog message; its `@timestamp`, when it has one, is the event's time."""
+    try:
+        s = raw_s = raw.decode()
+    except UnicodeDecodeError:
+        s, raw_s = text(raw), raw_text(raw)
+    pri, at = _pri(s)
+    if pri >= 0 and s[at:at + 2] == "1 ":
+        syslog, message = _rfc5424(pri, s, at + 2)
+        body: dict[str, Any] = {"message": message, "syslog": syslog, "raw": raw_s}
+        ts = syslog.get("timestamp")
+        if ts is not None and _valid_iso(ts):
+            body["@timestamp"] = ts  # RFC 3339, as sent
+        return body
+    syslog, message, iso = _rfc3164(pri, s, at, received_ms)
+    body = {"message": message, "syslog": syslog, "raw": raw_s}
     if iso is not None:
         body["@timestamp"] = iso
-    return body, ms
+    return body
