@@ -45,7 +45,8 @@ $(NODE_STAMP): $(wildcard $(NODE_DIR)/package.json) $(wildcard $(NODE_DIR)/packa
 # The real syslog senders of tests/test_syslog_interop.py, from Debian, when missing (as root:
 # CI runs `make test` as root). rsyslog and syslog-ng-core conflict (both are the system's
 # log daemon), so syslog-ng-core is only unpacked into tests/syslog-ng, never installed; the
-# tests run both with their own config, pid file and work dir, on loopback ports.
+# tests run both with their own config, pid file and work dir, on loopback ports. A policy-rc.d
+# (exit 101, Debian's "do not start services") keeps the install from starting the system's rsyslog.
 SYSLOG_DEBS := rsyslog rsyslog-relp rsyslog-openssl libivykis0 libnet1 libpcre3 libwrap0
 SYSLOG_NG_DIR := tests/syslog-ng
 
@@ -54,7 +55,9 @@ syslog-clients:
 	 missing=""; for p in $(SYSLOG_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	 if [ -n "$$missing" ]; then \
 	   [ "$$(id -u)" = 0 ] || { echo "error: installing$$missing needs root (apt-get)" >&2; exit 1; }; \
-	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	   guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then guard=/usr/sbin/policy-rc.d; printf '#!/bin/sh\nexit 101\n' > $$guard; chmod 755 $$guard; fi; \
+	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; rc=$$?; \
+	   [ -z "$$guard" ] || rm -f $$guard; [ $$rc = 0 ] || exit $$rc; \
 	 fi; \
 	 if [ ! -x $(SYSLOG_NG_DIR)/usr/sbin/syslog-ng ]; then \
 	   tmp=$$(mktemp -d) && chmod 755 $$tmp && (cd $$tmp && apt-get download -qq syslog-ng-core) \
