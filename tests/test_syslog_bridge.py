@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from bridges.syslog.engine import SyslogClient
-from bridges.syslog.relp import RelpClient, Response
+from bridges.syslog.relp import RelpClient, Response, ServerClose
 from runtime.health import fetch
 from tests.bridge_support import client_tls, collect, ready_subscriber, stop_bridge
 from tests.helpers import free_port, wait_for
@@ -256,3 +256,27 @@ def test_udp_while_the_device_is_stopped_drops_and_counts(device) -> None:
         sub.close()
     finally:
         stop_bridge(b)
+
+
+@pytest.mark.timeout(60)
+def test_relp_at_shutdown_answers_what_was_forwarded_then_says_serverclose(device) -> None:
+    b = start_syslog(device.router, "--relp")
+    stopped = False
+    try:
+        client = RelpClient()
+        with socket.create_connection(("127.0.0.1", b.port), timeout=30) as s:
+            s.sendall(client.send("open") + b"".join(client.send("syslog", b"<13>m %d" % i) for i in range(20)))
+            got: list = []
+            while client.unanswered:
+                got += client.feed(s.recv(65536))
+            b.proc.terminate()
+            stopped = True
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            assert client.feed(data) == [ServerClose()]
+        assert [r.code for r in got] == [200] * 21
+    finally:
+        if not stopped:
+            b.proc.terminate()
+        assert b.proc.wait(20) == 0, b.output()

@@ -33,7 +33,7 @@ from bridges.host.datagram import listen_datagrams
 from bridges.host.server import split_listen
 from bridges.syslog.engine import DEFAULT_MAX_FRAME, Frame, SyslogServer, datagram
 from bridges.syslog.parse import parse
-from bridges.syslog.relp import Close, Open, RelpServer, Response, Syslog, open_answer
+from bridges.syslog.relp import Close, Open, RelpServer, Response, ServerClose, Syslog, open_answer
 from logjam.meta import now_ms
 from logjam.validation import is_valid_app_env
 
@@ -174,9 +174,13 @@ class _Session:
             await self.pipeline.finish()
             if self.failure is not None:
                 raise self.failure
+            self.goodbye()
             await self.conn.drain()
         finally:
             await self.pipeline.close()
+
+    def goodbye(self) -> None:
+        """What the session says before the host closes it: nothing, in plain syslog."""
 
     def waiting_for_acks(self) -> bool:
         return False
@@ -246,6 +250,12 @@ class _RelpSession(_Session):
 
     def done(self) -> bool:
         return self.engine.closed
+
+    def goodbye(self) -> None:
+        # At shutdown, after the rsp of everything forwarded: librelp's hint that the server
+        # goes away, so it reconnects (and resends what is unanswered) without waiting.
+        if self.conn.stopping and not self.engine.closed:
+            self.conn.write(self.engine.send(ServerClose()))
 
     def accepted(self, plan: Any) -> None:
         if self.failure is not None:
