@@ -25,9 +25,12 @@ def tls_flags(certs) -> list[str]:
 
 
 def landed_once(sub, app_env: str, run: str, n: int, timeout: float = 60.0) -> list[dict[str, Any]]:
-    """Exactly the `n` messages `run <i>` (i = 0..n-1) of this run, each once, nothing more."""
+    """Exactly the `n` messages `run <i>` (i = 0..n-1) of this run, each once, nothing more; each
+    body with the message's meta `created_ms` under `created_ms` (not part of the body)."""
     got: list[tuple[Message, dict[str, Any]]] = collect(sub, app_env, n, timeout=timeout)
     got += [(m, m.json()) for m in no_more(sub, app_env, 1.0)]
+    for m, b in got:
+        b["created_ms"] = m.meta.created_ms
     bodies = [b for _, b in got if f"run {run} " in b["message"]]
     numbers = sorted(int(b["message"].rsplit(" ", 1)[1]) for b in bodies)
     assert numbers == list(range(n)), f"{len(bodies)} of {n} landed; first missing or doubled: " \

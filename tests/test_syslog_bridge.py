@@ -5,6 +5,7 @@ util-linux `logger` is the real client here; rsyslog and syslog-ng are in test_s
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import signal
@@ -48,6 +49,7 @@ def test_both_framings_on_one_connection_with_5424_fields(device) -> None:
                                   "timestamp": "2026-11-27T10:00:00.5Z", "hostname": "web-1", "app_name": "app",
                                   "procid": "42", "msgid": "ID7", "structured_data": {"ex@1": {"k": 'a"b]c\\d'}}}
         assert body["@timestamp"] == "2026-11-27T10:00:00.5Z"
+        assert body["created_ms"] == 1795773600500  # meta created_ms from @timestamp
         assert body["raw"].startswith("<165>1 2026-11-27T10:00:00.5Z web-1")
         assert {b["@metadata"]["framing"] for b in bodies} == {"octet-counting", "lf"}
         assert not any(b["message"].endswith("\n") or b["raw"].endswith("\n") for b in bodies)
@@ -95,6 +97,8 @@ def test_rfc3164_and_app_env_from_app_name(device) -> None:
         sl = bodies[0]["syslog"]
         assert (sl["format"], sl["hostname"], sl["app_name"], sl["procid"]) == ("rfc3164", "host-a", "billing", "77")
         assert bodies[0]["@timestamp"].endswith("-01-05T01:02:03+00:00")
+        stamp = datetime.datetime.fromisoformat(bodies[0]["@timestamp"])
+        assert bodies[0]["created_ms"] == int(stamp.timestamp() * 1000)
         landed_once(fallback, b.app_env, run, 1)
         sub.close()
         fallback.close()

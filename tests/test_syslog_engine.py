@@ -133,7 +133,8 @@ def test_rfc3164_vector() -> None:
     ("Dec 31 23:59:59", datetime.datetime(2027, 1, 1, 0, 0, 5), 2026),  # sent last year, received this one
     ("Jan  1 00:00:01", datetime.datetime(2026, 12, 31, 23, 59, 58), 2027),  # a sender's clock ahead across New Year
     ("Jun 15 12:00:00", datetime.datetime(2026, 6, 15, 11, 0), 2026),
-    ("Feb 29 12:00:00", datetime.datetime(2027, 3, 1), 2028),  # no Feb 29 in 2027 or 2026: the nearest leap year
+    ("Jan  5 01:00:00", datetime.datetime(2026, 11, 27), 2026),  # a January line shipped late, not next year's
+    ("Feb 29 12:00:00", datetime.datetime(2027, 3, 1), 2024),  # the latest leap year not in the future
 ])
 def test_3164_year_is_inferred_across_new_year(stamp: str, now: datetime.datetime, year: int) -> None:
     received = int(now.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000)

@@ -12,9 +12,10 @@ an error: the parser takes what it can read and the rest stays in `message`.
   backslash before any other character stays, as RFC 5424 says; a repeated parameter
   becomes a list of its values.
 - RFC 3164: `<PRI>Mmm dd hh:mm:ss HOSTNAME TAG[PID]: MSG`. The timestamp has no year and no
-  zone: it is read as UTC in the year that puts it nearest the time the bridge received it,
-  so a December 31 message received on January 1 keeps last year (and a clock a little
-  ahead across New Year gets next year).
+  zone: it is read as UTC in the latest year that puts it no more than 31 days after the time
+  the bridge received it, so a December 31 message received on January 1 keeps last year, a
+  clock a little ahead across New Year gets next year, and a January line read in November
+  (a file shipped late) is this year's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import re
 from typing import Any
 
 _UTC = datetime.timezone.utc
+FUTURE = datetime.timedelta(days=31)  # how far ahead of the bridge a 3164 timestamp may be
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 _3164_TS = re.compile(r"([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.\d+)? ")
@@ -45,17 +47,18 @@ def raw_text(data: bytes) -> str:
 
 
 def infer_year(month: int, day: int, hms: tuple[int, int, int], received_ms: int) -> datetime.datetime | None:
-    """The 3164 timestamp in the year (UTC) that puts it nearest `received_ms`; None if no year has that day."""
+    """The 3164 timestamp (UTC) in the latest year that puts it at most `FUTURE` after `received_ms`
+    (a log line is not from the future, bar a sender's clock a little ahead); None if no year of
+    the last four has that day."""
     now = datetime.datetime.fromtimestamp(received_ms / 1000, _UTC)
-    best: datetime.datetime | None = None
-    for year in (now.year - 1, now.year, now.year + 1):
+    for year in range(now.year + 1, now.year - 5, -1):
         try:
             ts = datetime.datetime(year, month, day, *hms, tzinfo=_UTC)
         except ValueError:  # Feb 29 outside a leap year, day 31 of a short month
             continue
-        if best is None or abs(ts - now) < abs(best - now):
-            best = ts
-    return best
+        if ts - now <= FUTURE:
+            return ts
+    return None
 
 
 def structured_data(sd: str) -> tuple[dict[str, Any], str] | None:
