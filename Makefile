@@ -9,7 +9,7 @@ NODE_DIR := tests/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test test-native up down status check java venv node-clients bench clean
+.PHONY: test test-native up down status check java venv node-clients syslog-clients bench clean
 
 # The C modules (native/) are built by the install below, never when a process starts.
 # LOGJAM_NATIVE_WERROR=1 in the environment (CI sets it) makes every warning an error.
@@ -42,10 +42,32 @@ $(NODE_STAMP): $(wildcard $(NODE_DIR)/package.json) $(wildcard $(NODE_DIR)/packa
 	  mkdir -p node_modules && touch node_modules/.installed; \
 	fi
 
+# The real syslog senders of tests/test_syslog_interop.py, from Debian, when missing (as root:
+# CI runs `make test` as root). rsyslog and syslog-ng-core conflict (both are the system's
+# log daemon), so syslog-ng-core is only unpacked into tests/syslog-ng, never installed; the
+# tests run both with their own config, pid file and work dir, on loopback ports. A policy-rc.d
+# (exit 101, Debian's "do not start services") keeps the install from starting the system's rsyslog.
+SYSLOG_DEBS := rsyslog rsyslog-relp rsyslog-openssl libivykis0 libnet1 libpcre3 libwrap0
+SYSLOG_NG_DIR := tests/syslog-ng
+
+syslog-clients:
+	@command -v apt-get >/dev/null 2>&1 || { echo "note: no apt-get; the rsyslog/syslog-ng interop tests will skip" >&2; exit 0; }; \
+	 missing=""; for p in $(SYSLOG_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	 if [ -n "$$missing" ]; then \
+	   [ "$$(id -u)" = 0 ] || { echo "error: installing$$missing needs root (apt-get)" >&2; exit 1; }; \
+	   guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then guard=/usr/sbin/policy-rc.d; printf '#!/bin/sh\nexit 101\n' > $$guard; chmod 755 $$guard; fi; \
+	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; rc=$$?; \
+	   [ -z "$$guard" ] || rm -f $$guard; [ $$rc = 0 ] || exit $$rc; \
+	 fi; \
+	 if [ ! -x $(SYSLOG_NG_DIR)/usr/sbin/syslog-ng ]; then \
+	   tmp=$$(mktemp -d) && chmod 755 $$tmp && (cd $$tmp && apt-get download -qq syslog-ng-core) \
+	   && dpkg -x $$tmp/syslog-ng-core_*.deb $(SYSLOG_NG_DIR); rc=$$?; rm -rf $$tmp; exit $$rc; \
+	 fi
+
 # pytest's exit code 5 (no tests collected) is non-zero, so make fails on it too.
 # The native-sensitive tests (marker `native`) run once more with every C path off, so both
 # paths are tested whatever LOGJAM_NATIVE the full run had (CI: require).
-test: java $(STAMP) node-clients
+test: java $(STAMP) node-clients syslog-clients
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	LOGJAM_NATIVE=off $(BIN)/python -m pytest -m native $(PYTEST_ARGS)
 
@@ -71,6 +93,6 @@ bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(NODE_DIR)/node_modules .pytest_cache .hypothesis native/generated build
+	rm -rf $(VENV) $(NODE_DIR)/node_modules $(SYSLOG_NG_DIR) .pytest_cache .hypothesis native/generated build
 	find logjam devices bridges -name '_native*.so' -delete
 	rm -rf warehouse/jars

@@ -24,6 +24,7 @@ PROTOCOLS = {
     "segment": "bridges.segment.bridge:Bridge",
     "rustlog": "bridges.rustlog.bridge:Bridge",
     "otlp": "bridges.otlp.bridge:Bridge",
+    "syslog": "bridges.syslog.bridge:Bridge",
 }
 
 

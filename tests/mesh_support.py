@@ -27,6 +27,7 @@ PROTOCOL_PORTS = {
     "segment": "LOGJAM_SEGMENT_PORT",
     "rustlog": "LOGJAM_RUSTLOG_PORT",
     "otlp": "LOGJAM_OTLP_HTTP_PORT",
+    "syslog": "LOGJAM_RELP_PORT",  # logjam-send syslog speaks RELP
 }
 
 
@@ -120,7 +121,7 @@ def running_mesh(tmp_path_factory, ready_timeout: float = 180, **mesh_args):
             assert m.proc.poll() is None, "supervisord exited"
             states = m.states()
             return (
-                len(states) == 6 + m.devices + m.importers and all(s == "RUNNING" for s, _ in states.values())
+                len(states) == 8 + m.devices + m.importers and all(s == "RUNNING" for s, _ in states.values())
                 and all(port_open(m.port(k)) for k in PROTOCOL_PORTS.values())
                 and port_open(m.port("LOGJAM_SPARK_PORT"))
             )
@@ -179,7 +180,7 @@ def send_everywhere(mesh: Mesh, run: str, n: int) -> dict[str, str]:
     client.connect()
     client.send([{"message": line, "@timestamp": "2026-11-21T10:00:00.000Z"} for line in lines("pylogbeat")])
     client.close()
-    for protocol in ("courier", "segment", "rustlog", "otlp"):
+    for protocol in ("courier", "segment", "rustlog", "otlp", "syslog"):
         send(mesh, protocol, lines(protocol))
     router = f"tcp://127.0.0.1:{mesh.port('LOGJAM_ROUTER_PORT')}"
     with Producer(router, curve=mesh.key) as dealer:
@@ -198,6 +199,7 @@ EXPECTED_ROUTE = {
     "segment": ("segment-default", "logs.segment", "segment"),
     "rustlog": ("rustlog-default", "logs.rustlog", "rustlog"),
     "otlp": ("otlp-default", "logs.otlp", "otlp"),
+    "syslog": ("syslog-default", "logs.syslog", "syslog"),
     "dealer": ("mesh-a", "logs.mesh", None),
     "push": ("mesh-b", "logs.mesh", None),
 }

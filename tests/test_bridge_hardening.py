@@ -231,6 +231,7 @@ NEVER_FINISHED = {
     "courier": b"JDAT" + struct.pack(">I", 1000) + bytes(10),
     "segment": struct.pack(">ii", -1, 1000) + bytes(10),  # AppendBlockEnd, 1,000 bytes announced
     "rustlog": struct.pack(">I", 1000) + b'{"type":',
+    "syslog": b"1000 <13>1 2026-11-27T10:00:00Z",  # an octet-counted frame of 1,000 bytes
 }
 
 

@@ -164,9 +164,10 @@ def test_make_check_good_and_broken_mesh(tmp_path: Path) -> None:
                           timeout=110)
     assert good.returncode == 0, good.stdout + good.stderr
     for name in ("logjam-spark", "logjam-device", "logjam-device-1", "bridge-lumberjack", "bridge-courier",
-                 "bridge-segment", "bridge-rustlog", "bridge-otlp", "logjam-importer-0", "logjam-importer-1"):
+                 "bridge-segment", "bridge-rustlog", "bridge-otlp", "bridge-syslog", "bridge-relp",
+                 "logjam-importer-0", "logjam-importer-1"):
         assert f"== {name}: ok" in good.stdout
-    assert "mesh check ok: 10 programs" in good.stdout
+    assert "mesh check ok: 12 programs" in good.stdout
 
     # Two programs on one port, and a device id the device refuses.
     bad = subprocess.run([command("python"), "-m", "tools.mesh", "check"], cwd=REPO,

@@ -15,6 +15,8 @@ from bridges.lumberjack import engine as lumberjack
 from bridges.otlp import engine as otlp
 from bridges.rustlog import engine as rustlog
 from bridges.segment import engine as segment
+from bridges.syslog import engine as syslog
+from bridges.syslog import relp
 from logjam.errors import ProtocolError
 from tests.test_courier_engine import RUBY_HELO, helo
 from tests.test_segment_engine import SETUP
@@ -27,12 +29,15 @@ ENGINES = {
     "courier": (courier.CourierServer, helo(RUBY_HELO) + PING, helo(RUBY_HELO)),  # a second HELO
     "segment": (segment.SegmentServer, SETUP, b"\0\0\0\x63\x7f\xff\xff\xff"),
     "rustlog": (rustlog.RustlogServer, RUSTLOG_PRODUCE, b"\0\0\0\0"),
+    "syslog": (syslog.SyslogServer, b"11 <13>1 - - -<14>x\n", b"0 x"),  # a zero length
+    "relp": (relp.RelpServer, b"1 open 0\n2 syslog 1 a\n", b"2 open 0\n"),  # a second open
 }
 
 
-@pytest.mark.parametrize("protocol", ["courier", "lumberjack", "rustlog", "segment", "otlp"])
+@pytest.mark.parametrize("protocol", ["courier", "lumberjack", "rustlog", "segment", "otlp", "syslog", "relp"])
 def test_every_protocol_has_a_server_and_a_client(protocol: str) -> None:
-    module = {"courier": courier, "lumberjack": lumberjack, "rustlog": rustlog, "segment": segment, "otlp": otlp}[protocol]
+    module = {"courier": courier, "lumberjack": lumberjack, "rustlog": rustlog, "segment": segment, "otlp": otlp,
+              "syslog": syslog, "relp": relp}[protocol]
     name = protocol.capitalize()
     assert hasattr(module, f"{name}Server") and hasattr(module, f"{name}Client")
 

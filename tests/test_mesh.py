@@ -35,6 +35,7 @@ pytestmark = pytest.mark.timeout(600)
 KEY_FORMATS = {
     "lumberjack": lambda md: r"[0-9a-f]{16}:[1-9][0-9]*",
     "courier": lambda md: r"[0-9a-f]{16}:[1-9][0-9]*",
+    "syslog": lambda md: r"[0-9a-f]{16}:[1-9][0-9]*",
     "segment": lambda md: rf"segment:[0-9a-f]{{16}}:{re.escape(md['segment'])}@{md['segment_offset']}",
     "rustlog": lambda md: rf"rustlog:[0-9a-f]{{16}}:{re.escape(md['topic'])}/{md['partition']}@{md['offset']}",
     # bridges/otlp/bridge.py `_map`: a digest of the request's bytes and the record's index in it.

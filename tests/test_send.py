@@ -6,6 +6,8 @@ must give a non-zero exit and a clear message."""
 
 from __future__ import annotations
 
+import json
+
 import signal
 import subprocess
 import uuid
@@ -118,7 +120,7 @@ def test_logjam_device_400_exits_nonzero(device) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("protocol", ["logjam", "lumberjack", "courier", "segment", "rustlog", "otlp"])
+@pytest.mark.parametrize("protocol", ["logjam", "lumberjack", "courier", "segment", "rustlog", "otlp", "syslog"])
 def test_nothing_listening_exits_nonzero(protocol: str) -> None:
     port = free_port()
     r = send(protocol, "--to", f"127.0.0.1:{port}", "--timeout", "1", "hello")
@@ -137,13 +139,15 @@ BRIDGE_CASES = {
     "segment": ("segment", ["--segment", "send/test/0.#epoch.0"]),
     "rustlog-json-partition-1": ("rustlog", ["--rustlog-topic", "send-test", "--partition", "1"]),
     "rustlog-binary": ("rustlog", ["--dialect", "binary"]),
+    "syslog-relp": ("syslog", []),
 }
 
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("protocol,flags", list(BRIDGE_CASES.values()), ids=list(BRIDGE_CASES))
 def test_bridge_protocols_arguments_and_stdin(device, tmp_path, protocol: str, flags: list[str]) -> None:
-    b = start_bridge(protocol, device.router, data_dir=tmp_path / protocol if protocol in ("segment", "rustlog") else None)
+    b = start_bridge(protocol, device.router, *(["--relp"] if protocol == "syslog" else []),
+                     data_dir=tmp_path / protocol if protocol in ("segment", "rustlog") else None)
     sub = ready_subscriber(device.pub, device.router, b.app_env)
     try:
         # The first run creates the segment or topic; the second finds it.
@@ -156,7 +160,13 @@ def test_bridge_protocols_arguments_and_stdin(device, tmp_path, protocol: str, f
         expected = ARG_EVENTS + STDIN_EVENTS
         if "1" in flags and protocol == "lumberjack":
             expected = as_v1(expected)
-        assert sorted(map(key, bodies(sub, b.app_env, 7))) == sorted(map(key, expected))
+        got = bodies(sub, b.app_env, 7)
+        if protocol == "syslog":  # one RFC 5424 line each: MSG is the line, or the JSON object's text
+            expected = [{"message": e["message"] if len(e) == 1 else json.dumps(e, separators=(",", ":"))}
+                        for e in expected]
+            assert {g["syslog"]["app_name"] for g in got} == {"logjam-send"}
+            got = [{"message": g["message"]} for g in got]
+        assert sorted(map(key, got)) == sorted(map(key, expected))
     finally:
         sub.close()
         stop_bridge(b)

@@ -42,6 +42,9 @@ DEFAULTS = {
     "LOGJAM_RUSTLOG_PORT": "9092",
     "LOGJAM_OTLP_GRPC_PORT": "4317",
     "LOGJAM_OTLP_HTTP_PORT": "4318",
+    # Syslog over TCP and UDP share the number; 514 needs root.
+    "LOGJAM_SYSLOG_PORT": "5514",
+    "LOGJAM_RELP_PORT": "2514",
     # Devices and importers (docs/scaling.md): importer I owns devices I, I+N, ... so N <= D.
     "LOGJAM_DEVICES": "2",
     "LOGJAM_IMPORTERS": "2",
@@ -55,6 +58,8 @@ DEFAULTS = {
     "LOGJAM_SEGMENT_METRICS_PORT": "9634",
     "LOGJAM_RUSTLOG_METRICS_PORT": "9635",
     "LOGJAM_OTLP_METRICS_PORT": "9637",
+    "LOGJAM_SYSLOG_METRICS_PORT": "9638",
+    "LOGJAM_RELP_METRICS_PORT": "9639",
     "LOGJAM_IMPORTER_METRICS_PORT": "9640",
 }
 
@@ -67,6 +72,8 @@ METRICS_PORTS = {
     "bridge-segment": "LOGJAM_SEGMENT_METRICS_PORT",
     "bridge-rustlog": "LOGJAM_RUSTLOG_METRICS_PORT",
     "bridge-otlp": "LOGJAM_OTLP_METRICS_PORT",
+    "bridge-syslog": "LOGJAM_SYSLOG_METRICS_PORT",
+    "bridge-relp": "LOGJAM_RELP_METRICS_PORT",
 }
 
 
@@ -200,11 +207,13 @@ logjam-mesh is up. Data and logs: {e('LOGJAM_DATA_DIR')}
   RustLog         tcp :{e('LOGJAM_RUSTLOG_PORT')}
   OTLP gRPC       tcp :{e('LOGJAM_OTLP_GRPC_PORT')}   (OpenTelemetry logs: LogsService/Export)
   OTLP HTTP       tcp :{e('LOGJAM_OTLP_HTTP_PORT')}   (OpenTelemetry logs: POST /v1/logs, protobuf and JSON)
+  Syslog          tcp :{e('LOGJAM_SYSLOG_PORT')}  udp :{e('LOGJAM_SYSLOG_PORT')}  (RFC 5424/3164; TLS :6514 once given a certificate, docs/protocols/syslog.md)
+  RELP            tcp :{e('LOGJAM_RELP_PORT')}  (rsyslog omrelp, acknowledged)
   Spark Connect   sc://127.0.0.1:{e('LOGJAM_SPARK_PORT')}  ({e('LOGJAM_IMPORTERS')} importers, each owning whole devices)
   JDBC            jdbc:hive2://127.0.0.1:{e('LOGJAM_JDBC_PORT')}  (table logjam.messages)
   CURVE           every ZeroMQ TCP port above; keys in {e('LOGJAM_DATA_DIR')}/keys, admitted clients in keys/allowed (SIGHUP the devices after a change)
   ipc             this host's processes reach device K at {e('LOGJAM_DATA_DIR')}/device[-K]/ipc/<socket> (mode 0700, no CURVE)
-  Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device K :{e('LOGJAM_DEVICE_METRICS_PORT')}+K*{e('LOGJAM_DEVICE_PORT_STEP')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  otlp :{e('LOGJAM_OTLP_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
+  Metrics+health  http://HOST:PORT/metrics and /healthz: spark :{e('LOGJAM_TABLE_METRICS_PORT')}  device K :{e('LOGJAM_DEVICE_METRICS_PORT')}+K*{e('LOGJAM_DEVICE_PORT_STEP')}  lumberjack :{e('LOGJAM_LUMBERJACK_METRICS_PORT')}  courier :{e('LOGJAM_COURIER_METRICS_PORT')}  segment :{e('LOGJAM_SEGMENT_METRICS_PORT')}  rustlog :{e('LOGJAM_RUSTLOG_METRICS_PORT')}  otlp :{e('LOGJAM_OTLP_METRICS_PORT')}  syslog :{e('LOGJAM_SYSLOG_METRICS_PORT')}  relp :{e('LOGJAM_RELP_METRICS_PORT')}  importers :{e('LOGJAM_IMPORTER_METRICS_PORT')}+I
 
 Send:   echo hello | {local}{rel}/logjam-send logjam        (device 0 over ipc; from another host: --to HOST:{e('LOGJAM_ROUTER_PORT')} and the keys)
 Tail:   {local}{rel}/logjam-tail                           (every device of this mesh, over ipc)

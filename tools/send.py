@@ -51,6 +51,8 @@ acknowledgements:
               created when missing)
   rustlog     ProduceResponse for each batch (the topic is created when missing)
   otlp        an OTLP/HTTP (protobuf) Export per batch answered 200 without refused records
+  syslog      RELP (logjam-bridge syslog --relp): rsp 200 OK for each message, an RFC 5424
+              line from APP-NAME logjam-send (MSG: the line, or the JSON object as text)
 
 examples:
   logjam-send logjam 'hello' '{"message": "hi", "level": "warn"}'
@@ -83,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", metavar="HOST:PORT",
                    help="where to send (default 127.0.0.1 and the protocol's port: logjam 9604, or 9605 with "
                         "--mode push, unless the mesh runs on this host: then device 0's ipc endpoint; "
-                        "lumberjack 5044; courier 5043; segment 12345; rustlog 9092; otlp 4318, OTLP/HTTP)")
+                        "lumberjack 5044; courier 5043; segment 12345; rustlog 9092; otlp 4318, OTLP/HTTP; "
+                        "syslog 2514, RELP)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="wait this long for each connection and acknowledgement (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=500, metavar="N",

@@ -24,6 +24,7 @@ from bridges.lumberjack.engine import V1, V2, LumberjackClient
 from bridges.otlp import engine as otlp
 from bridges.rustlog import engine as rl
 from bridges.segment import engine as seg
+from bridges.syslog.relp import RelpClient, Response
 from logjam.curve import ClientKey
 from logjam.errors import ProtocolError
 from logjam.producer import Producer, ReplyTimeout
@@ -39,6 +40,7 @@ DEFAULT_PORTS = {
     "segment": 12345,
     "rustlog": 9092,
     "otlp": 4318,
+    "syslog": 2514,  # RELP: the syslog transport that acknowledges
 }
 
 
@@ -370,6 +372,55 @@ class RustlogSender(Sender):
         self.stream.close()
 
 
+# ------------------------------------------------------------------ syslog (RELP)
+
+
+def syslog_line(event: Event) -> bytes:
+    """One RFC 5424 message: user.notice from APP-NAME logjam-send, MSG the event's `message`
+    when it is text, else the event as JSON."""
+    message = event.get("message")
+    text = message if isinstance(message, str) and len(event) == 1 else orjson.dumps(event).decode()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+    return f"<13>1 {stamp} {socket.gethostname() or '-'} logjam-send {os.getpid()} - - {text}".encode()
+
+
+class SyslogSender(Sender):
+    """RELP (rsyslog's acknowledged transport): open, one `syslog` frame per event, and every
+    frame's `rsp 200 OK`, which the bridge sends once the device accepted the message."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.client = RelpClient()
+        self.stream = _Stream(opts)
+        self.stream.write(self.client.send("open"))
+        opened = self.stream.until(self.client.feed, lambda r: isinstance(r, Response), "answer to RELP open")
+        if opened.code != 200:
+            raise SendFailed(f"{opts.where} refused the RELP session: {opened.code} {opened.text}")
+
+    def send(self, batch: list[Event]) -> None:
+        client = self.client
+        self.stream.write(b"".join(client.send("syslog", syslog_line(e)) for e in batch))
+        refused: list[Response] = []
+
+        def feed(data: bytes) -> list[Any]:
+            answers = client.feed(data)
+            refused.extend(r for r in answers if isinstance(r, Response) and r.code != 200)
+            return answers
+
+        # One read may carry many rsp: done once none is outstanding.
+        self.stream.until(feed, lambda _: client.unanswered == 0, f"RELP rsp for {len(batch)} messages")
+        if refused:
+            raise SendFailed(f"{self.opts.where} answered {len(refused)} RELP frames with {refused[0].code} {refused[0].text}")
+
+    def close(self) -> None:
+        try:
+            self.stream.write(self.client.send("close"))
+            self.stream.until(self.client.feed, lambda r: isinstance(r, Response), "answer to RELP close")
+        except SendFailed:
+            pass  # everything was acknowledged already; the close is a courtesy
+        self.stream.close()
+
+
 def _error(reply: rl.ErrorReply) -> str:
     return f"error {reply.code}: {reply.message}"
 
@@ -414,4 +465,5 @@ SENDERS: dict[str, Callable[[Options], Sender]] = {
     "segment": SegmentSender,
     "rustlog": RustlogSender,
     "otlp": OtlpSender,
+    "syslog": SyslogSender,
 }

@@ -1,0 +1,172 @@
+"""Benchmark: syslog events/s through `logjam-bridge syslog` (octet-counted TCP and RELP) + `logjam-device`,
+and its CPU per event against `logjam-bridge lumberjack` carrying the same events.
+
+The events are RFC 5424 lines as rsyslog's RSYSLOG_SyslogProtocol23Format writes them
+(~200 bytes, structured data on every tenth). Octet-counted TCP: one client writes them
+all; the clock stops when a subscriber on the device has counted every event. RELP: one
+client with 128 frames unanswered (librelp's window), the clock stops at the last
+`rsp 200 OK` and the subscriber's count. The Lumberjack run sends the same lines, each as
+`{"message": line}`, in 2048-event windows of the project's own client (zlib level 6),
+through benchmarks/lumberjack.py's acked client, on the same device.
+
+The reference, measured in the same run, is the in-process decode-only limit: the sans-IO
+framing engine fed 64 KiB reads plus parse.py on each message, with no sockets or device.
+Prints ev/s, CPU per event for each bridge, and the ratio syslog / lumberjack.
+
+Run: .venv/bin/python benchmarks/syslog.py [--events N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
+from bridges.syslog.engine import SyslogClient, SyslogServer  # noqa: E402
+from bridges.syslog.parse import parse  # noqa: E402
+from bridges.syslog.relp import RelpClient, Response  # noqa: E402
+from benchmarks.device_ceiling import Counter, counting_sub  # noqa: E402
+from benchmarks.lumberjack import APP_ENV as LUMBERJACK_APP_ENV  # noqa: E402
+from benchmarks.lumberjack import WINDOW, cpu_seconds, through_bridge  # noqa: E402
+from tests.conftest import start_device  # noqa: E402
+from tests.helpers import command, free_port, port_open, stop, wait_for  # noqa: E402
+
+APP_ENV = "syslog-bench"
+RELP_WINDOW = 128
+
+
+def make_lines(n: int) -> list[bytes]:
+    rnd = random.Random(42)
+    out = []
+    for i in range(n):
+        sd = b'[meta@32473 seq="%d" region="eu-1"]' % i if i % 10 == 0 else b"-"
+        out.append(b"<134>1 2026-11-27T10:%02d:%02d.%06dZ web-17.example.net nginx %d - %b "
+                   b"GET /api/v1/users/%d/orders HTTP/1.1 200 %.1fms req=%016x"
+                   % (i // 60 % 60, i % 60, i % 10**6, 1000 + i % 7, sd, rnd.randrange(10**6),
+                      rnd.random() * 200, rnd.getrandbits(64)))
+    return out
+
+
+def decode_only(wire: bytes, n: int) -> tuple[float, float]:
+    engine = SyslogServer()
+    got = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i in range(0, len(wire), 65536):
+        events = engine.feed(wire[i:i + 65536])
+        while events:
+            for ev in events:
+                parse(ev.raw, 0)
+                got += 1
+            events = engine.feed(b"")
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert got == n, got
+    return n / elapsed, n / max(cpu, 1e-9)
+
+
+def over_tcp(dev, port: int, wire: bytes, n: int) -> float:
+    sub = counting_sub(dev.router, dev.pub, APP_ENV)
+    counter = Counter(sub, n)
+    t0 = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(wire)
+        counter.join(120)
+    sub.close()
+    if counter.done_at is None:
+        raise SystemExit(f"subscriber counted {counter.counted} of {n}")
+    return n / (counter.done_at - t0)
+
+
+def over_relp(dev, port: int, lines: list[bytes]) -> float:
+    sub = counting_sub(dev.router, dev.pub, APP_ENV)
+    counter = Counter(sub, len(lines))
+    client = RelpClient()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def read() -> None:
+            for r in client.feed(s.recv(65536)):
+                if isinstance(r, Response) and r.code != 200:
+                    raise SystemExit(f"RELP rsp {r.code} {r.text}")
+
+        s.sendall(client.send("open"))
+        while client.unanswered:
+            read()
+        t0 = time.perf_counter()
+        sent = 0
+        while sent < len(lines) or client.unanswered:
+            room = RELP_WINDOW - client.unanswered
+            if room > 0 and sent < len(lines):
+                chunk = lines[sent:sent + room]
+                s.sendall(b"".join(client.send("syslog", m) for m in chunk))
+                sent += len(chunk)
+            read()
+        t_acked = time.perf_counter()
+    counter.join(60)
+    sub.close()
+    if counter.done_at is None:
+        raise SystemExit(f"subscriber counted {counter.counted} of {len(lines)}")
+    return len(lines) / (max(counter.done_at, t_acked) - t0)
+
+
+def run_bridge(dev, protocol: str, flags: list[str], work) -> tuple[float, float]:
+    """(events/s, bridge CPU µs per event) of `work(port)`, which returns events/s and sends `n` events."""
+    port = free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix=f"{protocol}-bench-", suffix=".log")
+    bridge = subprocess.Popen([command("logjam-bridge"), protocol, "--listen", f"127.0.0.1:{port}", "--device",
+                               dev.router, "--app-env", LUMBERJACK_APP_ENV if protocol == "lumberjack" else APP_ENV,
+                               "--plaintext", *flags],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: port_open(port), timeout=20, what=f"{protocol} bridge to listen")
+        cpu0 = cpu_seconds(bridge.pid)
+        rate, n = work(port)
+        cpu = cpu_seconds(bridge.pid) - cpu0
+    finally:
+        if stop(bridge) != 0:
+            log.seek(0)
+            print(log.read()[-4000:], file=sys.stderr)
+            raise SystemExit(f"logjam-bridge {protocol} failed")
+    return rate, cpu / n * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=10 * WINDOW, help=f"events per run, a multiple of {WINDOW}")
+    args = ap.parse_args()
+    n = args.events // WINDOW * WINDOW
+    lines = make_lines(n)
+    wire = b"".join(SyslogClient().send(m) for m in lines)
+    ref, ref_cpu = max(decode_only(wire, n) for _ in range(3))
+    lj = LumberjackClient()
+    windows = [lj.send([{"message": m.decode()} for m in lines[w:w + WINDOW]]) for w in range(0, n, WINDOW)]
+
+    dev = start_device(device_id=7)
+    try:
+        tcp, tcp_us = run_bridge(dev, "syslog", [], lambda port: (over_tcp(dev, port, wire, n), n))
+        relp, relp_us = run_bridge(dev, "syslog", ["--relp"], lambda port: (over_relp(dev, port, lines), n))
+        lumber, lumber_us = run_bridge(dev, "lumberjack", [], lambda port: (through_bridge(dev, port, windows), n))
+    finally:
+        stop(dev.proc)
+    print(f"events: {n} RFC 5424 lines, ~{len(wire) // n} bytes each on the wire (octet-counted)")
+    print(f"decode-only limit (framing + parse.py): {ref:12,.0f} events/s, {1e6 / ref_cpu:.2f} us CPU per event")
+    print(f"syslog TCP, octet-counted (bridge + device + subscriber): {tcp:12,.0f} events/s, "
+          f"bridge {tcp_us:.2f} us CPU per event")
+    print(f"syslog RELP, 128 unanswered, rsp after the device's 202: {relp:12,.0f} events/s, "
+          f"bridge {relp_us:.2f} us CPU per event")
+    print(f"lumberjack, the same lines as {{\"message\": line}}, 2 windows in flight: {lumber:12,.0f} events/s, "
+          f"bridge {lumber_us:.2f} us CPU per event")
+    print(f"ratio to lumberjack: TCP {tcp / lumber:.2f}x ev/s, {tcp_us / lumber_us:.2f}x CPU per event; "
+          f"RELP {relp / lumber:.2f}x ev/s, {relp_us / lumber_us:.2f}x CPU per event")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,350 @@
+"""`logjam-bridge syslog`: syslog over TCP, TLS and UDP, and RELP, forwarded to the device.
+
+One process serves one stream transport on `--listen`: plain syslog (RFC 6587, octet
+counting or LF framing, told apart per message; TLS, RFC 5425, when --tls-cert is given), or
+RELP with `--relp`. `--udp-listen` adds a UDP socket (RFC 5426) beside it. `make up` runs
+three of them (plain TCP with UDP, TLS, RELP); docs/protocols/syslog.md has the mapping.
+
+What a sender can lose follows from its transport:
+- plain syslog over TCP or TLS has no acknowledgement: the bridge forwards what it reads,
+  and whatever sits in the sender's socket buffers, ours or the device link when a bridge
+  dies is gone (at-most-once);
+- UDP the same, plus whatever the kernel or the bridge drops under load (counted in
+  logjam_bridge_datagrams_dropped);
+- RELP answers each `syslog` frame with `rsp 200 OK` only once the device has accepted the
+  message (its 202), in the order the frames came, through the host's `Pipeline`; what
+  was not answered is sent again by librelp after a reconnect (at-least-once; the
+  importer drops copies only where `_id` matches, and a resent RELP frame gets a new one,
+  so a resend after a bridge crash can land twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter
+
+from bridges.host import Batches, BridgeProtocol, Connection, Host, IdleTimeout, Pipeline, forward
+from bridges.host.datagram import listen_datagrams
+from bridges.host.server import split_listen
+from bridges.syslog.engine import DEFAULT_MAX_FRAME, Frame, SyslogServer, datagram
+from bridges.syslog.parse import parse
+from bridges.syslog.relp import Close, Open, RelpServer, Response, ServerClose, Syslog, open_answer
+from logjam.meta import now_ms
+from logjam.validation import is_valid_app_env
+
+log = logging.getLogger("logjam-bridge.syslog")
+
+UDP_FLUSH_EVENTS = 256
+UDP_MAX_BATCHES = 64  # UDP batches at the device at once; beyond, datagrams are dropped (counted)
+
+
+@dataclass(frozen=True, slots=True)
+class SyslogConfig:
+    """The flags `Bridge.add_arguments` adds (their help text is there)."""
+
+    relp: bool
+    udp_listen: str | None
+    app_name_environment: str | None
+    batch_size: int
+    max_pending_batches: int
+
+
+class AppEnv:
+    """app-env of one message: `<APP-NAME>-<--app-name-environment>` when that flag is set and
+    the result is a valid stream name, else --app-env (a fallback is counted)."""
+
+    def __init__(self, host: Host, environment: str | None) -> None:
+        self.default = host.config.app_env
+        self.environment = environment
+        self.fallback = host.metrics.app_env_fallbacks
+        self._cache: dict[str, str] = {}
+
+    def __call__(self, body: dict[str, Any]) -> str:
+        if self.environment is None:
+            return self.default
+        name = body["syslog"].get("app_name")
+        if name is None:
+            self.fallback.inc()
+            return self.default
+        app_env = self._cache.get(name)
+        if app_env is None:
+            candidate = f"{name}-{self.environment}"
+            app_env = candidate if is_valid_app_env(candidate) else ""
+            if len(self._cache) < 4096:
+                self._cache[name] = app_env
+        if not app_env:
+            self.fallback.inc()
+            return self.default
+        return app_env
+
+
+class Bridge(BridgeProtocol):
+    name = "syslog"
+    default_port = 5514
+    default_max_frame = DEFAULT_MAX_FRAME
+    default_idle_timeout = 3600.0
+    Config = SyslogConfig
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("syslog")
+        g.add_argument("--relp", action="store_true",
+                       help="speak RELP on --listen (rsyslog's omrelp; acknowledged, at-least-once) "
+                            "instead of syslog over TCP")
+        g.add_argument("--udp-listen", metavar="HOST:PORT",
+                       help="also take syslog datagrams (RFC 5426) here; no acknowledgement is possible")
+        g.add_argument("--app-name-environment", metavar="ENV",
+                       help="app-env is <APP-NAME>-ENV of each message (--app-env when it has none)")
+        g.add_argument("--batch-size", type=int, default=256, metavar="EVENTS",
+                       help="messages per pipelined device batch (default %(default)s)")
+        g.add_argument("--max-pending-batches", type=int, default=16, metavar="N",
+                       help="device batches in flight per connection before it stops reading (default %(default)s)")
+
+    @classmethod
+    def config_from_flags(cls, args: argparse.Namespace) -> SyslogConfig:
+        config: SyslogConfig = super().config_from_flags(args)
+        if config.udp_listen is not None:
+            split_listen(config.udp_listen)  # ValueError: says what is wrong at start
+        if config.app_name_environment is not None and not is_valid_app_env(f"a-{config.app_name_environment}"):
+            raise ValueError(f"--app-name-environment {config.app_name_environment!r} cannot end a stream name")
+        return config
+
+    def __init__(self, config: SyslogConfig, host: Host) -> None:
+        super().__init__(config, host)
+        self.app_env = AppEnv(host, config.app_name_environment)
+        self.udp: _Datagrams | None = None
+
+    async def start(self) -> None:
+        if self.config.udp_listen:
+            self.udp = _Datagrams(self)
+            await self.udp.open(self.config.udp_listen)
+
+    async def serve(self, conn: Connection) -> None:
+        await (_RelpSession if self.config.relp else _Session)(self, conn).run()
+
+    async def aclose(self) -> None:
+        if self.udp is not None:
+            await self.udp.close()
+
+
+class _Session:
+    """One syslog stream (TCP or TLS): frames become messages; there is nothing to acknowledge."""
+
+    version = "rfc6587"
+
+    def __init__(self, bridge: Bridge, conn: Connection) -> None:
+        self.conn = conn
+        self.bridge = bridge
+        self.mapper = bridge.host.mapper
+        self.metrics = bridge.host.metrics
+        self.batch_size = bridge.config.batch_size
+        self.engine = self.make_engine(bridge.host.config.max_frame_size)
+        conn.partial = lambda: self.engine.mid_frame
+        self.batch: Batches = self.mapper.batches()
+        self.plan: list[int] = []  # what the batch being built earns (RELP: its TXNRs)
+        self.failure: BaseException | None = None
+        self.pipeline: Pipeline[Any] = Pipeline(
+            bridge.host, f"syslog {conn.peer}", accepted=self.accepted, refused=self._refused,
+            depth=bridge.config.max_pending_batches, consequence=self.consequence,
+        )
+        self.base = conn.metadata(self.version)
+
+    consequence = "closing the connection (plain syslog: those messages are lost)"
+
+    def make_engine(self, max_frame: int) -> Any:
+        return SyslogServer(max_frame)
+
+    def accepted(self, plan: Any) -> None:
+        """Plain syslog has no acks."""
+
+    def _refused(self, _plan: Any, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+            self.conn.stop_reading()
+
+    async def run(self) -> None:
+        try:
+            await self._read_loop()
+            await self.flush()
+            await self.pipeline.finish()
+            if self.failure is not None:
+                raise self.failure
+            self.goodbye()
+            await self.conn.drain()
+        finally:
+            await self.pipeline.close()
+
+    def goodbye(self) -> None:
+        """What the session says before the host closes it: nothing, in plain syslog."""
+
+    def waiting_for_acks(self) -> bool:
+        return False
+
+    async def _read_loop(self) -> None:
+        conn, engine = self.conn, self.engine
+        while not self.done():
+            if self.failure is not None:
+                raise self.failure
+            try:
+                data = await conn.read(65536)
+            except IdleTimeout:
+                if self.waiting_for_acks():
+                    continue
+                raise
+            if not data:
+                return
+            events = engine.feed(data)
+            while events:
+                for ev in events:
+                    await self.on_event(ev)
+                events = engine.feed(b"")
+            await self.flush()
+            await conn.drain()
+
+    def done(self) -> bool:
+        return False
+
+    async def on_event(self, ev: Frame) -> None:
+        self.add(ev.raw, {**self.base, "framing": ev.framing})
+        if self.batch.n >= self.batch_size:
+            await self.flush()
+
+    def add(self, raw: bytes, meta: dict[str, Any]) -> None:
+        received = meta["received_at"]
+        body = parse(raw, received)  # its @timestamp, when it has one, is created_ms
+        self.mapper.add(self.batch, body, meta, created_ms=received, app_env=self.bridge.app_env(body))
+
+    async def flush(self) -> None:
+        if not self.batch:
+            return
+        batch, self.batch = self.batch, self.mapper.batches()
+        plan, self.plan = self.plan, []
+        n = len(batch)
+        self.metrics.events_received.inc(n)
+        pipeline = self.pipeline
+        pipeline.take(n)
+        await pipeline.slot()
+        if pipeline.failed:
+            return
+        pipeline.launch(plan, batches=batch, units=n, events=n)
+        await pipeline.room()
+
+
+class _RelpSession(_Session):
+    """One RELP connection: `rsp 200 OK` for each `syslog` frame once the device accepted it,
+    in the order the frames came (the pipeline settles batches in launch order)."""
+
+    version = "relp"
+    consequence = "closing without answering them (the RELP client sends them again)"
+
+    def make_engine(self, max_frame: int) -> Any:
+        return RelpServer(max_frame)
+
+    def waiting_for_acks(self) -> bool:
+        return self.engine.unanswered > 0
+
+    def done(self) -> bool:
+        return self.engine.closed
+
+    def goodbye(self) -> None:
+        # At shutdown, after the rsp of everything forwarded: librelp's hint that the server
+        # goes away, so it reconnects (and resends what is unanswered) without waiting.
+        if self.conn.stopping and not self.engine.closed:
+            self.conn.write(self.engine.send(ServerClose()))
+
+    def accepted(self, plan: Any) -> None:
+        if self.failure is not None:
+            return
+        engine, write = self.engine, self.conn.write
+        if isinstance(plan, tuple):  # ("open"|"close", txnr)
+            kind, txnr = plan
+            write(engine.send(Response(txnr, data=open_answer() if kind == "open" else b"")))
+            return
+        if plan:
+            write(b"".join(engine.send(Response(txnr)) for txnr in plan))
+
+    async def on_event(self, ev: Any) -> None:
+        if ev.__class__ is Syslog:
+            self.plan.append(ev.txnr)
+            self.add(ev.raw, {**self.base, "txnr": ev.txnr})
+            if self.batch.n >= self.batch_size:
+                await self.flush()
+        elif ev.__class__ is Open:
+            log.debug("%s: RELP open %s", self.conn.peer, ev.offers)
+            self._in_line(("open", ev.txnr))
+        elif ev.__class__ is Close:
+            await self.flush()
+            self._in_line(("close", ev.txnr))
+
+    def _in_line(self, plan: tuple[str, int]) -> None:
+        """An answer that waits only for the batches before it."""
+        if not self.pipeline.failed:
+            self.pipeline.launch(plan)
+
+
+class _Datagrams:
+    """Syslog over UDP: one message per datagram, batched for a moment, forwarded without acks."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+        self.host = bridge.host
+        self.mapper = bridge.host.mapper
+        self.batch: Batches = self.mapper.batches()
+        self.scheduled = False
+        self.tasks: set[asyncio.Task[int]] = set()
+        self.transport: asyncio.DatagramTransport | None = None
+        self.dropped = Counter("logjam_bridge_datagrams_dropped",
+                               "Syslog datagrams dropped because the device link was full",
+                               ["protocol"], registry=bridge.host.metrics.registry).labels("syslog")
+
+    async def open(self, listen: str) -> None:
+        host, port = split_listen(listen)
+        self.transport = await listen_datagrams(host, port, self.received)
+        log.info("syslog datagrams (UDP) on %s:%d", host, port)
+
+    def received(self, data: bytes, peer: str) -> None:
+        frame = datagram(data)
+        if frame is None:
+            return
+        if len(self.tasks) >= UDP_MAX_BATCHES:
+            self.dropped.inc()
+            return
+        received = now_ms()
+        meta = {"protocol": "syslog", "protocol_version": "rfc5426", "peer": peer, "received_at": received,
+                "framing": frame.framing}
+        body = parse(frame.raw, received)
+        self.mapper.add(self.batch, body, meta, created_ms=received, app_env=self.bridge.app_env(body))
+        if self.batch.n >= UDP_FLUSH_EVENTS:
+            self.flush()
+        elif not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.scheduled = False
+        if not self.batch:
+            return
+        batch, self.batch = self.batch, self.mapper.batches()
+        n = len(batch)
+        self.host.metrics.events_received.inc(n)
+        task = asyncio.ensure_future(forward(self.host, batch, "syslog udp"))
+        self.tasks.add(task)
+
+        def done(t: asyncio.Task[int]) -> None:
+            self.tasks.discard(t)
+            if not t.cancelled() and t.exception() is None and t.result() == 0:
+                self.host.metrics.events_acked.inc(n)
+
+        task.add_done_callback(done)
+
+    async def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self.flush()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=10)
