@@ -40,6 +40,8 @@ from bridges.courier.engine import (
     Version,
 )
 from bridges.host import Batches, BridgeProtocol, Connection, Host, IdleTimeout, KeepaliveTimer, Pipeline, Positions
+from bridges.host.config import HostConfig
+from runtime.config import from_flags
 
 log = logging.getLogger("logjam-bridge.courier")
 
@@ -71,6 +73,12 @@ class CourierConfig:
     batch_size: int
     max_pending_batches: int
 
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, host: HostConfig) -> "CourierConfig":
+        if not 0 < args.ack_interval <= 5:  # clients give up after 15 s without an ACKN
+            raise ValueError("--ack-interval must be in (0, 5] seconds")
+        return from_flags(cls, args)
+
 
 class Bridge(BridgeProtocol):
     name = "courier"
@@ -94,11 +102,6 @@ class Bridge(BridgeProtocol):
                        help="events per pipelined device batch (default %(default)s)")
         g.add_argument("--max-pending-batches", type=int, default=16, metavar="N",
                        help="device batches in flight per connection before it stops reading (default %(default)s)")
-
-    def __init__(self, config: CourierConfig, host: Host) -> None:
-        super().__init__(config, host)
-        if not 0 < config.ack_interval <= 5:
-            raise SystemExit("logjam-bridge courier: --ack-interval must be in (0, 5] seconds")
 
     async def serve(self, conn: Connection) -> None:
         await _Session(self, conn).run()

@@ -1,14 +1,17 @@
-"""What a bridge is started with: `HostConfig` (the flags every bridge has) and the TLS part.
+"""What a bridge is started with: `BridgeConfig`, that is `HostConfig` (the flags every bridge
+has, the TLS part among them) and the protocol's own config (`BridgeProtocol.Config`).
 
-bridges/cli.py builds them once from flags and TOML (runtime/config.py), with each
-protocol's own config beside them (`BridgeProtocol.Config`), so the rest of the code reads
-typed, frozen fields rather than an `argparse.Namespace` that anything could change.
+bridges/cli.py builds it once from flags and TOML (runtime/config.py's `parse_config`), and
+both a start and `--check` read that one object: every flag is validated here, while it is
+built (a ValueError names the flag), so the rest of the code reads typed, frozen fields
+rather than an `argparse.Namespace` that anything could change.
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from runtime.config import from_flags
 
@@ -24,10 +27,15 @@ class TLSConfig:
     client_auth: str | None = None  # none, optional, required; None: required with a client CA
     handshake_timeout: float = 10.0
 
+    def __post_init__(self) -> None:
+        if self.cert and not self.key:
+            raise ValueError("--tls-cert needs --tls-key")
+        if self.cert and self.auth != "none" and not self.client_ca:
+            raise ValueError(f"--tls-client-auth {self.auth} needs --tls-client-ca")
+
     @classmethod
     def from_flags(cls, args: argparse.Namespace) -> "TLSConfig":
-        return cls(args.tls_cert, args.tls_key, args.tls_key_password, args.tls_client_ca, args.tls_client_auth,
-                   args.tls_handshake_timeout)
+        return from_flags(cls, args, prefix="tls_")
 
     @property
     def auth(self) -> str:
@@ -59,4 +67,24 @@ class HostConfig:
     def from_flags(cls, args: argparse.Namespace) -> "HostConfig":
         # One flag may carry every device of a mesh, comma-separated (supervisord passes one value).
         devices = tuple(d.strip() for v in (args.device or ["tcp://127.0.0.1:9604"]) for d in v.split(",") if d.strip())
+        for endpoint in devices:
+            scheme, _, rest = endpoint.partition("://")
+            if scheme not in ("tcp", "ipc") or not rest or (scheme == "tcp" and not rest.rpartition(":")[2].isdigit()):
+                raise ValueError(f"--device {endpoint}: not tcp://HOST:PORT nor ipc://PATH")
         return from_flags(cls, args, device=devices, tls=TLSConfig.from_flags(args))
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeConfig:
+    """Everything one bridge process runs with, built once: what `--check` reads is what runs."""
+
+    host: HostConfig
+    protocol: Any  # the protocol's frozen `Config`
+
+    @classmethod
+    def builder(cls, protocol_config: Any) -> Callable[[argparse.Namespace], "BridgeConfig"]:
+        """For `parse_config`: the host's config and then the protocol's (`protocol_config.from_flags(args, host)`)."""
+        def build(args: argparse.Namespace) -> BridgeConfig:
+            host = HostConfig.from_flags(args)
+            return cls(host, protocol_config.from_flags(args, host))
+        return build

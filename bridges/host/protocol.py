@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bridges.host.budget import Budget
-from bridges.host.config import HostConfig, from_flags
+from bridges.host.config import HostConfig
 from bridges.host.connection import Connection
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
@@ -32,7 +32,8 @@ class BridgeProtocol:
     default_port: ClassVar[int]
     default_max_frame: ClassVar[int]
     default_idle_timeout: ClassVar[float]
-    # The protocol's own config: a frozen dataclass whose fields are its flags' names.
+    # The protocol's own config: a frozen dataclass whose fields are its flags' names, made by
+    # its classmethod `from_flags(args, host)` (which refuses bad values with a ValueError).
     Config: ClassVar[type]
 
     def __init__(self, config: Any, host: Host) -> None:
@@ -42,11 +43,6 @@ class BridgeProtocol:
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Protocol-only flags; the common ones are added by the host."""
-
-    @classmethod
-    def config_from_flags(cls, args: argparse.Namespace) -> Any:
-        """`Config` from the parsed flags and TOML, once, at start; ValueError says what is wrong."""
-        return from_flags(cls.Config, args)
 
     @classmethod
     def data_dir(cls, config: Any) -> str | None:

@@ -48,7 +48,9 @@ from bridges.lumberjack.engine import (
     LumberjackServer,
     WindowFrame,
 )
+from bridges.host.config import HostConfig
 from logjam.errors import LocalProtocolError, ProtocolError
+from runtime.config import from_flags
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +297,14 @@ class LumberjackConfig:
     max_batch: int
     pipeline: int
 
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, host: HostConfig) -> "LumberjackConfig":
+        try:  # the engine's own check of its limits, at start rather than on every connection
+            LumberjackServer(host.max_frame_size, args.max_decompressed_size)
+        except LocalProtocolError as e:
+            raise ValueError(str(e)) from None
+        return from_flags(cls, args)
+
 
 class Bridge(BridgeProtocol):
     """Lumberjack v1 (logstash-forwarder) and v2 (Beats) clients into a Logjam device."""
@@ -324,10 +334,6 @@ class Bridge(BridgeProtocol):
 
     def __init__(self, config: LumberjackConfig, host: Host) -> None:
         super().__init__(config, host)
-        try:  # refuse bad limits at start, not on every connection
-            LumberjackServer(host.config.max_frame_size, config.max_decompressed_size)
-        except LocalProtocolError as e:
-            raise SystemExit(f"logjam-bridge lumberjack: {e}") from None
         # Events decoded and not yet acked, all connections together.
         self.budget = Budget(config.max_process_pending_events)
 

@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, KeepaliveTimer, Pipeline, Positions, forward
+from bridges.host.config import HostConfig
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
-from runtime.config import FSYNC_POLICIES
+from runtime.config import FSYNC_POLICIES, from_flags
 from logjam.meta import now_ms
 
 log = logging.getLogger("logjam-bridge.segment")
@@ -61,6 +62,10 @@ class SegmentConfig:
     max_pending_appends: int
     max_pending_bytes: int
     keepalive_interval: float
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, host: HostConfig) -> "SegmentConfig":
+        return from_flags(cls, args)
 
 
 class Bridge(BridgeProtocol):
