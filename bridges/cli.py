@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bridges.host.config import BridgeConfig
+from bridges.host.config import BridgeConfig, Knobs, flag
 from bridges.host.protocol import BridgeProtocol
 from logjam import native
 from logjam.endpoints import needs_curve
@@ -66,11 +66,32 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
                         "connections wait for room (default %(default)s)")
     p.add_argument("--max-inflight", type=int, default=20_000, help="events awaiting the device, process-wide")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port")
+    add_knob_flags(p, cls.knobs)
     p.add_argument("-v", "--verbose", action="store_true")
     curve.add_client_flags(p)
     add_config_flag(p)
     cls.add_arguments(p)
     return p
+
+
+# The host's shared knobs (bridges/host/config.py `Knobs`): type, metavar, help.
+KNOB_FLAGS: dict[str, tuple[type, str, str]] = {
+    "pipeline_depth": (int, "N", "per connection: batches awaiting the device at once; beyond, the connection "
+                                 "stops reading"),
+    "batch_size": (int, "N", "events per pipelined publish to the device"),
+    "keepalive_interval": (float, "SECONDS", "while a client's events wait for the device, tell it so this often"),
+}
+
+
+def add_knob_flags(p: argparse.ArgumentParser, knobs: Knobs) -> None:
+    """The shared knobs the protocol has, with its defaults; its old names of them, hidden."""
+    for name, (kind, metavar, text) in KNOB_FLAGS.items():
+        default = getattr(knobs, name)
+        if default is not None:
+            # No argparse default: an old name given alone must not lose to it (HostConfig resolves).
+            p.add_argument(flag(name), type=kind, metavar=metavar, help=f"{text} (default {default:g})")
+    for old, new in knobs.renamed:
+        p.add_argument(flag(old), type=KNOB_FLAGS[new][0], help=argparse.SUPPRESS)
 
 
 def check(cls: type[BridgeProtocol], bridge: BridgeConfig, args: argparse.Namespace) -> int:
@@ -81,6 +102,8 @@ def check(cls: type[BridgeProtocol], bridge: BridgeConfig, args: argparse.Namesp
 
     c = Checker(f"logjam-bridge {cls.name}")
     config = bridge.host
+    for old, new in config.deprecated:
+        c.warning(f"{old} is deprecated and will be removed in the next release; use {new}")
     listen = c.attempt(f"--listen {config.listen}", lambda: split_listen(config.listen))
     if listen is not None:
         c.port("--listen", listen[1], zero_ok=True)
@@ -114,10 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"usage: logjam-bridge {{{','.join(PROTOCOLS)}}} [flags]   (logjam-bridge PROTOCOL --help)", file=sys.stderr)
         return 0 if wanted in ("-h", "--help") else (1 if "--check" in argv else 2)
     cls = load_protocol(argv[0])
-    args, config = parse_config(build_parser(cls), argv[1:], BridgeConfig.builder(cls.Config))
+    args, config = parse_config(build_parser(cls), argv[1:], BridgeConfig.builder(cls.Config, cls.knobs))
     if args.check:
         return check(cls, config, args)
     log = setup_logging(f"logjam-bridge-{cls.name}", args.verbose)
+    for old, new in config.host.deprecated:
+        log.warning("%s is deprecated and will be removed in the next release; use %s (flag or TOML key)", old, new)
     from bridges.host.server import BridgeServer
 
     # Which C paths run (LOGJAM_NATIVE); under `require` a missing build stops the bridge here.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bridges.host.budget import Budget
-from bridges.host.config import HostConfig
+from bridges.host.config import HostConfig, Knobs
 from bridges.host.connection import Connection
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
@@ -35,6 +35,8 @@ class BridgeProtocol:
     # The protocol's own config: a frozen dataclass whose fields are its flags' names, made by
     # its classmethod `from_flags(args, host)` (which refuses bad values with a ValueError).
     Config: ClassVar[type]
+    # Its defaults for the host's shared knobs (depth, batch size, keepalive) and their old names.
+    knobs: ClassVar[Knobs] = Knobs()
 
     def __init__(self, config: Any, host: Host) -> None:
         self.config = config
