@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bridges.host.config import HostConfig
+from bridges.host.config import BridgeConfig, Knobs, flag
 from bridges.host.protocol import BridgeProtocol
 from logjam import native
 from logjam.endpoints import needs_curve
 from runtime import curve
 from runtime.check import Checker
-from runtime.config import add_config_flag, parse_args, setup_logging
+from runtime.config import add_config_flag, parse_config, setup_logging
 
 PROTOCOLS = {
     "lumberjack": "bridges.lumberjack.bridge:Bridge",
@@ -68,6 +68,7 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
                         "connections wait for room (default %(default)s)")
     p.add_argument("--max-inflight", type=int, default=20_000, help="events awaiting the device, process-wide")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port")
+    add_knob_flags(p, cls.knobs)
     p.add_argument("-v", "--verbose", action="store_true")
     curve.add_client_flags(p)
     add_config_flag(p)
@@ -75,25 +76,39 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
     return p
 
 
-def check(cls: type[BridgeProtocol], args: argparse.Namespace) -> int:
-    """--check: the listen address, device endpoints, TLS files (loaded as a start would), data dir."""
+# The host's shared knobs (bridges/host/config.py `Knobs`): type, metavar, help.
+KNOB_FLAGS: dict[str, tuple[type, str, str]] = {
+    "pipeline_depth": (int, "N", "per connection: batches awaiting the device at once; beyond, the connection "
+                                 "stops reading"),
+    "batch_size": (int, "N", "events per pipelined publish to the device"),
+    "keepalive_interval": (float, "SECONDS", "while a client's events wait for the device, tell it so this often"),
+}
+
+
+def add_knob_flags(p: argparse.ArgumentParser, knobs: Knobs) -> None:
+    """The shared knobs the protocol has, with its defaults; its old names of them, hidden."""
+    for name, (kind, metavar, text) in KNOB_FLAGS.items():
+        default = getattr(knobs, name)
+        if default is not None:
+            # No argparse default: an old name given alone must not lose to it (HostConfig resolves).
+            p.add_argument(flag(name), type=kind, metavar=metavar, help=f"{text} (default {default:g})")
+    for old, new in knobs.renamed:
+        p.add_argument(flag(old), type=KNOB_FLAGS[new][0], help=argparse.SUPPRESS)
+
+
+def check(cls: type[BridgeProtocol], bridge: BridgeConfig, args: argparse.Namespace) -> int:
+    """--check of the config a start would run with (its flags were validated when it was built):
+    the listen address, TLS files (loaded as a start would), data dir."""
     from bridges.host.server import split_listen
     from bridges.host.tls import server_context
 
     c = Checker(f"logjam-bridge {cls.name}")
-    config = HostConfig.from_flags(args)
-    try:
-        protocol_config = cls.config_from_flags(args)
-    except ValueError as e:
-        c.error(str(e))
-        protocol_config = None
+    config = bridge.host
+    for old, new in config.deprecated:
+        c.warning(f"{old} is deprecated and will be removed in the next release; use {new}")
     listen = c.attempt(f"--listen {config.listen}", lambda: split_listen(config.listen))
     if listen is not None:
         c.port("--listen", listen[1], zero_ok=True)
-    for endpoint in config.device:
-        scheme, _, rest = endpoint.partition("://")
-        if scheme not in ("tcp", "ipc") or not rest or (scheme == "tcp" and not rest.rpartition(":")[2].isdigit()):
-            c.error(f"--device {endpoint}: not tcp://HOST:PORT nor ipc://PATH")
     c.port("--metrics-port", config.metrics_port)
     if listen is not None:
         c.distinct_ports({"--listen": listen[1], "--metrics-port": config.metrics_port})
@@ -104,9 +119,8 @@ def check(cls: type[BridgeProtocol], args: argparse.Namespace) -> int:
             c.readable_file(flag, path)
         if c.attempt("TLS certificate, key and client CA load", lambda: server_context(config.tls)) is not None:
             tls = f"TLS (client certificates: {config.tls.auth}; SIGHUP reloads the files)"
-    if protocol_config is not None:
-        cls.check(protocol_config, config, c)
-    data_dir = cls.data_dir(protocol_config) if protocol_config is not None else None
+    cls.check(bridge.protocol, config, c)
+    data_dir = cls.data_dir(bridge.protocol)
     c.writable_dir("--data-dir", data_dir)
     c.would_run(f"{cls.name} bridge on {config.listen} ({tls}), forwarding to {', '.join(config.device)} "
                 f"as app-env {config.app_env!r}, topic {config.topic!r}")
@@ -126,35 +140,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"usage: logjam-bridge {{{','.join(PROTOCOLS)}}} [flags]   (logjam-bridge PROTOCOL --help)", file=sys.stderr)
         return 0 if wanted in ("-h", "--help") else (1 if "--check" in argv else 2)
     cls = load_protocol(argv[0])
-    args = parse_args(build_parser(cls), argv[1:])
+    args, config = parse_config(build_parser(cls), argv[1:], BridgeConfig.builder(cls.Config, cls.knobs))
     if args.check:
-        return check(cls, args)
+        return check(cls, config, args)
     log = setup_logging(f"logjam-bridge-{cls.name}", args.verbose)
-    config = HostConfig.from_flags(args)
-    try:
-        protocol_config = cls.config_from_flags(args)
-    except ValueError as e:
-        log.error("cannot start: %s", e)
-        return 1
+    for old, new in config.host.deprecated:
+        log.warning("%s is deprecated and will be removed in the next release; use %s (flag or TOML key)", old, new)
     from bridges.host.server import BridgeServer
 
     # Which C paths run (LOGJAM_NATIVE); under `require` a missing build stops the bridge here.
     modules = ["bridges.host._native_link"] + (["bridges.lumberjack._native_scan"] if cls.name == "lumberjack" else [])
     try:
         log.info("%s", native.describe(modules))
-        key = curve.client_key(args, config.device)
+        key = curve.client_key(args, config.host.device)
     except (native.NativeUnavailable, ValueError) as e:  # curve.KeyFileError is a ValueError
         log.error("cannot start: %s", e)
         return 1
     log.info("to the devices: %s", ", ".join(f"{d} ({'CURVE' if key is not None and needs_curve(d) else 'plaintext'})"
-                                             for d in config.device))
+                                             for d in config.host.device))
 
     # A bridge makes a few short-lived dicts per event and keeps almost nothing: with the
     # default gen-0 threshold (700) the cycle collector ran every few events and scanned
     # every in-flight batch each time. Nothing is lost by collecting rarely here.
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-    asyncio.run(BridgeServer(cls, config, protocol_config, key).run())
+    asyncio.run(BridgeServer(cls, config.host, config.protocol, key).run())
     return 0
 
 

@@ -35,7 +35,6 @@ bytes stay behind and the same batch can be appended again later.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import secrets
 import struct
@@ -86,22 +85,6 @@ class Gone:
     """The requested sequence numbers were deleted by retention; the journal starts at `first_seq`."""
 
     first_seq: int
-
-
-def _scan(path: Path) -> tuple[int, int, list[tuple[int, int]], int]:
-    """Validate a segment file on its own: (first seq, last seq, sparse index, length of its whole batches)."""
-    first = int(path.name[: -len(SUFFIX)])
-    last, valid = first - 1, 0
-    index: list[tuple[int, int]] = []
-    with open(path, "rb") as f:
-        read = lambda n, offset: os.pread(f.fileno(), n, offset)  # noqa: E731
-        for (_, _, batch_first, count), _, start, end in FRAMING.frames(read, 0, os.fstat(f.fileno()).st_size):
-            if batch_first != last + 1:
-                break
-            if not index or start - index[-1][1] >= INDEX_EVERY:
-                index.append((batch_first, start))
-            last, valid = batch_first + count - 1, end
-    return first, last, index, valid
 
 
 class Journal:

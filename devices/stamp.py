@@ -12,8 +12,8 @@ from __future__ import annotations
 import struct
 
 from logjam.meta import (META_CREATED, META_HEAD, META_RENUMBER, META_SIZE, META_STRUCT, META_TAG,
-                         META_TAG_SWAPPED, META_VERSION, Compression, now_ms)
-from logjam.validation import is_valid_app_env, is_valid_topic
+                         META_TAG_SWAPPED, META_VERSION, Compression)
+from logjam.validation import is_valid_app_env
 
 # Every acceptable first four bytes of a meta frame, mapped to what we publish: the
 # byte-swapped tag is accepted (the reference device does) but normalised on output.
@@ -35,7 +35,6 @@ ZERO_MS = bytes(8)
 # (normalised head, device, created_ms, seq) -> the published meta, in one call (logjam.meta's layout).
 pack_meta = META_RENUMBER.pack
 _U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
 
 REASONS = ("frame_count", "broken_meta", "bad_app_env", "bad_topic")
 INVALID_LABEL = "<invalid>"
@@ -53,10 +52,6 @@ def device_bytes(device_id: int) -> bytes:
     return _U32.pack(device_id)
 
 
-def now_bytes() -> bytes:
-    return _U64.pack(now_ms())
-
-
 def stamp(meta: bytes, device: bytes, seq: int, now: bytes) -> bytes:
     """The published meta: our device number and sequence, the client's created_ms unless it is 0.
 
@@ -70,14 +65,6 @@ def stamp(meta: bytes, device: bytes, seq: int, now: bytes) -> bytes:
 def with_compression(meta: bytes, method: int) -> bytes:
     """`meta` with its compression byte replaced (used by --compress)."""
     return HEAD_FOR[method] + meta[META_HEAD.stop:]
-
-
-def app_env_ok(name: bytes) -> bool:
-    return is_valid_app_env(name)
-
-
-def topic_ok(topic: bytes) -> bool:
-    return is_valid_topic(topic)
 
 
 def label(name: bytes) -> str:

@@ -73,7 +73,7 @@ class Checkpoints:
             if not changed:
                 return None
             data = {str(k): {"journal": p.journal, "seq": p.seq} for k, p in sorted(self.positions.items())}
-            atomic_write(self.path, json.dumps({"worker": self.worker, "devices": data}))
+            replace_file(self.path, json.dumps({"worker": self.worker, "devices": data}))
             return dict(self.positions)
 
 
@@ -93,11 +93,6 @@ def _position(value: object) -> Position:
     raise TypeError(f"unexpected checkpoint entry {value!r}")
 
 
-def atomic_write(path: Path, data: str) -> None:
-    """Write tmp, fsync, rename, fsync the directory: after a crash the file is the old or the new one."""
-    replace_file(path, data)
-
-
 def new_session_id(state_dir: Path, worker: int) -> tuple[str | None, str]:
     """(the previous run's Spark Connect session id or None, a fresh one now recorded in its place)."""
     path = Path(state_dir) / f"worker-{worker}.session"
@@ -106,7 +101,7 @@ def new_session_id(state_dir: Path, worker: int) -> tuple[str | None, str]:
     except FileNotFoundError:
         previous = None
     fresh = str(uuid.uuid4())
-    atomic_write(path, fresh + "\n")
+    replace_file(path, fresh + "\n")
     return previous, fresh
 
 

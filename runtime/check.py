@@ -35,6 +35,10 @@ class Checker:
         self.errors.append(text)
         self.lines.append(f"error  {text}")
 
+    def warning(self, text: str) -> None:
+        """Something that works today but should change (not an error: the verdict stays ok)."""
+        self.lines.append(f"warn   {text}")
+
     def would_run(self, text: str) -> None:
         self.plan.append(text)
 

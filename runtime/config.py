@@ -68,10 +68,11 @@ def parse_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
     return args, built[0]
 
 
-def from_flags(cls: type[T], args: argparse.Namespace, **values: Any) -> T:
-    """`cls` (a dataclass) with each field read from the flag of the same name, except `values`."""
+def from_flags(cls: type[T], args: argparse.Namespace, *, prefix: str = "", **values: Any) -> T:
+    """`cls` (a dataclass) with each field read from the flag of the same name (after `prefix`:
+    `prefix="tls_"` reads field `cert` from `--tls-cert`), except `values`."""
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    return cls(**{name: values[name] if name in values else getattr(args, name) for name in names})
+    return cls(**{name: values[name] if name in values else getattr(args, prefix + name) for name in names})
 
 
 def _parse(parser: argparse.ArgumentParser, config: str | None, argv: Sequence[str] | None) -> argparse.Namespace:

@@ -130,6 +130,32 @@ class Framing:
             pos += size + n
 
 
+def walk(framing: Framing, read: Callable[[int, int], bytes], position: int, pos: int,
+         end: int) -> Iterator[tuple[tuple, int, int, int, int]]:
+    """(fields, first position, next position, frame start, frame end) of a segment's frames from
+    byte `pos` (holding `position`) to `end`, up to the first torn or corrupt frame or the first
+    whose positions do not continue: the frames recovery keeps."""
+    span = framing.span
+    for fields, _, start, stop in framing.frames(read, pos, end):
+        first, following = span(fields)
+        if first != position or following < first:
+            return
+        yield fields, first, following, start, stop
+        position = following
+
+
+def valid_length(path: str | os.PathLike[str], framing: Framing) -> int:
+    """The bytes of one segment file (named `<first position, 20 digits><suffix>`) that hold
+    whole frames, read on its own: what recovery would keep of it as the last segment."""
+    path = Path(path)
+    valid = 0
+    with open(path, "rb") as f:
+        read = lambda n, offset: os.pread(f.fileno(), n, offset)  # noqa: E731
+        for *_, valid in walk(framing, read, int(path.name[:20]), 0, os.fstat(f.fileno()).st_size):
+            pass
+    return valid
+
+
 class AppendFile:
     """One append-only file: `size` is its valid length; writes go there, whole or not at all."""
 
@@ -340,12 +366,9 @@ class SegmentedLog:
             seg._indexed_at = -1
             if seg.index_file is not None:
                 seg.index_file.truncate(0)
-        span, time_of = self.framing.span, self.time_of
+        time_of = self.time_of
         end = pos
-        for fields, _, start, stop in self.framing.frames(seg.read, pos, seg.size):
-            first, following = span(fields)
-            if first != position or following < first:
-                break
+        for fields, first, following, start, stop in walk(self.framing, seg.read, position, pos, seg.size):
             if rebuild:
                 self._index(seg, first, start)
             if time_of is not None:

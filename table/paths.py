@@ -19,7 +19,6 @@ from pathlib import Path
 from table.schema import TABLE_NAME
 
 DATA_DIR_ENV = "LOGJAM_DATA_DIR"
-TABLE = TABLE_NAME
 
 # The characters Hive and Spark escape as %XX in a partition directory name
 # (ExternalCatalogUtils.escapePathName), so that a value maps to exactly one directory.
@@ -52,7 +51,7 @@ def local_path(location: str) -> Path | None:
 
 def table_path(warehouse: str) -> str:
     """The table's default location under a warehouse: every importer's output root lies below it."""
-    return f"{warehouse.rstrip('/')}/{TABLE}"
+    return f"{warehouse.rstrip('/')}/{TABLE_NAME}"
 
 
 def output_root(table_location: str, importer: int) -> str:

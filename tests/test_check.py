@@ -85,18 +85,38 @@ def test_bridge_tls_files_are_loaded(tmp_path: Path, certs) -> None:
     assert mismatch.returncode == 1 and "KEY_VALUES_MISMATCH" in mismatch.stdout, mismatch.stdout
     missing = check("logjam-bridge", "courier", "--tls-cert", str(tmp_path / "nope.crt"), "--tls-key", str(certs.server_key))
     assert missing.returncode == 1 and f"--tls-cert {tmp_path / 'nope.crt'}: no such file" in missing.stdout
+    # Flags that do not go together are refused while the config is built, as a start refuses them.
     nokey = check("logjam-bridge", "courier", "--tls-cert", str(certs.server_cert))
-    assert nokey.returncode == 1 and "--tls-cert needs --tls-key" in nokey.stdout
+    assert nokey.returncode == 1 and "--tls-cert needs --tls-key" in nokey.stderr
+    noca = check("logjam-bridge", "courier", "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+                 "--tls-client-auth", "optional")
+    assert noca.returncode == 1 and "--tls-client-auth optional needs --tls-client-ca" in noca.stderr
 
 
 def test_bridge_data_dir_and_device(tmp_path: Path) -> None:
     good = check("logjam-bridge", "segment", "--data-dir", str(tmp_path / "seg"))
     assert good.returncode == 0 and f"store in {tmp_path / 'seg'}" in good.stdout
     (tmp_path / "seg-file").write_text("")
-    bad = check("logjam-bridge", "rustlog", "--data-dir", str(tmp_path / "seg-file"), "--device", "127.0.0.1:9604")
-    assert bad.returncode == 1
-    assert "exists and is not a directory" in bad.stdout and "--device 127.0.0.1:9604: not tcp://HOST:PORT" in bad.stdout
+    bad = check("logjam-bridge", "rustlog", "--data-dir", str(tmp_path / "seg-file"))
+    assert bad.returncode == 1 and "exists and is not a directory" in bad.stdout
+    bad = check("logjam-bridge", "rustlog", "--device", "127.0.0.1:9604")
+    assert bad.returncode == 1 and "--device 127.0.0.1:9604: not tcp://HOST:PORT" in bad.stderr
     assert check("logjam-bridge", "nosuch").returncode == 1
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["courier", "--ack-interval", "9"], "--ack-interval must be in (0, 5] seconds"),
+    (["lumberjack", "--max-decompressed-size", str(2**32)], "decompressed size limits must be between 1 and 2^32-1"),
+    (["rustlog", "--app-env-map", "t=NOT VALID"], "--app-env-map 't=NOT VALID'"),
+    (["segment", "--device", "udp://h:1"], "--device udp://h:1: not tcp://HOST:PORT"),
+])
+def test_bridge_check_refuses_what_a_start_refuses(argv: list[str], error: str) -> None:
+    """One config path: --check reports the error a start exits with, built by the same code."""
+    checked = check("logjam-bridge", *argv)
+    assert checked.returncode == 1 and error in checked.stderr, checked.stdout + checked.stderr
+    started = subprocess.run([command("logjam-bridge"), *argv, "--listen", "127.0.0.1:0", "--plaintext"],
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == 2 and error in started.stderr, started.stderr
 
 
 def test_device_instance_and_importer_owning_devices(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from importer.write import TableWriter
 from logjam.message import Message
 from tests.helpers import command, wait_for
 from tests.spark_fixture import database_for
+from warehouse.tiers import TierPolicy
 
 DAY = datetime.date(2026, 1, 5)
 APP = "shop-prod"
@@ -134,6 +135,14 @@ def test_compaction_swaps_atomically_under_a_reader_and_follows_late_writes(spar
     assert len(data_files(t.pdir(today))) == 2
 
 
+def compact_now(t: Table, part: compaction_protocol.PartitionRef) -> list:
+    """Compact one partition as a closed day, through the steps a maintenance pass takes."""
+    merge = compaction.plan(t.spark, t.database, part, TierPolicy(), closed=True, grace=0)
+    assert merge is not None
+    compaction.write_merges(t.spark, [merge], local_path(t.location) / compaction.SCRATCH)
+    return list(compaction.swap_all(t.spark, t.database, [merge], grace=0))
+
+
 @pytest.mark.timeout(600)
 def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(spark_server, tmp_path) -> None:
     t = Table(spark_server, tmp_path / "wh")
@@ -166,7 +175,7 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
     compaction_protocol.set_location = swap_then_die
     try:
         with pytest.raises(SystemExit):
-            compaction.compact_partition(t.spark, t.database, part, grace=0)
+            compact_now(t, part)
     finally:
         compaction_protocol.set_location = real_set_location
     assert read_marker(t.pdir()).state == "swapping"
@@ -184,7 +193,7 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
     compaction_protocol.set_location = die_before
     try:
         with pytest.raises(SystemExit):
-            compaction.compact_partition(t.spark, t.database, part, grace=0)
+            compact_now(t, part)
     finally:
         compaction_protocol.set_location = real_set_location
     assert t.count() == (186, 186)
@@ -297,7 +306,6 @@ def test_swaps_hold_an_importers_lock_briefly_and_let_it_in_between_holds(spark_
     import time
 
     from table.partition_files import root_lock
-    from warehouse.tiers import TierPolicy
 
     t = Table(spark_server, tmp_path / "wh")
     apps = [f"svc{i:02d}-prod" for i in range(48)]

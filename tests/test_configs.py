@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 import pytest
 
+from bridges.cli import build_parser as bridge_parser, load_protocol
+from bridges.host.config import BridgeConfig, TLSConfig
 from importer.cli import build_parser as importer_parser
 from importer.config import DEFAULT_SUB, ImporterConfig
 from runtime.config import parse_config
@@ -82,3 +84,67 @@ def test_tail_and_send_configs() -> None:
     assert (tail.sub, tail.app_env, tail.topic, tail.mode) == (("tcp://127.0.0.1:9606",), ("a", "b"), (), "json")
     send = built(send_parser(), ["courier", "x", "--to", "h:1", "y"], SendConfig.from_args)
     assert (send.protocol, send.messages, send.to) == ("courier", ("x", "y"), "h:1")
+
+
+def bridge(protocol: str, argv: list[str]) -> BridgeConfig:
+    cls = load_protocol(protocol)
+    return built(bridge_parser(cls), argv, BridgeConfig.builder(cls.Config, cls.knobs))
+
+
+def test_bridge_config_from_flags_and_toml(tmp_path: Path) -> None:
+    toml = tmp_path / "courier.toml"
+    toml.write_text('device = ["tcp://a:1,tcp://b:2"]\ntls-cert = "c.pem"\ntls-key = "k.pem"\n'
+                    'tls-client-ca = "ca.pem"\nbatch-size = 100\nmax-event-size = 5000\n')
+    config = bridge("courier", ["--config", str(toml), "--tls-handshake-timeout", "3", "--pipeline-depth", "4"])
+    assert config.host.device == ("tcp://a:1", "tcp://b:2")
+    assert config.host.tls == TLSConfig(cert="c.pem", key="k.pem", client_ca="ca.pem", handshake_timeout=3.0)
+    assert config.host.tls.auth == "required"
+    assert (config.host.pipeline_depth, config.host.batch_size, config.host.keepalive_interval) == (4, 100, 2.0)
+    assert config.protocol.max_event_size == 5000 and config.host.deprecated == ()
+
+
+@pytest.mark.parametrize("protocol,knobs", [
+    ("lumberjack", (2, 2048, 2.0)), ("courier", (16, 256, 2.0)), ("segment", (32, None, 10.0)),
+    ("rustlog", (None, None, None)),
+])
+def test_bridge_shared_knobs_have_one_name_and_each_protocols_default(protocol: str, knobs: tuple) -> None:
+    host = bridge(protocol, []).host
+    assert (host.pipeline_depth, host.batch_size, host.keepalive_interval) == knobs
+
+
+@pytest.mark.parametrize("protocol,old,new,value", [
+    ("lumberjack", "pipeline", "pipeline_depth", 5),
+    ("lumberjack", "max-batch", "batch_size", 77),
+    ("courier", "max-pending-batches", "pipeline_depth", 3),
+    ("courier", "ack-interval", "keepalive_interval", 1.5),
+    ("segment", "max-pending-appends", "pipeline_depth", 9),
+])
+def test_bridge_old_knob_names_still_work_for_one_release(tmp_path: Path, protocol: str, old: str, new: str,
+                                                           value: float) -> None:
+    renamed = (f"--{old}", "--" + new.replace("_", "-"))
+    flagged = bridge(protocol, [f"--{old}", str(value)]).host
+    assert getattr(flagged, new) == value and flagged.deprecated == (renamed,)
+    toml = tmp_path / "old.toml"
+    toml.write_text(f"{old} = {value}\n")
+    from_file = bridge(protocol, ["--config", str(toml)]).host
+    assert getattr(from_file, new) == value and from_file.deprecated == (renamed,)
+    # Given both, the new name wins.
+    both = bridge(protocol, [f"--{old}", str(value), renamed[1], "1"]).host
+    assert getattr(both, new) == 1
+
+
+@pytest.mark.parametrize("protocol,argv", [
+    ("rustlog", ["--pipeline", "2"]), ("segment", ["--batch-size", "2"]), ("lumberjack", ["--ack-interval", "1"]),
+])
+def test_a_bridge_takes_only_the_knobs_it_has(protocol: str, argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        bridge(protocol, argv)
+    assert e.value.code == 2
+
+
+def test_bridge_refusals_are_usage_errors() -> None:
+    for protocol, argv in [("courier", ["--keepalive-interval", "6"]), ("courier", ["--ack-interval", "0"]),
+                           ("lumberjack", ["--tls-cert", "c.pem"]), ("segment", ["--device", "h:1"])]:
+        with pytest.raises(SystemExit) as e:
+            bridge(protocol, argv)
+        assert e.value.code == 2, (protocol, argv)

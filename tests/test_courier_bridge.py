@@ -30,7 +30,7 @@ pytestmark = pytest.mark.native
 
 def start_courier(device_router: str, *extra: str, **kwargs: Any) -> BridgeProcess:
     """`logjam-bridge courier` acknowledging every second, so partial ACKNs come soon."""
-    return start_bridge("courier", device_router, "--ack-interval", "1", *extra, **kwargs)
+    return start_bridge("courier", device_router, "--keepalive-interval", "1", *extra, **kwargs)
 
 
 def events(n: int, run: str, start: int = 0, pad: int = 0) -> list[bytes]:

@@ -17,10 +17,11 @@ from typing import Callable, TypeVar
 import pytest
 import zmq
 
-from devices.journal import _scan
+from devices.journal import FRAMING
 from logjam.message import Message
 from logjam.meta import Meta
 from logjam.replay import ReplayClient
+from runtime.seglog import valid_length
 from tests.conftest import DeviceProcess, start_device
 from tests.disk_support import fill, limit_file_size, small_tmpfs
 from tests.helpers import free_port, stop, wait_for
@@ -138,7 +139,7 @@ def journaled(replay: str) -> list[Message]:
 def whole_batches_only(journal_dir: Path) -> None:
     """No torn bytes on disk: every segment ends with a whole batch."""
     for segment in journal_dir.glob("*.journal"):
-        _, _, _, valid = _scan(segment)
+        valid = valid_length(segment, FRAMING)
         assert valid == segment.stat().st_size, f"{segment}: {segment.stat().st_size - valid} torn bytes"
 
 

@@ -97,7 +97,7 @@ def test_v2_events_arrive_once_with_body_metadata_and_app_env(device, bridge) ->
 def test_windows_larger_than_a_batch_arrive_whole_and_in_order(device) -> None:
     """One C frame of 1000 events is split into batches of 128: every event once, in order,
     each with its own seq and key, plain objects and the events C hands to Python alike."""
-    bridge = start_lumberjack(device.router, "--max-batch", "128")
+    bridge = start_lumberjack(device.router, "--batch-size", "128")
     try:
         sub = ready_subscriber(device.pub, device.router, bridge.app_env)
         client = LumberjackClient(restart_each_window=True)
@@ -467,6 +467,23 @@ def test_device_rejection_is_not_acked_and_closes_the_connection(device) -> None
         out = stop_bridge(b)
     assert "device rejected 5 of 5 messages; closing without ack" in out
     assert "Traceback" not in out
+
+
+@pytest.mark.timeout(90)
+def test_old_knob_names_still_work_with_one_warning_at_start(device) -> None:
+    """--pipeline and --max-batch (now --pipeline-depth, --batch-size) are accepted for one release."""
+    bridge = start_lumberjack(device.router, "--pipeline", "1", "--max-batch", "16")
+    try:
+        sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+        client = LumberjackClient(restart_each_window=True)
+        with connect(bridge.port) as sock:
+            for _ in range(2):
+                assert send_window(sock, client, tagged(40, uuid.uuid4().hex))[-1] == AckFrame(0x32, 40)
+        assert len(collect(sub, bridge.app_env, 80)) == 80
+    finally:
+        out = stop_bridge(bridge)
+    for old, new in (("--pipeline", "--pipeline-depth"), ("--max-batch", "--batch-size")):
+        assert out.count(f"{old} is deprecated and will be removed in the next release; use {new}") == 1, out
 
 
 @pytest.mark.timeout(60)

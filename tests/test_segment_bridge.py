@@ -514,7 +514,7 @@ def test_client_vanishing_while_acks_wait_on_the_device_leaks_nothing(device, tm
         w = writer_ready(c)
         os.kill(device.proc.pid, signal.SIGSTOP)
         stopped = True
-        for i in range(40):  # more than --max-pending-appends: the bridge stops reading
+        for i in range(40):  # more than --pipeline-depth: the bridge stops reading
             c.append(w, [js(n=i * 10 + k) for k in range(10)], (i + 1) * 10)
         # A reset discards what the bridge has not read yet: wait until it is blocked on its bound.
         data = b.data_dir / "segments" / dir_name(SEG) / "data"
@@ -614,8 +614,8 @@ def test_mutual_tls_and_refusals(device, certs, tmp_path) -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("bound", "per_append"), [
-    ([], 50),  # --max-pending-appends stops reading first
-    (["--max-pending-appends", "100000", "--max-pending-bytes", "300000"], 250),  # the byte bound does
+    ([], 50),  # --pipeline-depth stops reading first
+    (["--pipeline-depth", "100000", "--max-pending-bytes", "300000"], 250),  # the byte bound does
 ])
 def test_device_paused_no_ack_keepalives_flat_memory_then_everything_once(device, tmp_path, bound, per_append) -> None:
     b = start_segment(device.router, tmp_path / "data", "--fsync", "never", *bound)

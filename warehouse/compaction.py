@@ -3,7 +3,8 @@
 Every group commit adds one file per partition it touches (43,200 a day at one commit every
 2 s), so partitions are compacted while their day is still being written. Which files are
 merged is the tier policy's choice (warehouse/tiers.py): a bounded number of rewrites per
-row, a bounded number of files per partition. One compaction pass (`compact_table`):
+row, a bounded number of files per partition. One compaction pass (warehouse/maintenance.py,
+`_compact_all`):
 1. plans one merge per partition that needs one, after settling what a killed run left;
 2. has Spark read each merge's files and write them again, zstd with dictionaries: the
    merges that become one file each share one Spark job (the job's fixed cost is paid once
@@ -52,7 +53,7 @@ from table.partition_files import (
     strays,
 )
 from table.schema import COMPACT_OPTIONS, DATA_COLUMNS, spark_read_ddl
-from warehouse.tiers import TARGET_BYTES, FileInfo, Pick, TierPolicy, leveled_name
+from warehouse.tiers import FileInfo, Pick, TierPolicy, leveled_name
 
 log = logging.getLogger(__name__)
 
@@ -217,13 +218,6 @@ def check(merge: Merge) -> Checked:
                    sum(p.stat().st_size for p in written))
 
 
-def finish(spark: Any, database: str, merge: Merge, grace: float = DEFAULT_GRACE_S) -> Compacted:
-    """Check the merge's output, then swap it in under the root's lock."""
-    checked = check(merge)
-    with root_lock(merge.part.root):
-        return _swap_one(spark, database, checked, grace)
-
-
 def swap_all(spark: Any, database: str, merges: list[Merge], grace: float = DEFAULT_GRACE_S,
              on_hold: Callable[[float], None] = lambda seconds: None) -> Iterator[tuple[Merge, Compacted | BaseException]]:
     """Swap every written merge in, root by root, holding each root's lock for about SWAP_BUDGET_S at a time.
@@ -283,17 +277,6 @@ def _swap_one(spark: Any, database: str, checked: Checked, grace: float) -> Comp
                    merge.gen, grace)
     return Compacted(merge.part, len(merge.sources), checked.files_after, merge.rows, checked.bytes_before,
                      checked.bytes_after, swap)
-
-
-def compact_partition(spark: Any, database: str, part: PartitionRef, *, target_bytes: int = TARGET_BYTES,
-                      grace: float = DEFAULT_GRACE_S, closed: bool = True,
-                      policy: TierPolicy | None = None) -> Compacted | None:
-    """Compact one partition now (as a closed day, unless told otherwise). Returns what was done."""
-    merge = plan(spark, database, part, policy or TierPolicy(target_bytes=target_bytes), closed=closed, grace=grace)
-    if merge is None:
-        return None
-    write_merges(spark, [merge], merge.part.root.parent / SCRATCH)
-    return finish(spark, database, merge, grace)
 
 
 def _generations(pdir: Path) -> list[int]:

@@ -9,7 +9,7 @@ payload never covers an event the device has not accepted. The host's `Pipeline`
 batches in the order they were sent, so a payload's count only ever grows over a prefix
 of its events, and only the oldest unfinished payload is ever acknowledged, so ACKNs go
 out in payload order. A timer sends a partial ACKN for that payload every
-`--ack-interval` seconds (Courier clients give up after 15 s without one), including
+`--keepalive-interval` seconds (Courier clients give up after 15 s without one), including
 while the device is slow or paused and this session has stopped reading.
 """
 
@@ -40,6 +40,8 @@ from bridges.courier.engine import (
     Version,
 )
 from bridges.host import Batches, BridgeProtocol, Connection, Host, IdleTimeout, KeepaliveTimer, Pipeline, Positions
+from bridges.host.config import HostConfig, Knobs
+from runtime.config import from_flags
 
 log = logging.getLogger("logjam-bridge.courier")
 
@@ -67,9 +69,10 @@ class CourierConfig:
     max_event_size: int
     max_decompressed: int
     max_payload_events: int
-    ack_interval: float
-    batch_size: int
-    max_pending_batches: int
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, host: HostConfig) -> "CourierConfig":
+        return from_flags(cls, args)
 
 
 class Bridge(BridgeProtocol):
@@ -78,6 +81,9 @@ class Bridge(BridgeProtocol):
     default_max_frame = DEFAULT_MAX_MESSAGE
     default_idle_timeout = 1800.0
     Config = CourierConfig
+    # The keepalive is a partial ACKN; clients give up after 15 s without one.
+    knobs = Knobs(pipeline_depth=16, batch_size=256, keepalive_interval=2.0, max_keepalive_interval=5.0,
+                  renamed=(("max_pending_batches", "pipeline_depth"), ("ack_interval", "keepalive_interval")))
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -88,17 +94,6 @@ class Bridge(BridgeProtocol):
                        help="largest inflated size of one payload (default %(default)s)")
         g.add_argument("--max-payload-events", type=int, default=DEFAULT_MAX_PAYLOAD_EVENTS, metavar="N",
                        help="most events one JDAT/EVNT payload may hold (default %(default)s)")
-        g.add_argument("--ack-interval", type=float, default=2.0, metavar="SECONDS",
-                       help="partial ACKN period while a payload is in flight; clients time out at 15 s (default %(default)s)")
-        g.add_argument("--batch-size", type=int, default=256, metavar="EVENTS",
-                       help="events per pipelined device batch (default %(default)s)")
-        g.add_argument("--max-pending-batches", type=int, default=16, metavar="N",
-                       help="device batches in flight per connection before it stops reading (default %(default)s)")
-
-    def __init__(self, config: CourierConfig, host: Host) -> None:
-        super().__init__(config, host)
-        if not 0 < config.ack_interval <= 5:
-            raise SystemExit("logjam-bridge courier: --ack-interval must be in (0, 5] seconds")
 
     async def serve(self, conn: Connection) -> None:
         await _Session(self, conn).run()
@@ -107,7 +102,7 @@ class Bridge(BridgeProtocol):
 class _Session:
     def __init__(self, bridge: Bridge, conn: Connection) -> None:
         config: CourierConfig = bridge.config
-        self.batch_size = config.batch_size
+        self.batch_size = bridge.host.config.batch_size
         self.conn = conn
         self.mapper = bridge.host.mapper
         self.metrics = bridge.host.metrics
@@ -120,15 +115,15 @@ class _Session:
         self.inflated_seen = 0
         conn.partial = lambda: self.engine.mid_message
         self.pending: deque[_Payload] = deque()
-        # With --max-pending-batches at the device, or the process's inflate budget spent,
+        # With --pipeline-depth batches at the device, or the process's inflate budget spent,
         # this session stops reading its client (the engine inflates lazily, so it stops too).
         self.pipeline: Pipeline[tuple[_Payload, int]] = Pipeline(
             bridge.host, f"courier {conn.peer}", accepted=self._accepted, refused=self._refused,
-            depth=config.max_pending_batches,
+            depth=bridge.host.config.pipeline_depth,
             # Courier has no way to say so but closing; nothing of the payload is acked.
             consequence="closing without acking them",
         )
-        self.keepalive = KeepaliveTimer(conn, config.ack_interval, self._still_working)
+        self.keepalive = KeepaliveTimer(conn, bridge.host.config.keepalive_interval, self._still_working)
         self.batch: Batches = self.mapper.batches()
         self.run_bodies: list[dict[str, Any]] = []
         self.run_raws: list[bytes | None] = []

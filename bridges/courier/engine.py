@@ -270,10 +270,6 @@ class CourierServer(HeldErrors):
         return self.handshake is None
 
     @property
-    def in_payload(self) -> bool:
-        return self._state in (_State.NONCE, _State.DATA)
-
-    @property
     def mid_message(self) -> bool:
         """Part of a message (a header, a handshake, a payload) has arrived, not all of it
         (the host's --frame-timeout runs)."""

@@ -102,8 +102,9 @@ class _Endpoint:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.sndhwm)
         sock.setsockopt(zmq.RCVHWM, 0)
-        self.connected = False  # TCP to the device is up (the monitor says so); for /healthz
-        # Connected means handshaken: with CURVE a TCP connection the device refuses is not a link.
+        # The ZMTP handshake with the device succeeded (the monitor says so), not merely TCP: with
+        # CURVE a TCP connection the device refuses is not a link. For /healthz.
+        self.connected = False
         self.monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _REFUSED)
         connect(sock, self.endpoint, self.curve)
         self.sock = sock
@@ -269,7 +270,7 @@ class DeviceLink:
 
     @property
     def connected(self) -> dict[str, bool]:
-        """Endpoint -> whether its TCP connection is up now."""
+        """Endpoint -> whether its handshake with the device succeeded and it has not dropped since."""
         return {ep.endpoint: ep.connected for ep in self._endpoints}
 
     @property

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bridges.host.budget import Budget
-from bridges.host.config import HostConfig, from_flags
+from bridges.host.config import HostConfig, Knobs
 from bridges.host.connection import Connection
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
@@ -34,8 +34,11 @@ class BridgeProtocol:
     default_port: ClassVar[int]
     default_max_frame: ClassVar[int]
     default_idle_timeout: ClassVar[float]
-    # The protocol's own config: a frozen dataclass whose fields are its flags' names.
+    # The protocol's own config: a frozen dataclass whose fields are its flags' names, made by
+    # its classmethod `from_flags(args, host)` (which refuses bad values with a ValueError).
     Config: ClassVar[type]
+    # Its defaults for the host's shared knobs (depth, batch size, keepalive) and their old names.
+    knobs: ClassVar[Knobs] = Knobs()
 
     def __init__(self, config: Any, host: Host) -> None:
         self.config = config
@@ -44,11 +47,6 @@ class BridgeProtocol:
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Protocol-only flags; the common ones are added by the host."""
-
-    @classmethod
-    def config_from_flags(cls, args: argparse.Namespace) -> Any:
-        """`Config` from the parsed flags and TOML, once, at start; ValueError says what is wrong."""
-        return from_flags(cls.Config, args)
 
     @classmethod
     def check(cls, config: Any, host: HostConfig, checker: Checker) -> None:

@@ -19,11 +19,10 @@ log = logging.getLogger("logjam-bridge")
 
 
 def server_context(tls: TLSConfig) -> ssl.SSLContext | None:
-    """None when TLS is off (no --tls-cert); raises ValueError, OSError or ssl.SSLError for bad files."""
+    """None when TLS is off (no --tls-cert); raises OSError or ssl.SSLError for bad files (the
+    flags themselves were checked when `tls` was built)."""
     if not tls.cert:
         return None
-    if not tls.key:
-        raise ValueError("--tls-cert needs --tls-key")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     # TLS 1.3 session tickets that a never-reading client (stashward) leaves unread turn
@@ -32,8 +31,6 @@ def server_context(tls: TLSConfig) -> ssl.SSLContext | None:
     ctx.load_cert_chain(tls.cert, tls.key, password=tls.key_password)
     auth = tls.auth
     if auth != "none":
-        if not tls.client_ca:
-            raise ValueError(f"--tls-client-auth {auth} needs --tls-client-ca")
         ctx.load_verify_locations(cafile=tls.client_ca)
         ctx.verify_mode = ssl.CERT_REQUIRED if auth == "required" else ssl.CERT_OPTIONAL
     return ctx

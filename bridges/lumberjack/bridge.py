@@ -48,7 +48,9 @@ from bridges.lumberjack.engine import (
     LumberjackServer,
     WindowFrame,
 )
+from bridges.host.config import HostConfig, Knobs
 from logjam.errors import LocalProtocolError, ProtocolError
+from runtime.config import from_flags
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +98,7 @@ class Session:
         self.conn = conn
         self.engine = LumberjackServer(bridge.host.config.max_frame_size, config.max_decompressed_size)
         conn.partial = lambda: self.engine.buffered > 0
-        self.max_batch = max(1, min(config.max_batch, config.max_pending_events))
+        self.max_batch = max(1, min(bridge.host.config.batch_size, config.max_pending_events))
         # Decoded, not yet in a batch, in arrival order; `queued_items` is their weight.
         # Batches are cut only when the pipeline can take one, so they grow while the
         # device is busy, and their decoded events are dropped once mapped.
@@ -104,12 +106,12 @@ class Session:
         self.queued_items = 0
         self.pipeline: Pipeline[_Acks] = Pipeline(
             bridge.host, f"lumberjack {conn.peer}", accepted=self._accepted, refused=self._refused,
-            depth=config.pipeline, max_pending=config.max_pending_events, shared=bridge.budget,
+            depth=bridge.host.config.pipeline_depth, max_pending=config.max_pending_events, shared=bridge.budget,
             # Lumberjack has no error reply: the client keeps the events and sends them
             # again once the cause is fixed.
             consequence="closing without ack (check --app-env/--topic)",
         )
-        self.keepalive = KeepaliveTimer(conn, config.keepalive_interval, self._still_working)
+        self.keepalive = KeepaliveTimer(conn, bridge.host.config.keepalive_interval, self._still_working)
         self.error: BaseException | None = None
         self.inflated_seen = 0
         # Inside a window of 2^32-1 the client has said it never waits for acks (stashward).
@@ -194,7 +196,7 @@ class Session:
         self.conn.stop_reading()  # ends a read that waits for the client
 
     def _launch(self) -> None:
-        """Move the next batch, up to --max-batch events, from the queue to the device."""
+        """Move the next batch, up to --batch-size events, from the queue to the device."""
         batch: list[Item] = []
         events = windows = 0
         queue = self.queue
@@ -289,11 +291,16 @@ class LumberjackConfig:
     """The flags `Bridge.add_arguments` adds (their help text is there)."""
 
     max_decompressed_size: int
-    keepalive_interval: float
     max_pending_events: int
     max_process_pending_events: int
-    max_batch: int
-    pipeline: int
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, host: HostConfig) -> "LumberjackConfig":
+        try:  # the engine's own check of its limits, at start rather than on every connection
+            LumberjackServer(host.max_frame_size, args.max_decompressed_size)
+        except LocalProtocolError as e:
+            raise ValueError(str(e)) from None
+        return from_flags(cls, args)
 
 
 class Bridge(BridgeProtocol):
@@ -305,29 +312,22 @@ class Bridge(BridgeProtocol):
     # Logstash's beats input closes clients after 60 s without data.
     default_idle_timeout: ClassVar[float] = 60.0
     Config = LumberjackConfig
+    # The keepalive resends the last ack.
+    knobs = Knobs(pipeline_depth=2, batch_size=2048, keepalive_interval=2.0,
+                  renamed=(("pipeline", "pipeline_depth"), ("max_batch", "batch_size")))
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--max-decompressed-size", type=int, default=DEFAULT_MAX_DECOMPRESSED, metavar="BYTES",
                             help="bound on what one C frame may inflate to (default %(default)s)")
-        parser.add_argument("--keepalive-interval", type=float, default=2.0, metavar="SECONDS",
-                            help="resend the last ack this often while events wait for the device (default %(default)s)")
         parser.add_argument("--max-pending-events", type=int, default=4096, metavar="N",
                             help="per connection: stop reading once this many events await an ack (default %(default)s)")
         parser.add_argument("--max-process-pending-events", type=int, default=65536, metavar="N",
                             help="all connections together: stop reading clients once this many events "
                                  "await an ack (default %(default)s)")
-        parser.add_argument("--max-batch", type=int, default=2048, metavar="N",
-                            help="events per pipelined publish to the device (default %(default)s)")
-        parser.add_argument("--pipeline", type=int, default=2, metavar="N",
-                            help="per connection: batches awaiting the device at once (default %(default)s)")
 
     def __init__(self, config: LumberjackConfig, host: Host) -> None:
         super().__init__(config, host)
-        try:  # refuse bad limits at start, not on every connection
-            LumberjackServer(host.config.max_frame_size, config.max_decompressed_size)
-        except LocalProtocolError as e:
-            raise SystemExit(f"logjam-bridge lumberjack: {e}") from None
         # Events decoded and not yet acked, all connections together.
         self.budget = Budget(config.max_process_pending_events)
 

@@ -5,7 +5,7 @@ a string map) and `JsonFrames` events; `send(Ack | Keepalive)` returns the 6-byt
 write, in the connection's own version byte (the npm v1 client drops the connection on
 a '2'). `JsonFrames` is a run of back-to-back v2 'J' frames (raw JSON bytes) as one
 event: a Beats window is thousands of them in one C frame, and one Python object per
-event cost more than the rest of the bridge; `JsonFrames.frames()` gives them one by one.
+event cost more than the rest of the bridge; `JsonFrames.texts()` gives their documents.
 
 Client: `LumberjackClient.send(events)` returns the bytes of one window (W, then the data
 frames, optionally inside a C frame); `feed(bytes)` returns the `AckFrame`s received.
@@ -112,16 +112,6 @@ class DataFrame:
 
 
 @dataclass(frozen=True, slots=True)
-class JsonFrame:
-    """One v2 `J` frame: the raw JSON document, parsed by the mapping layer."""
-
-    version: int
-    seq: int
-    window: int
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
 class JsonFrames:
     """v2 `J` frames that arrived back to back in one window, in one version.
 
@@ -148,9 +138,6 @@ class JsonFrames:
         """Every frame's JSON document as a view of `data`, for the mapper (nothing is copied)."""
         view = memoryview(self.data)
         return [view[o : o + n] for o, n in zip(self.offsets, self.lengths)]
-
-    def frames(self) -> list[JsonFrame]:
-        return [JsonFrame(self.version, seq, self.window, self.payload(i)) for i, seq in enumerate(self.seqs)]
 
     def split(self, n: int) -> tuple["JsonFrames", "JsonFrames"]:
         """The first n frames, and the rest (sharing `data`)."""
@@ -230,7 +217,6 @@ class LumberjackServer:
         self._buf = bytearray()
         self._pairs: _PairsState | None = None
         self._failed: RemoteProtocolError | None = None
-        self._seen_frame = False
         self.inflated_total = 0  # bytes C frames inflated to, over the connection's life
 
     # -- input
@@ -272,7 +258,6 @@ class LumberjackServer:
             raise UnknownVersion(f"unknown Lumberjack version byte 0x{v:02x}")
         if outer:
             self.version = v
-            self._seen_frame = True
 
     def _parse(
         self, buf: bytes | bytearray, pos: int, end: int, depth: int, out: list[Event], outer: bool, budget: int

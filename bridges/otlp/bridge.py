@@ -44,6 +44,7 @@ from bridges.otlp.engine import Outcome
 from bridges.otlp.http import HttpSession
 from logjam.meta import now_ms
 from runtime.check import Checker
+from runtime.config import from_flags
 from runtime.health import Check
 
 log = logging.getLogger("logjam-bridge.otlp")
@@ -61,6 +62,10 @@ class OtlpConfig:
     answer_timeout: float
     retry_after: float
     max_pending_requests: int
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, host: HostConfig) -> "OtlpConfig":
+        return from_flags(cls, args)
 
 
 class Bridge(BridgeProtocol):

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from bridges.host import Batches, BridgeProtocol, Connection, Host, Positions, forward
 from bridges.host.admission import raise_open_file_limit
-from bridges.host.config import from_flags
+from bridges.host.config import HostConfig
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.rustlog import engine as e
 from bridges.rustlog.log import (
@@ -44,7 +44,7 @@ from bridges.rustlog.log import (
     now_us,
 )
 from logjam.errors import RemoteProtocolError
-from runtime.config import FSYNC_POLICIES
+from runtime.config import FSYNC_POLICIES, from_flags
 from logjam.validation import is_valid_app_env
 
 log = logging.getLogger("logjam-bridge.rustlog")
@@ -147,6 +147,10 @@ class RustlogConfig:
     retention_check_interval_ms: int
     app_env_map: dict[str, str]
 
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, host: HostConfig) -> "RustlogConfig":
+        return from_flags(cls, args, app_env_map=parse_app_env_map(args.app_env_map))
+
 
 class Bridge(BridgeProtocol):
     name = "rustlog"
@@ -172,10 +176,6 @@ class Bridge(BridgeProtocol):
         g.add_argument("--retention-check-interval-ms", type=int, default=30_000, metavar="MS")
         g.add_argument("--app-env-map", action="append", metavar="TOPIC=APP-ENV",
                        help="publish records of a rustlog topic under this app-env; repeatable or comma-separated")
-
-    @classmethod
-    def config_from_flags(cls, args: argparse.Namespace) -> RustlogConfig:
-        return from_flags(RustlogConfig, args, app_env_map=parse_app_env_map(args.app_env_map))
 
     @classmethod
     def data_dir(cls, config: RustlogConfig) -> str:

@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, KeepaliveTimer, Pipeline, Positions, forward
+from bridges.host.config import HostConfig, Knobs
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
-from runtime.config import FSYNC_POLICIES
+from runtime.config import FSYNC_POLICIES, from_flags
 from logjam.meta import now_ms
 
 log = logging.getLogger("logjam-bridge.segment")
@@ -58,9 +59,11 @@ class SegmentConfig:
     fsync: str
     fsync_interval: float
     max_read_size: int
-    max_pending_appends: int
     max_pending_bytes: int
-    keepalive_interval: float
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, host: HostConfig) -> "SegmentConfig":
+        return from_flags(cls, args)
 
 
 class Bridge(BridgeProtocol):
@@ -69,6 +72,8 @@ class Bridge(BridgeProtocol):
     default_max_frame = wire.MAX_COMMAND_SIZE
     default_idle_timeout = 120.0
     Config = SegmentConfig
+    # A batch is one append; the keepalive is a KeepAlive to a client whose acks wait.
+    knobs = Knobs(pipeline_depth=32, keepalive_interval=10.0, renamed=(("max_pending_appends", "pipeline_depth"),))
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -80,12 +85,8 @@ class Bridge(BridgeProtocol):
         parser.add_argument("--fsync-interval", type=float, default=1.0, metavar="SECONDS")
         parser.add_argument("--max-read-size", type=int, default=2 * 1024 * 1024, metavar="BYTES",
                             help="largest SegmentRead reply (default %(default)s)")
-        parser.add_argument("--max-pending-appends", type=int, default=32,
-                            help="appends awaiting the device per connection before reading stops")
         parser.add_argument("--max-pending-bytes", type=int, default=64 * 1024 * 1024, metavar="BYTES",
                             help="append bytes awaiting the device per connection before reading stops (default %(default)s)")
-        parser.add_argument("--keepalive-interval", type=float, default=10.0, metavar="SECONDS",
-                            help="KeepAlive sent to a client whose acks wait on the device")
 
     def __init__(self, config: SegmentConfig, host: Host) -> None:
         super().__init__(config, host)
@@ -202,11 +203,11 @@ class Session:
         # accepted by the device: they bound this connection's memory.
         self.pipeline: Pipeline[_Answer] = Pipeline(
             bridge.host, f"segment {conn.peer}", accepted=self._answer, refused=self._refused,
-            depth=bridge.config.max_pending_appends, max_pending=bridge.config.max_pending_bytes,
+            depth=bridge.host.config.pipeline_depth, max_pending=bridge.config.max_pending_bytes,
             # Stored but refused by the device: say so, and let the writer reconnect.
             consequence="answering ErrorMessage and closing",
         )
-        self.keepalive = KeepaliveTimer(conn, bridge.config.keepalive_interval, self._still_working)
+        self.keepalive = KeepaliveTimer(conn, bridge.host.config.keepalive_interval, self._still_working)
         self.acked: dict[uuid.UUID, int] = {}
         self.version = str(wire.WIRE_VERSION)
         self.ending = False  # read no more requests

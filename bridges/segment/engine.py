@@ -175,10 +175,6 @@ class SegmentServer(HeldErrors):
     def send(self, reply: Reply) -> bytes:
         return encode(reply, self.max_command)
 
-    def segment_of(self, writer_id: uuid.UUID) -> str | None:
-        entry = self._writers.get(writer_id)
-        return entry[0] if entry else None
-
     def _handle(self, code: int, body: bytes) -> Request | None:
         cls = SERVER_PARSES.get(code)
         if cls is None:

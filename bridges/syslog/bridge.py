@@ -29,6 +29,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from bridges.host import Batches, BridgeProtocol, Connection, Host, IdleTimeout, Pipeline, forward
+from bridges.host.config import HostConfig, Knobs
 from bridges.host.datagram import listen_datagrams
 from bridges.host.server import split_listen
 from bridges.syslog.engine import DEFAULT_MAX_FRAME, Frame, SyslogServer, datagram
@@ -36,6 +37,7 @@ from bridges.syslog.parse import parse
 from bridges.syslog.relp import Close, Open, RelpServer, Response, ServerClose, Syslog, open_answer
 from logjam.meta import now_ms
 from logjam.validation import is_valid_app_env
+from runtime.config import from_flags
 
 log = logging.getLogger("logjam-bridge.syslog")
 
@@ -50,8 +52,16 @@ class SyslogConfig:
     relp: bool
     udp_listen: str | None
     app_name_environment: str | None
-    batch_size: int
-    max_pending_batches: int
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, host: HostConfig) -> "SyslogConfig":
+        """The config of these flags; ValueError says what is wrong (at start and under --check)."""
+        config = from_flags(cls, args)
+        if config.udp_listen is not None:
+            split_listen(config.udp_listen)
+        if config.app_name_environment is not None and not is_valid_app_env(f"a-{config.app_name_environment}"):
+            raise ValueError(f"--app-name-environment {config.app_name_environment!r} cannot end a stream name")
+        return config
 
 
 class AppEnv:
@@ -89,6 +99,9 @@ class Bridge(BridgeProtocol):
     default_max_frame = DEFAULT_MAX_FRAME
     default_idle_timeout = 3600.0
     Config = SyslogConfig
+    # RELP's window is rsyslog's (128 by default): up to 16 batches of 256 at the device. No keepalive:
+    # a RELP client waits for its rsp as long as its own timeout says.
+    knobs = Knobs(pipeline_depth=16, batch_size=256, renamed=(("max_pending_batches", "pipeline_depth"),))
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -100,19 +113,6 @@ class Bridge(BridgeProtocol):
                        help="also take syslog datagrams (RFC 5426) here; no acknowledgement is possible")
         g.add_argument("--app-name-environment", metavar="ENV",
                        help="app-env is <APP-NAME>-ENV of each message (--app-env when it has none)")
-        g.add_argument("--batch-size", type=int, default=256, metavar="EVENTS",
-                       help="messages per pipelined device batch (default %(default)s)")
-        g.add_argument("--max-pending-batches", type=int, default=16, metavar="N",
-                       help="device batches in flight per connection before it stops reading (default %(default)s)")
-
-    @classmethod
-    def config_from_flags(cls, args: argparse.Namespace) -> SyslogConfig:
-        config: SyslogConfig = super().config_from_flags(args)
-        if config.udp_listen is not None:
-            split_listen(config.udp_listen)  # ValueError: says what is wrong at start
-        if config.app_name_environment is not None and not is_valid_app_env(f"a-{config.app_name_environment}"):
-            raise ValueError(f"--app-name-environment {config.app_name_environment!r} cannot end a stream name")
-        return config
 
     def __init__(self, config: SyslogConfig, host: Host) -> None:
         super().__init__(config, host)
@@ -142,7 +142,7 @@ class _Session:
         self.bridge = bridge
         self.mapper = bridge.host.mapper
         self.metrics = bridge.host.metrics
-        self.batch_size = bridge.config.batch_size
+        self.batch_size = bridge.host.config.batch_size
         self.engine = self.make_engine(bridge.host.config.max_frame_size)
         conn.partial = lambda: self.engine.mid_frame
         self.batch: Batches = self.mapper.batches()
@@ -150,7 +150,7 @@ class _Session:
         self.failure: BaseException | None = None
         self.pipeline: Pipeline[Any] = Pipeline(
             bridge.host, f"syslog {conn.peer}", accepted=self.accepted, refused=self._refused,
-            depth=bridge.config.max_pending_batches, consequence=self.consequence,
+            depth=bridge.host.config.pipeline_depth, consequence=self.consequence,
         )
         self.base = conn.metadata(self.version)
 
