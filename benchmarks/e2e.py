@@ -317,7 +317,7 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-e2e-"))
     started = time.monotonic()
     mesh = Mesh(base / "data", args.devices, args.importers, curve=not args.no_curve)
-    print(f"CURVE {'off' if args.no_curve else 'on'} (every ZeroMQ socket)", flush=True)
+    print(f"CURVE {'off' if args.no_curve else 'on'} (every ZeroMQ TCP port; the mesh's own hops use the devices' ipc endpoints)", flush=True)
     try:
         port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
         print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
