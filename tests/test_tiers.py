@@ -39,25 +39,32 @@ def test_full_files_are_never_rewritten_and_a_closed_day_is_merged_once() -> Non
     assert policy.pick([FileInfo("L1-big", 300), FileInfo("x", 10)], closed=True) is None
 
 
-@pytest.mark.parametrize("fanin,max_level", [(10, 4), (8, 4)])
-def test_a_day_of_two_second_commits_stays_under_50_files_with_bounded_rewrites(fanin: int, max_level: int) -> None:
-    """43,200 commits of 11 KiB, a pass every 15 s: files per partition and how often a row is rewritten."""
-    policy = TierPolicy(fanin=fanin, max_level=max_level)
-    files: dict[str, tuple[int, int]] = {}  # name -> (size, rewrites of its rows)
-    most = worst = 0
-    for t in range(2, 86_400 + 1, 2):
-        files[f"part-{uuid.uuid4().hex}"] = (11 * 1024, 0)
+def simulate(policy: TierPolicy, seconds: int, commit_bytes: int, *, closed: bool) -> tuple[dict[str, tuple[int, int]], int, int, int]:
+    """A 2-second commit of `commit_bytes` into one partition for `seconds`, a compaction pass every 15 s.
+    Returns (name -> (size, rewrites of its rows), most files after the first 10 minutes, the most
+    rewrites of any row, bytes rewritten)."""
+    files: dict[str, tuple[int, int]] = {}
+    most = worst = rewritten = 0
+    for t in range(2, seconds + 1, 2):
+        files[f"part-{uuid.uuid4().hex}"] = (commit_bytes, 0)
         if t % 15 < 2:
-            pick = policy.pick([FileInfo(n, s) for n, (s, _) in files.items()], closed=False)
+            pick = policy.pick([FileInfo(n, s) for n, (s, _) in files.items()], closed=closed)
             if pick is not None:
                 rewrites = max(files[n][1] for n in pick.names) + 1
                 for n in pick.names:
                     del files[n]
                 for _ in range(pick.files):
                     files[leveled_name(f"part-{uuid.uuid4().hex}", pick.level)] = (pick.bytes // pick.files, rewrites)
-                worst = max(worst, rewrites)
+                worst, rewritten = max(worst, rewrites), rewritten + pick.bytes
         if t > 600:
             most = max(most, len(files))
+    return files, most, worst, rewritten
+
+
+@pytest.mark.parametrize("fanin,max_level", [(10, 4), (8, 4)])
+def test_a_day_of_two_second_commits_stays_under_50_files_with_bounded_rewrites(fanin: int, max_level: int) -> None:
+    """43,200 commits of 11 KiB, a pass every 15 s: files per partition and how often a row is rewritten."""
+    _, most, worst, _ = simulate(TierPolicy(fanin=fanin, max_level=max_level), 86_400, 11 * 1024, closed=False)
     assert most <= 50, most
     assert worst <= max_level
 
@@ -107,19 +114,7 @@ def test_a_closed_day_that_keeps_receiving_rows_is_not_rewritten_whole_at_every_
     """A backlog for a closed day: 2-second commits of 1 MiB for six hours, a pass every 15 s.
     Before, every pass merged the day's whole small part again (rows rewritten at every pass)."""
     policy = TierPolicy()
-    files: dict[str, tuple[int, int]] = {}  # name -> (size, rewrites of its rows)
-    rewritten = worst = 0
-    for t in range(2, 6 * 3600 + 1, 2):
-        files[f"part-{uuid.uuid4().hex}"] = (2**20, 0)
-        if t % 15 < 2:
-            pick = policy.pick([FileInfo(n, s) for n, (s, _) in files.items()], closed=True)
-            if pick is not None:
-                rewrites = max(files[n][1] for n in pick.names) + 1
-                for n in pick.names:
-                    del files[n]
-                for _ in range(pick.files):
-                    files[leveled_name(f"part-{uuid.uuid4().hex}", pick.level)] = (pick.bytes // pick.files, rewrites)
-                worst, rewritten = max(worst, rewrites), rewritten + pick.bytes
+    files, _, worst, rewritten = simulate(policy, 6 * 3600, 2**20, closed=True)
     written = 6 * 3600 // 2 * 2**20
     assert worst <= 4, worst  # the closing merge, then log_10 of the passes
     assert rewritten / written <= 4, rewritten / written
