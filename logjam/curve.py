@@ -48,6 +48,10 @@ def secret_file(keys_dir: str | Path, name: str) -> Path:
 
 
 def _load(path: str | Path, *, secret: bool) -> tuple[bytes, bytes | None]:
+    if not Path(path).exists():  # zmq.auth would say "Invalid certificate file", which hides why
+        raise KeyFileError(f"the CURVE certificate {path} is missing: `make up` creates the mesh's keys in "
+                           "$LOGJAM_DATA_DIR/keys (a device started without --keys or --curve-secret creates "
+                           "its own there too)")
     try:
         public, secret_key = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as e:

@@ -283,3 +283,17 @@ def test_a_bridge_forwards_with_the_mesh_key_and_reports_a_refused_link(keys: Pa
         stop(dev.proc)
     assert "refused the handshake" in plain.output(), plain.output()
     assert "refused the handshake" not in good_out
+
+
+def test_a_missing_key_file_is_named_as_missing(tmp_path: Path) -> None:
+    """--keys pointing at a directory without the files: the device says which file is missing and
+    what creates it (zmq.auth alone said "Invalid certificate file")."""
+    import subprocess
+
+    from tests.helpers import command, free_port
+
+    res = subprocess.run([command("logjam-device"), "--bind", "127.0.0.1", "--keys", str(tmp_path),
+                          "-t", str(free_port()), "-p", str(free_port()), "-P", str(free_port()), "-s", str(free_port()),
+                          "--replay-port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert f"the CURVE certificate {tmp_path / 'server.key_secret'} is missing: `make up` creates" in res.stderr
