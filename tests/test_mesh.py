@@ -5,7 +5,9 @@ Lumberjack; `logjam-send` for the others) and straight to the device over DEALER
 PUSH. `logjam-sql` must then show every event exactly once with the right app_env,
 topic and @metadata, and every bridge event with its idempotency key in `event_id`.
 Then one importer is SIGKILLed: supervisord must restart it, traffic sent afterwards
-must land, and no key may have two rows.
+must land, and no key may have two rows. The real OTLP and syslog clients (the
+OpenTelemetry SDK's exporters, the npm OTLP/JSON exporter, rsyslog's omrelp, `logger`) land
+through the same mesh into the table.
 """
 
 from __future__ import annotations
@@ -202,3 +204,57 @@ def test_the_table_answers_jdbc_and_keeps_its_partitions_across_a_spark_restart(
     send_everywhere(mesh, after, 3)
     wait_landed(mesh, after, 3 * 7)
     assert int(beeline(mesh, "SELECT count(*) FROM logjam.messages")[0][0]) == count + 3 * 7
+
+
+def test_the_real_otlp_and_syslog_clients_land_in_the_table(mesh, tmp_path):
+    """Issue 36 through the mesh `make up` runs, into the table: the OpenTelemetry SDK's gRPC and
+    HTTP exporters, the npm OTLP/JSON exporter, rsyslog forwarding with omrelp, and `logger` over
+    octet-counted TCP; every record is acknowledged and lands once with the documented fields."""
+    import shutil
+
+    from opentelemetry.sdk._logs.export import LogRecordExportResult
+
+    from tests.otlp_clients import grpc_exporter, http_exporter, sdk_records
+    from tests.test_syslog_interop import OMRELP, RSYSLOGD, daemon, relp_action, rsyslog, send_lines
+    from tests.helpers import free_port
+
+    run, n = f"ship-{uuid.uuid4().hex[:10]}", 5
+    resource = {"service.name": "shop", "deployment.environment.name": "interop"}
+    for name, exporter in (("grpc", grpc_exporter(mesh.port("LOGJAM_OTLP_GRPC_PORT"))),
+                           ("http", http_exporter(mesh.port("LOGJAM_OTLP_HTTP_PORT"), gzip=True))):
+        try:
+            assert exporter.export(sdk_records(resource, n, f"{run} sdk-{name}")) == LogRecordExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+    node = shutil.which("node")
+    assert node, "node is needed for the npm OTLP/JSON exporter"
+    out = subprocess.run([node, "send_otlp_json.js", f"http://127.0.0.1:{mesh.port('LOGJAM_OTLP_HTTP_PORT')}/v1/logs",
+                          str(n), f"{run} npm", "shop", "interop", "none"], cwd=Path(__file__).parent / "node",
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for i in range(n):
+        res = subprocess.run(["logger", "--tcp", "--octet-count", "--rfc5424", "-n", "127.0.0.1",
+                              "-P", str(mesh.port("LOGJAM_SYSLOG_PORT")), "-t", "interop", f"{run} logger {i}"],
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+    assert RSYSLOGD, "rsyslog is needed (make syslog-clients)"
+    port = free_port()
+    with daemon(rsyslog(tmp_path, port, relp_action(mesh.port("LOGJAM_RELP_PORT")), modules=OMRELP), port):
+        send_lines(port, f"{run} rsyslog", n)
+        rows = wait_landed(mesh, run, 5 * n)
+    kinds: dict[str, list[dict]] = {}
+    for row in rows:
+        body = orjson.loads(row["body"])
+        words = body["message"].split()
+        kinds.setdefault(words[words.index(run) + 1], []).append((row, body))
+    assert {k: len(v) for k, v in kinds.items()} == {"sdk-grpc": n, "sdk-http": n, "npm": n, "logger": n, "rsyslog": n}
+    for kind in ("sdk-grpc", "sdk-http", "npm"):
+        for row, body in kinds[kind]:
+            assert (row["app_env"], row["topic"]) == ("shop-interop", "logs.otlp"), row
+            assert body["resource"]["attributes"]["service.name"] == "shop" and body["@metadata"]["protocol"] == "otlp"
+            assert row["event_id"] == body["@metadata"]["_id"]
+    for kind in ("logger", "rsyslog"):
+        for row, body in kinds[kind]:
+            assert (row["app_env"], row["topic"]) == ("syslog-default", "logs.syslog"), row
+            assert body["syslog"]["app_name"] == "interop" and body["@metadata"]["protocol"] == "syslog"
+    assert len({row["event_id"] for row, _ in sum(kinds.values(), [])}) == 5 * n
