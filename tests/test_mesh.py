@@ -187,7 +187,7 @@ def table_metrics(mesh) -> dict[str, float]:
 def test_the_table_answers_jdbc_and_keeps_its_partitions_across_a_spark_restart(mesh):
     run = f"jdbc-{uuid.uuid4().hex[:8]}"
     send_everywhere(mesh, run, 5)
-    wait_landed(mesh, run, 5 * 7)
+    wait_landed(mesh, run, 5 * len(EXPECTED_ROUTE))
     count = int(beeline(mesh, "SELECT count(*) FROM logjam.messages")[0][0])
     assert count == mesh.sql("SELECT count(*) AS n FROM messages")[0]["n"]
     partitions = sorted(r[0] for r in beeline(mesh, "SHOW PARTITIONS logjam.messages"))
@@ -203,8 +203,8 @@ def test_the_table_answers_jdbc_and_keeps_its_partitions_across_a_spark_restart(
     # The importers reconnect by themselves, and later rows land.
     after = f"after-{uuid.uuid4().hex[:8]}"
     send_everywhere(mesh, after, 3)
-    wait_landed(mesh, after, 3 * 7)
-    assert int(beeline(mesh, "SELECT count(*) FROM logjam.messages")[0][0]) == count + 3 * 7
+    wait_landed(mesh, after, 3 * len(EXPECTED_ROUTE))
+    assert int(beeline(mesh, "SELECT count(*) FROM logjam.messages")[0][0]) == count + 3 * len(EXPECTED_ROUTE)
 
 
 def test_the_real_otlp_and_syslog_clients_land_in_the_table(mesh, tmp_path):
