@@ -190,6 +190,6 @@ def test_curve_guards_tcp_ipc_serves_the_host_and_the_quickstart_tools_need_no_f
         assert res.returncode == 0, res.stderr[-3000:]
         return [__import__("json").loads(line) for line in res.stdout.splitlines() if line.strip()]
 
-    landed = wait_for(lambda: (r := rows()) if len(r) >= 2 else None, timeout=120, interval=2,
+    landed = wait_for(lambda: r if len(r := rows()) >= 2 else None, timeout=120, interval=2,
                       what="the allowlisted sends to land")
     assert {r["app_env"] for r in landed} == {f"quick{run}-ipc", f"quick{run}-tcp"}, landed

@@ -69,6 +69,6 @@ class BridgeProtocol:
     def reload_tls(self) -> None:
         """SIGHUP, after the host reloaded its TLS files: a protocol's own listener reloads its copy."""
 
-    def health(self) -> list[Check]:
+    def health_checks(self) -> list[Check]:
         """/healthz checks of the protocol's own (a second listener), besides the host's."""
         return []

@@ -111,7 +111,7 @@ class BridgeServer:
             Check("device_link", bool(links) and not down,
                   f"not connected to {', '.join(down or self.config.device)}" if down or not links
                   else f"connected to {', '.join(links)}"),
-            *self.protocol.health(),
+            *self.protocol.health_checks(),
         ]
 
     def reload_tls(self, tls: ReloadableTLS) -> None:

@@ -250,7 +250,7 @@ class Bridge(BridgeProtocol):
         """SIGHUP: the gRPC side reads the TLS files again (the host reloads its own)."""
         self.grpc_tls.reload()
 
-    def health(self) -> list[Check]:
+    def health_checks(self) -> list[Check]:
         up = self.grpc is not None
         return [Check("grpc_listening", up, f"{self.config.grpc_listen} (port {self.grpc_port})" if up
                       else "the gRPC server is not serving")]
