@@ -79,13 +79,13 @@ class Producer:
 
     def send(self, app_env: str, topic: str, payload: bytes | dict[str, Any], *, created_ms: int | None = None) -> int:
         """Send without asking for a reply. Returns the message's sequence number."""
-        self._sock.send_multipart(self._frames(app_env, topic, payload, created_ms), copy=False)
+        self._send(self._frames(app_env, topic, payload, created_ms))
         return self._seq
 
     def submit(self, app_env: str, topic: str, payload: bytes | dict[str, Any], *, created_ms: int | None = None) -> int:
         """Send a request (DEALER only) without waiting; `flush()` collects the replies."""
         self._require_dealer("requests")
-        self._sock.send_multipart([b""] + self._frames(app_env, topic, payload, created_ms), copy=False)
+        self._send([b""] + self._frames(app_env, topic, payload, created_ms))
         self._outstanding += 1
         self._drain(0)
         return self._seq
@@ -117,14 +117,37 @@ class Producer:
         self._require_dealer("ping")
         meta = Meta.fresh(Compression.NONE, self._next_seq()).pack()
         self._pong = None
-        self._sock.send_multipart([b"", b"ping", app_env.encode(), b"{}", meta])
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        self._send([b"", b"ping", app_env.encode(), b"{}", meta], deadline)
         while self._pong is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ReplyTimeout(f"no pong within {self.timeout}s")
             self._drain(remaining)
         return self._pong.decode()
+
+    def _send(self, frames: list[bytes], deadline: float | None = None) -> None:
+        """Send without blocking past the deadline (default: `timeout` from now).
+
+        A DEALER or PUSH with no completed connection (device down, or a CURVE
+        handshake it refuses) cannot queue anything, and a plain send would block forever.
+        """
+        try:
+            self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            return
+        except zmq.Again:
+            pass
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._sock.poll(int(remaining * 1000) + 1, zmq.POLLOUT):
+                raise ReplyTimeout(f"device not reachable within {self.timeout}s (nothing could be queued)")
+            try:
+                self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                continue
 
     def _drain(self, timeout_s: float) -> None:
         """Read every reply that is ready, waiting up to `timeout_s` for the first."""
