@@ -26,6 +26,18 @@ its journal settles whether it had them, and both copies meet in the one importe
 owns that device, where the key drops the second. Sent to another device, the copy
 would land through another importer that cannot know the key. New calls skip devices
 whose connection is down, so the others carry the traffic meanwhile.
+
+A device that is stopped (a hung disk, a paused VM, SIGSTOP) keeps its connection, so
+"down" does not see it. A device with requests outstanding and no reply for `deadline`
+seconds (--device-deadline; any reply is progress) is marked hung: it gets no new
+calls until it answers again, which the requests it holds make it do once it resumes.
+What it holds waits for it (see above: sent elsewhere, it would be doubled). So that a
+hang stalls only the connections whose batches are on it, a connection's calls stay on
+one device: `affinity()` gives each connection a home, the device with the fewest homed
+connections when it starts; its calls go there while it is up and answering, and
+round-robin over the others while it is not (each such call is counted as rerouted).
+Calls without an affinity go round-robin over the devices that are up and answering.
+docs/reliability.md "A hung device" has the consequences.
 """
 
 from __future__ import annotations
@@ -33,8 +45,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
+import weakref
 from collections import deque
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -44,12 +58,13 @@ from logjam.curve import ClientKey, connect
 from logjam.errors import DeviceRejected
 from logjam.message import Message, MessageBatch
 
-__all__ = ["ACCEPTED", "DeviceLink", "DeviceRejected"]
+__all__ = ["ACCEPTED", "Affinity", "DeviceLink", "DeviceRejected"]
 
 log = logging.getLogger(__name__)
 
 _POLLIN = zmq.POLLIN
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+DEFAULT_DEADLINE_S = 5.0
 
 
 class _Call:
@@ -95,6 +110,11 @@ class _Endpoint:
         self.resets = 0
         self.refused_logged = False
         self._check_scheduled = False
+        # Liveness: when the device last answered (or was last given work while idle), and
+        # since when it is hung (None: it is not).
+        self.progress_at = time.monotonic()
+        self.hung_since: float | None = None
+        self.homes: weakref.WeakSet[Affinity] = weakref.WeakSet()  # connections whose calls come here
         self._open()
 
     def _open(self) -> None:
@@ -121,7 +141,14 @@ class _Endpoint:
         self.monitor.close()
         self.sock.close()
 
+    @property
+    def usable(self) -> bool:
+        """Up and answering: new calls may come here."""
+        return self.connected and self.hung_since is None
+
     def submit(self, parts: list[_Part]) -> None:
+        if not self.parts:
+            self.progress_at = time.monotonic()  # the deadline runs from the first request it owes
         self.parts.extend(parts)
         self.unsent.extend(parts)
         self._flush()
@@ -163,6 +190,9 @@ class _Endpoint:
 
     def _answered(self, n: int, rejected: int) -> None:
         """`n` replies arrived, `rejected` of them refusals, all for the oldest sent messages."""
+        self.progress_at = time.monotonic()
+        if self.hung_since is not None:
+            self._answering()
         parts = self.parts
         while n:
             if not parts or parts[0].answered == parts[0].sent:
@@ -188,6 +218,22 @@ class _Endpoint:
                 log.warning("unexpected reply from %s", self.endpoint)
             else:
                 self._answered(1, 0 if s == OK else 1)
+
+    def check_deadline(self, now: float, deadline: float) -> bool:
+        """Mark the device hung when it owes replies and gave none for `deadline` s; True if it just was."""
+        if self.hung_since is not None or not self.parts or now - self.progress_at < deadline:
+            return False
+        self.hung_since = self.progress_at
+        owed = sum(p.sent - p.answered for p in self.parts)
+        log.warning("the device at %s owes %d replies and answered none for %.1f s (--device-deadline): "
+                    "hung; no new batches go to it until it answers", self.endpoint, owed, now - self.progress_at)
+        return True
+
+    def _answering(self) -> None:
+        assert self.hung_since is not None
+        log.warning("the device at %s answers again after %.1f s; it takes new batches again",
+                    self.endpoint, time.monotonic() - self.hung_since)
+        self.hung_since = None
 
     def _on_monitor(self) -> None:
         if self.monitor.closed:
@@ -221,6 +267,9 @@ class _Endpoint:
             p.sent = p.answered
         unanswered = sum(p.n - p.answered for p in live)
         log.warning("lost connection to %s with %d unanswered requests; resending", self.endpoint, unanswered)
+        # A fresh connection gets a fresh deadline; until it is up, it takes no new calls anyway.
+        self.hung_since = None
+        self.progress_at = time.monotonic()
         self._close_sockets()
         self.parts, self.unsent = deque(live), deque(live)
         self._open()
@@ -231,9 +280,20 @@ class _Endpoint:
         self._close_sockets()
 
 
+class Affinity:
+    """One connection's home device (`DeviceLink.affinity()`); give it to every publish() of the connection."""
+
+    __slots__ = ("home", "__weakref__")
+
+    def __init__(self, home: _Endpoint) -> None:
+        self.home = home
+        home.homes.add(self)
+
+
 class DeviceLink:
     def __init__(self, endpoints: Sequence[str], *, max_inflight: int = 20_000, sndhwm: int = 100_000,
-                 native: bool = True, curve: ClientKey | None = None) -> None:
+                 native: bool = True, curve: ClientKey | None = None, deadline: float = DEFAULT_DEADLINE_S,
+                 on_reroute: Callable[[str], None] | None = None) -> None:
         if not endpoints:
             raise ValueError("at least one device endpoint is required")
         self._endpoint_names = list(endpoints)
@@ -245,6 +305,11 @@ class DeviceLink:
         self._max_inflight = max_inflight
         self._inflight = 0
         self._room: asyncio.Condition | None = None
+        if deadline <= 0:
+            raise ValueError("the device deadline must be positive")
+        self._deadline = deadline  # --device-deadline
+        self._watch: asyncio.TimerHandle | None = None
+        self._on_reroute = on_reroute  # called with "hung" or "down" for each call sent away from its device
 
     def start(self) -> None:
         """Open the sockets; call from inside the running event loop."""
@@ -254,6 +319,17 @@ class DeviceLink:
         self._endpoints = [_Endpoint(self._ctx, ep, self._sndhwm, loop, self._wire, self._curve) for ep in self._endpoint_names]
         self._next = itertools.cycle(self._endpoints)
         self._room = asyncio.Condition()
+        self._watch = loop.call_later(self._watch_interval, self._check_deadlines)
+
+    @property
+    def _watch_interval(self) -> float:
+        return min(0.5, self._deadline / 4)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for ep in self._endpoints:
+            ep.check_deadline(now, self._deadline)
+        self._watch = asyncio.get_running_loop().call_later(self._watch_interval, self._check_deadlines)
 
     @property
     def native(self) -> bool:
@@ -274,11 +350,30 @@ class DeviceLink:
         return {ep.endpoint: ep.connected for ep in self._endpoints}
 
     @property
+    def hung(self) -> dict[str, float]:
+        """Endpoint -> seconds since it last answered, for each device marked hung (--device-deadline)."""
+        now = time.monotonic()
+        return {ep.endpoint: now - ep.hung_since for ep in self._endpoints if ep.hung_since is not None}
+
+    @property
     def resets(self) -> int:
         return sum(ep.resets for ep in self._endpoints)
 
-    async def publish(self, batches: Sequence[MessageBatch] | Sequence[Message]) -> None:
-        """Return once the device accepted every message; raise DeviceRejected if it refused any."""
+    def affinity(self) -> Affinity:
+        """A home device for a new connection: of the usable ones, the one with the fewest homed
+        connections (the next in turn on a tie); of all of them, when none is usable."""
+        assert self._endpoints, "DeviceLink.start() was not called"
+        candidates = [ep for ep in self._endpoints if ep.usable] or self._endpoints
+        fewest = min(len(ep.homes) for ep in candidates)
+        for _ in range(len(self._endpoints)):
+            ep = next(self._next)
+            if ep in candidates and len(ep.homes) == fewest:
+                return Affinity(ep)
+        return Affinity(candidates[0])
+
+    async def publish(self, batches: Sequence[MessageBatch] | Sequence[Message], affinity: Affinity | None = None) -> None:
+        """Return once the device accepted every message; raise DeviceRejected if it refused any.
+        With `affinity`, the messages go to its home device unless that one is down or hung."""
         if batches and isinstance(batches[0], Message):
             batches = MessageBatch.group(batches)  # type: ignore[arg-type]
         n = sum(len(b) for b in batches)
@@ -295,7 +390,7 @@ class DeviceLink:
             call = _Call(n, asyncio.get_running_loop().create_future())
             prepare = self._wire.prepare
             parts = [_Part(b, prepare(b), call) for b in batches if len(b)]  # type: ignore[arg-type]
-            self._pick().submit(parts)
+            self._pick(affinity).submit(parts)
             await call.future
         finally:
             self._inflight -= need
@@ -304,15 +399,25 @@ class DeviceLink:
         if call.rejected:
             raise DeviceRejected(call.rejected, n)
 
-    def _pick(self) -> _Endpoint:
-        """The next endpoint in turn whose connection is up; any, in turn, when none is."""
-        for _ in range(len(self._endpoints)):
-            ep = next(self._next)
-            if ep.connected:
-                return ep
-        return next(self._next)
+    def _pick(self, affinity: Affinity | None) -> _Endpoint:
+        """The affinity's home while it is usable; without one, the endpoint whose turn it is while
+        usable. Else the next usable endpoint after that one (the call is counted as rerouted); when
+        none is usable, the home or the one whose turn it is: it may come back."""
+        first = affinity.home if affinity is not None else next(self._next)
+        if first.usable:
+            return first
+        eps = self._endpoints
+        k = eps.index(first)
+        chosen = next((ep for ep in eps[k + 1:] + eps[:k] if ep.usable), None)
+        if chosen is None:
+            return first
+        if self._on_reroute is not None:
+            self._on_reroute("hung" if first.connected else "down")
+        return chosen
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         for ep in self._endpoints:
             ep.close()
         if self._ctx is not None:
