@@ -117,6 +117,63 @@ def test_a_hung_device_stalls_only_the_connections_homed_on_it(two_devices):
         sub.close()
 
 
+def test_what_waits_on_a_hung_device_leaves_the_inflight_bound_to_the_others(two_devices):
+    """--max-inflight is process-wide: the hung device's share of it is given to the others."""
+    a, b = two_devices
+
+    async def run() -> None:
+        link = DeviceLink([a.router, b.router], max_inflight=100, deadline=DEADLINE)
+        link.start()
+        await asyncio.wait_for(_until(lambda: all(link.connected.values())), 10)
+        first, second = link.affinity(), link.affinity()
+        on_a, on_b = (first, second) if first.home.endpoint == a.router else (second, first)
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            stuck = asyncio.create_task(link.publish(_messages("s", 100), on_a))
+            await asyncio.sleep(0.1)
+            assert link.inflight == 100
+            waiting = asyncio.create_task(link.publish(_messages("w", 50), on_b))
+            done, _ = await asyncio.wait({waiting}, timeout=DEADLINE / 2)
+            assert not done, "the bound was full: the call should wait"
+            await asyncio.wait_for(waiting, DEADLINE + 3)  # a is hung: its 100 no longer count
+            assert a.router in link.hung and link.inflight == 0
+            await asyncio.wait_for(link.publish(_messages("x", 100), on_b), 2)
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        await asyncio.wait_for(stuck, 20)
+        assert link.inflight == 0 and not link.hung
+        await link.close()
+
+    asyncio.run(run())
+
+
+def test_an_idle_device_is_pinged_so_its_hang_is_seen_before_anything_waits_on_it(two_devices):
+    """A device the bridge owes nothing is asked on a ping socket: stopped while idle, it is hung
+    before the first call would have gone to it, and no call waits on it."""
+    a, b = two_devices
+    reroutes: list[str] = []
+
+    async def run() -> None:
+        link = DeviceLink([a.router, b.router], deadline=DEADLINE, on_reroute=reroutes.append)
+        link.start()
+        await asyncio.wait_for(_until(lambda: all(link.connected.values())), 10)
+        await asyncio.sleep(DEADLINE * 2)  # idle, answering its pings: not hung
+        assert not link.hung
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            await asyncio.wait_for(_until(lambda: a.router in link.hung), DEADLINE * 2 + 2)
+            assert link.affinity().home.endpoint == b.router
+            for k in range(4):
+                await asyncio.wait_for(link.publish(_messages(f"i{k}-", 5)), 2)
+            assert reroutes == ["hung", "hung"]
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        await asyncio.wait_for(_until(lambda: not link.hung), 3)
+        await link.close()
+
+    asyncio.run(run())
+
+
 def test_one_device_hung_is_still_waited_for(device):
     """With no other device, calls still go to the hung one: it is all there is."""
     reroutes: list[str] = []

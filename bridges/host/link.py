@@ -31,6 +31,9 @@ A device that is stopped (a hung disk, a paused VM, SIGSTOP) keeps its connectio
 "down" does not see it. A device with requests outstanding and no reply for `deadline`
 seconds (--device-deadline; any reply is progress) is marked hung: it gets no new
 calls until it answers again, which the requests it holds make it do once it resumes.
+One that is owed nothing is pinged every half deadline on a socket of its own (replies
+carry no id, so a pong must not be counted as a request's reply), so its hang is seen
+before a call waits on it.
 What it holds waits for it (see above: sent elsewhere, it would be doubled). So that a
 hang stalls only the connections whose batches are on it, a connection's calls stay on
 one device: `affinity()` gives each connection a home, the device with the fewest homed
@@ -57,6 +60,7 @@ from bridges.host.native_link import ACCEPTED, OK, UNEXPECTED, NativeWire, PyWir
 from logjam.curve import ClientKey, connect
 from logjam.errors import DeviceRejected
 from logjam.message import Message, MessageBatch
+from logjam.meta import Compression, Meta
 
 __all__ = ["ACCEPTED", "Affinity", "DeviceLink", "DeviceRejected"]
 
@@ -110,11 +114,18 @@ class _Endpoint:
         self.resets = 0
         self.refused_logged = False
         self._check_scheduled = False
-        # Liveness: when the device last answered (or was last given work while idle), and
-        # since when it is hung (None: it is not).
+        # Liveness: when the device last answered (or began to owe an answer), since when it is
+        # hung (None: it is not), and the ping an idle device is asked on its own socket.
         self.progress_at = time.monotonic()
         self.hung_since: float | None = None
+        self.ping_at: float | None = None  # the oldest unanswered ping
+        self.pinged_at = 0.0
+        self.probe = ctx.socket(zmq.DEALER)
+        self.probe.setsockopt(zmq.LINGER, 0)
+        self.probe.setsockopt(zmq.SNDHWM, 4)
+        connect(self.probe, endpoint, curve)
         self.homes: weakref.WeakSet[Affinity] = weakref.WeakSet()  # connections whose calls come here
+        self.inflight = 0  # events of calls sent here and not yet answered (DeviceLink's bound)
         self._open()
 
     def _open(self) -> None:
@@ -146,8 +157,12 @@ class _Endpoint:
         """Up and answering: new calls may come here."""
         return self.connected and self.hung_since is None
 
+    @property
+    def owes(self) -> bool:
+        return bool(self.parts) or self.ping_at is not None
+
     def submit(self, parts: list[_Part]) -> None:
-        if not self.parts:
+        if not self.owes:
             self.progress_at = time.monotonic()  # the deadline runs from the first request it owes
         self.parts.extend(parts)
         self.unsent.extend(parts)
@@ -220,14 +235,42 @@ class _Endpoint:
                 self._answered(1, 0 if s == OK else 1)
 
     def check_deadline(self, now: float, deadline: float) -> bool:
-        """Mark the device hung when it owes replies and gave none for `deadline` s; True if it just was."""
-        if self.hung_since is not None or not self.parts or now - self.progress_at < deadline:
+        """Read pongs, ping an idle device, and mark it hung when it owes replies (or a pong) and gave
+        none for `deadline` s; True if it just was."""
+        self._read_pongs()
+        if self.connected and not self.parts and now - max(self.progress_at, self.pinged_at) >= deadline / 2:
+            # Idle, or a ping lost with a connection: ask (again). Replies carry no id on the data
+            # socket, so the ping has its own.
+            try:
+                self.probe.send_multipart([b"", b"ping", b"logjam-ping", b"{}", Meta.fresh(Compression.NONE, 0).pack()],
+                                          zmq.NOBLOCK)
+                self.pinged_at = now
+                if self.ping_at is None:
+                    self.ping_at = self.progress_at = now
+            except zmq.Again:
+                pass
+        if self.hung_since is not None or not self.owes or now - self.progress_at < deadline:
             return False
         self.hung_since = self.progress_at
         owed = sum(p.sent - p.answered for p in self.parts)
-        log.warning("the device at %s owes %d replies and answered none for %.1f s (--device-deadline): "
-                    "hung; no new batches go to it until it answers", self.endpoint, owed, now - self.progress_at)
+        log.warning("the device at %s owes %d replies%s and answered none for %.1f s (--device-deadline): "
+                    "hung; no new batches go to it until it answers", self.endpoint, owed,
+                    " and a ping" if self.ping_at is not None else "", now - self.progress_at)
         return True
+
+    def _read_pongs(self) -> None:
+        answered = False
+        while True:
+            try:
+                self.probe.recv_multipart(zmq.NOBLOCK)  # any answer shows it alive, even a refusal
+            except zmq.Again:
+                break
+            answered = True
+        if answered:
+            self.ping_at = None
+            self.progress_at = time.monotonic()
+            if self.hung_since is not None:
+                self._answering()
 
     def _answering(self) -> None:
         assert self.hung_since is not None
@@ -245,6 +288,7 @@ class _Endpoint:
                 return
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected = True
+                self.progress_at, self.ping_at = time.monotonic(), None  # a fresh connection, a fresh deadline
                 self.refused_logged = False
                 continue
             if event["event"] & _REFUSED:
@@ -278,6 +322,7 @@ class _Endpoint:
 
     def close(self) -> None:
         self._close_sockets()
+        self.probe.close()
 
 
 class Affinity:
@@ -327,8 +372,11 @@ class DeviceLink:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
+        freed = False
         for ep in self._endpoints:
-            ep.check_deadline(now, self._deadline)
+            freed |= ep.check_deadline(now, self._deadline) and ep.inflight > 0
+        if freed:
+            asyncio.ensure_future(self._notify_room())
         self._watch = asyncio.get_running_loop().call_later(self._watch_interval, self._check_deadlines)
 
     @property
@@ -337,7 +385,10 @@ class DeviceLink:
 
     @property
     def inflight(self) -> int:
-        return self._inflight
+        """Events awaiting a device, against --max-inflight. What waits on a hung device is not
+        counted: it must not take the bound from the connections of the devices that answer (the
+        protocols' own budgets still bound it)."""
+        return self._inflight - sum(ep.inflight for ep in self._endpoints if ep.hung_since is not None)
 
     @property
     def max_inflight(self) -> int:
@@ -382,22 +433,31 @@ class DeviceLink:
         assert self._room is not None, "DeviceLink.start() was not called"
         # A batch larger than the whole bound still goes through, alone.
         need = min(n, self._max_inflight)
-        if self._inflight + need > self._max_inflight:
+        if self.inflight + need > self._max_inflight:
             async with self._room:
-                await self._room.wait_for(lambda: self._inflight + need <= self._max_inflight)
+                await self._room.wait_for(lambda: self.inflight + need <= self._max_inflight)
         self._inflight += need
+        ep = None
         try:
             call = _Call(n, asyncio.get_running_loop().create_future())
             prepare = self._wire.prepare
             parts = [_Part(b, prepare(b), call) for b in batches if len(b)]  # type: ignore[arg-type]
-            self._pick(affinity).submit(parts)
+            ep = self._pick(affinity)
+            ep.inflight += need
+            ep.submit(parts)
             await call.future
         finally:
             self._inflight -= need
-            async with self._room:
-                self._room.notify_all()
+            if ep is not None:
+                ep.inflight -= need
+            await self._notify_room()
         if call.rejected:
             raise DeviceRejected(call.rejected, n)
+
+    async def _notify_room(self) -> None:
+        assert self._room is not None
+        async with self._room:
+            self._room.notify_all()
 
     def _pick(self, affinity: Affinity | None) -> _Endpoint:
         """The affinity's home while it is usable; without one, the endpoint whose turn it is while
