@@ -190,6 +190,8 @@ def test_one_device_hung_is_still_waited_for(device):
             second = asyncio.create_task(link.publish(_messages("y", 5), home))
             await asyncio.sleep(0.2)
             assert not first.done() and not second.done()
+            # With no device answering, what waits on it still counts against --max-inflight.
+            assert link.inflight == 10
         finally:
             os.kill(device.proc.pid, signal.SIGCONT)
         await asyncio.wait_for(asyncio.gather(first, second), 20)

@@ -386,8 +386,11 @@ class DeviceLink:
     @property
     def inflight(self) -> int:
         """Events awaiting a device, against --max-inflight. What waits on a hung device is not
-        counted: it must not take the bound from the connections of the devices that answer (the
-        protocols' own budgets still bound it)."""
+        counted while another device answers: it must not take the bound from the connections of
+        the devices that do (the protocols' own budgets still bound it). With none answering, all
+        of it counts: back-pressure stops the clients rather than buffering for nothing."""
+        if not any(ep.usable for ep in self._endpoints):
+            return self._inflight
         return self._inflight - sum(ep.inflight for ep in self._endpoints if ep.hung_since is not None)
 
     @property
