@@ -69,6 +69,10 @@ def test_a_hung_device_stalls_only_the_connections_homed_on_it(two_devices):
         homes = {first.home.endpoint, second.home.endpoint}
         assert homes == {a.router, b.router}
         on_a, on_b = (first, second) if first.home.endpoint == a.router else (second, first)
+        third = link.affinity()
+        assert len(third.home.homes) == 2
+        third.release()  # a connection that ended counts no more, though the object lives on
+        assert len(third.home.homes) == 1
         await link.publish(_messages("warm", 10), on_a)
         await link.publish(_messages("warm", 10, 10), on_b)
         assert reroutes == []

@@ -334,6 +334,10 @@ class Affinity:
         self.home = home
         home.homes.add(self)
 
+    def release(self) -> None:
+        """The connection ended: no longer counted at home (the weak set would, once it is collected)."""
+        self.home.homes.discard(self)
+
 
 class DeviceLink:
     def __init__(self, endpoints: Sequence[str], *, max_inflight: int = 20_000, sndhwm: int = 100_000,

@@ -244,6 +244,7 @@ class Pipeline(Generic[P]):
     async def close(self) -> None:
         """Cancel what is still at the device and give back everything this connection holds."""
         self._closed = True
+        self.affinity.release()
         tasks = [f.task for f in self.flights]
         for task in tasks:
             task.cancel()
