@@ -33,14 +33,13 @@ class HttpSession:
         self.export = export
         self.count_error = count_error
         self.engine = engine.OtlpServer(limit, retry_after)
-        # Inside a request the client must finish it within --frame-timeout (slowloris).
-        conn.partial = lambda: self.engine.mid_request
 
     async def run(self) -> None:
         server = self.engine
         try:
             while not server.must_close:
-                data = await self.conn.read()
+                # Inside a request the client must finish it within --frame-timeout (slowloris).
+                data = await self.conn.read(mid_frame=server.mid_frame)
                 if not data:
                     server.feed_eof()
                     server.feed(b"")  # a request left unfinished raises here

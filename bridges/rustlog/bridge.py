@@ -297,12 +297,11 @@ class Bridge(BridgeProtocol):
 
     async def serve(self, conn: Connection) -> None:
         engine = e.RustlogServer(self.host.config.max_frame_size)
-        conn.partial = lambda: engine.mid_frame
         self.stats.connections_total += 1
         self.stats.connections_active += 1
         try:
             while True:
-                data = await conn.read()
+                data = await conn.read(mid_frame=engine.mid_frame)
                 if not data:
                     return
                 try:

@@ -198,7 +198,6 @@ class Session:
         self.host = bridge.host
         self.conn = conn
         self.engine = wire.SegmentServer(min(bridge.host.config.max_frame_size, wire.MAX_COMMAND_SIZE))
-        conn.partial = lambda: self.engine.mid_frame
         # Replies leave in request order. The pipeline's units are append bytes not yet
         # accepted by the device: they bound this connection's memory.
         self.pipeline: Pipeline[_Answer] = Pipeline(
@@ -229,7 +228,7 @@ class Session:
         try:
             try:
                 while not self.ending:
-                    data = await self.conn.read()
+                    data = await self.conn.read(mid_frame=self.engine.mid_frame)
                     if not data:
                         break
                     requests = self.engine.feed(data)

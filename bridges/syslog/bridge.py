@@ -144,7 +144,6 @@ class _Session:
         self.metrics = bridge.host.metrics
         self.batch_size = bridge.host.config.batch_size
         self.engine = self.make_engine(bridge.host.config.max_frame_size)
-        conn.partial = lambda: self.engine.mid_frame
         self.batch: Batches = self.mapper.batches()
         self.plan: list[int] = []  # what the batch being built earns (RELP: its TXNRs)
         self.failure: BaseException | None = None
@@ -191,7 +190,7 @@ class _Session:
             if self.failure is not None:
                 raise self.failure
             try:
-                data = await conn.read(65536)
+                data = await conn.read(65536, mid_frame=engine.mid_frame)
             except IdleTimeout:
                 if self.waiting_for_acks():
                     continue
