@@ -41,7 +41,7 @@ from bridges.courier.engine import (
 )
 from bridges.host import Batches, BridgeProtocol, Connection, KeepaliveTimer, Positions
 from bridges.host.config import HostConfig, Knobs
-from bridges.host.session import EngineSession
+from bridges.host.session import PipelineSession
 from runtime.config import from_flags
 
 log = logging.getLogger("logjam-bridge.courier")
@@ -100,7 +100,7 @@ class Bridge(BridgeProtocol):
         await _Session(self, conn).run()
 
 
-class _Session(EngineSession[tuple[_Payload, int]]):
+class _Session(PipelineSession[tuple[_Payload, int]]):
     def __init__(self, bridge: Bridge, conn: Connection) -> None:
         config: CourierConfig = bridge.config
         host = bridge.host

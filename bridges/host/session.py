@@ -15,15 +15,16 @@ session owns, so that no protocol writes it again:
   so --frame-timeout bounds a frame the client began (slowloris) and --idle-timeout the
   wait between frames. An idle timeout while `waiting()` (the client waits for our acks)
   is not the client's fault: the session reads on.
-- **The inflated-bytes charge**: `take(units)` counts decoded units against the pipeline
-  and charges what the engine inflated since (`inflated_total`) to --max-inflated-bytes.
-- **Failure**: the pipeline's `failure` is the session's; the default `refused` wakes the
-  read that waits for the client, so the session ends now.
+- **The inflated-bytes charge** (`PipelineSession.take(units)`): decoded units count
+  against the pipeline, and what the engine inflated since (`inflated_total`) against
+  --max-inflated-bytes.
+- **Failure**: a `PipelineSession`'s failure is its pipeline's; the default `refused` wakes
+  the read that waits for the client, so the session ends now.
 
 A protocol gives `on_events(events)` (what its events mean), its ack plan (`accepted`,
 and `refused` where a refusal has a reply), and its own `run` around `read_loop` (what
-happens to decoded events when the read ends). OTLP is the exception, see
-bridges/otlp/http.py: HTTP answers one request at a time, so it has no pipeline.
+happens to decoded events when reading ends). RustLog and OTLP/HTTP answer each request
+before reading the next, so they use `EngineSession` without a pipeline.
 """
 
 from __future__ import annotations
@@ -49,24 +50,19 @@ class Engine(Protocol):
         """The events `data` completes; [] when the engine needs more bytes."""
 
 
-class EngineSession(Generic[P]):
-    """One connection: reads, feeds its engine until it needs data, and forwards through a
-    `Pipeline` whose plans (`P`) are the protocol's acks."""
+class EngineSession:
+    """One connection: reads, and feeds its engine until it needs data. A protocol that
+    answers each request before reading the next (RustLog) uses it as is; one that forwards
+    pipelined batches uses `PipelineSession`."""
 
     read_size: ClassVar[int] = 65536
     # Feed at most this many bytes per `feed` call, with `before_feed` before each (None: a whole read).
     feed_slice: ClassVar[int | None] = None
 
-    def __init__(self, host: Host, conn: Connection, engine: Any, *, name: str, consequence: str,
-                 depth: int, max_pending: int | None = None, shared: Budget | None = None) -> None:
+    def __init__(self, host: Host, conn: Connection, engine: Any) -> None:
         self.host = host
         self.conn = conn
         self.engine = engine
-        self.pipeline: Pipeline[P] = Pipeline(
-            host, f"{name} {conn.peer}", accepted=self.accepted, refused=self.refused,
-            consequence=consequence, depth=depth, max_pending=max_pending, shared=shared,
-        )
-        self._inflated_seen = 0
         self.unfed: bytes | memoryview = b""  # the rest of the last read, with `feed_slice`
 
     # -- what a protocol gives
@@ -75,13 +71,6 @@ class EngineSession(Generic[P]):
         """Handle the events one `feed` returned, in order."""
         raise NotImplementedError
 
-    def accepted(self, plan: P) -> None:
-        """The device accepted the batch `plan` was launched with (and everything before it)."""
-
-    def refused(self, plan: P, error: BaseException) -> None:
-        """The pipeline failed at `plan` (the device refused it, or its work failed)."""
-        self.conn.stop_reading()  # ends a read that waits for the client
-
     def waiting(self) -> bool:
         """The client waits for our answers, so an idle timeout is not its fault."""
         return False
@@ -89,6 +78,9 @@ class EngineSession(Generic[P]):
     def done(self) -> bool:
         """Read no more (the protocol closed the conversation)."""
         return False
+
+    def on_eof(self) -> None:
+        """The client closed its side (or the process stops reading it)."""
 
     async def before_feed(self) -> None:
         """Before each feed: wait for room, launch what is ready."""
@@ -101,7 +93,8 @@ class EngineSession(Generic[P]):
 
     @property
     def failure(self) -> BaseException | None:
-        return self.pipeline.failure
+        """Why this session forwards no more (the pipeline failed); None while it may."""
+        return None
 
     async def read(self) -> bytes:
         """The next bytes from the client; b"" at EOF or shutdown."""
@@ -116,15 +109,16 @@ class EngineSession(Generic[P]):
     async def read_loop(self) -> None:
         """Read, feed, handle, feed again until the engine needs data; until EOF, `done()`
         or the pipeline's failure. A ProtocolError, a timeout or a lost connection propagates."""
-        engine, pipeline, step = self.engine, self.pipeline, self.feed_slice
+        engine, step = self.engine, self.feed_slice
         while not self.done():
             await self.before_feed()
-            if pipeline.failed:
+            if self.failure is not None:
                 return
             pending = self.unfed
             if not pending:
                 data = await self.read()
                 if not data:
+                    self.on_eof()
                     return
                 pending = memoryview(data) if step else data
             if step:
@@ -135,11 +129,36 @@ class EngineSession(Generic[P]):
             while events:
                 await self.on_events(events)
                 if self.done():
-                    return
+                    break
                 # The next portion, or an error the engine held behind the events just handled.
                 events = engine.feed(b"")
             if not self.unfed:
                 await self.after_read()
+
+
+class PipelineSession(EngineSession, Generic[P]):
+    """An `EngineSession` that forwards through a `Pipeline` whose plans (`P`) are the
+    protocol's acks; the pipeline's failure is the session's."""
+
+    def __init__(self, host: Host, conn: Connection, engine: Any, *, name: str, consequence: str,
+                 depth: int, max_pending: int | None = None, shared: Budget | None = None) -> None:
+        super().__init__(host, conn, engine)
+        self.pipeline: Pipeline[P] = Pipeline(
+            host, f"{name} {conn.peer}", accepted=self.accepted, refused=self.refused,
+            consequence=consequence, depth=depth, max_pending=max_pending, shared=shared,
+        )
+        self._inflated_seen = 0
+
+    def accepted(self, plan: P) -> None:
+        """The device accepted the batch `plan` was launched with (and everything before it)."""
+
+    def refused(self, plan: P, error: BaseException) -> None:
+        """The pipeline failed at `plan` (the device refused it, or its work failed)."""
+        self.conn.stop_reading()  # ends a read that waits for the client
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self.pipeline.failure
 
     def take(self, units: int) -> None:
         """`units` more decoded: they count against the bounds until their batch settles, and

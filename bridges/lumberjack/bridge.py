@@ -48,7 +48,7 @@ from bridges.lumberjack.engine import (
     WindowFrame,
 )
 from bridges.host.config import HostConfig, Knobs
-from bridges.host.session import EngineSession
+from bridges.host.session import PipelineSession
 from logjam.errors import LocalProtocolError, ProtocolError
 from runtime.config import from_flags
 
@@ -89,7 +89,7 @@ class _Acks:
         self.silent_after = silent_after
 
 
-class Session(EngineSession[_Acks]):
+class Session(PipelineSession[_Acks]):
     """One client connection."""
 
     # Bytes are read in up to 64 KiB but fed in small slices, checking the bounds before
