@@ -29,7 +29,7 @@ before reading the next, so they use `EngineSession` without a pipeline.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from bridges.host.budget import Budget
 from bridges.host.connection import Connection, IdleTimeout
@@ -37,17 +37,6 @@ from bridges.host.pipeline import Pipeline
 from bridges.host.protocol import Host
 
 P = TypeVar("P")
-
-
-class Engine(Protocol):
-    """What the session needs of a server engine (docs/architecture.md, "The engine contract")."""
-
-    @property
-    def mid_frame(self) -> bool:
-        """Part of a frame has arrived, not all of it."""
-
-    def feed(self, data: bytes) -> list[Any]:
-        """The events `data` completes; [] when the engine needs more bytes."""
 
 
 class EngineSession:
@@ -62,6 +51,8 @@ class EngineSession:
     def __init__(self, host: Host, conn: Connection, engine: Any) -> None:
         self.host = host
         self.conn = conn
+        # A server engine (docs/architecture.md, "The engine contract"): `feed(bytes)` -> list
+        # of events ([] when it needs data), `mid_frame`, and `inflated_total` if it inflates.
         self.engine = engine
         self.unfed: bytes | memoryview = b""  # the rest of the last read, with `feed_slice`
 
