@@ -108,6 +108,13 @@ class Receiver:
         # A chunk of one device's messages, each the next, without a heartbeat (whose bytes may also
         # occur in a body: then it just takes the long way): sequenced at once, not message by message.
         ordered = sequencer is not None and _HEARTBEAT not in data and sequencer.take_in_order(meta, raw.n)
+        if ordered and native is not None:
+            try:
+                self._pick_ordered(raw)
+            finally:
+                self._flush()
+                self._pending = None
+            return
         journal: str | None = None
         journal_n = -1
         try:
@@ -162,6 +169,31 @@ class Receiver:
             if native is not None:
                 self._flush()
                 self._pending = None
+
+    def _pick_ordered(self, raw: RawBatch) -> None:
+        """The C path's picks for a chunk already sequenced (`take_in_order`): one device, one journal."""
+        data, pos, n = raw.data, raw.pos, raw.n
+        device = raw.meta[1]
+        self.device_endpoint.setdefault(device, raw.endpoint)
+        assert self.sequencer is not None
+        journal_n = self._journal_id(self.sequencer.ledger.journal(device))
+        tally = self.tally
+        tally.received += n
+        picks, rows, streams, topics = self._picks, tally.rows, self._streams, self._topics
+        skipped = 0
+        for i in range(n):
+            p = 6 * i
+            at = pos[p]
+            app_env = data[at : at + pos[p + 1]]
+            name, keeps, stream = streams.get(app_env) or self._stream(app_env)
+            if not keeps:
+                skipped += 1
+                continue
+            at = pos[p + 2]
+            topic_b = data[at : at + pos[p + 3]]
+            picks.extend((i, stream, (topics.get(topic_b) or self._topic(topic_b))[1], journal_n))
+            rows[name] = rows.get(name, 0) + 1
+        tally.skipped += skipped
 
     def _flush(self) -> None:
         """Decode the picks of the chunk being received (C), then count what did not become a plain row."""
