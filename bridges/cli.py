@@ -12,7 +12,7 @@ from typing import Sequence
 
 from bridges.host.config import BridgeConfig, Knobs, flag
 from bridges.host.protocol import BridgeProtocol
-from logjam import native
+from logjam import defaults, native
 from logjam.endpoints import needs_curve
 from runtime import curve
 from runtime.check import Checker
@@ -40,7 +40,8 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
         description=f"Serve the {name} protocol and forward every event to a logjam-device.",
     )
     p.add_argument("--listen", default=f"0.0.0.0:{cls.default_port}", metavar="HOST:PORT", help="where clients connect (default %(default)s)")
-    p.add_argument("--device", action="append", metavar="tcp://HOST:PORT", help="device ROUTER endpoint; repeatable or comma-separated, events are spread over them (default tcp://127.0.0.1:9604)")
+    p.add_argument("--device", action="append", metavar="tcp://HOST:PORT", help="device ROUTER endpoint; repeatable or comma-separated, events are spread over them "
+                   f"(default {defaults.device_endpoint('router')})")
     p.add_argument("--app-env", default=f"{name}-default", help="stream name events are published under (default %(default)s)")
     p.add_argument("--app-env-field", metavar="NAME", help="event field (dotted path) whose value overrides --app-env")
     p.add_argument("--topic", default=f"logs.{name}", help="Logjam topic (default %(default)s)")

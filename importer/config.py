@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
+from logjam import defaults
 from importer.split import StreamFilter, owned_endpoints, split_list
 from runtime.config import from_flags
 
-DEFAULT_SUB = "tcp://127.0.0.1:9606"
-DEFAULT_REPLAY_PORT = 9607
+DEFAULT_SUB = defaults.device_endpoint("pub")
 
 
 @dataclass(frozen=True, slots=True)

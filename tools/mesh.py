@@ -20,17 +20,17 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from logjam import endpoints
+from logjam import defaults, endpoints
 
 DEFAULTS = {
-    "LOGJAM_DATA_DIR": "data",
+    "LOGJAM_DATA_DIR": defaults.DATA_DIR,
     "LOGJAM_BIND": "0.0.0.0",
     "LOGJAM_DEVICE_ID": "1",
-    "LOGJAM_ROUTER_PORT": "9604",
-    "LOGJAM_PULL_PORT": "9605",
-    "LOGJAM_PUB_PORT": "9606",
-    "LOGJAM_STATS_PORT": "9621",
-    "LOGJAM_REPLAY_PORT": "9607",
+    "LOGJAM_ROUTER_PORT": str(defaults.ROUTER_PORT),
+    "LOGJAM_PULL_PORT": str(defaults.PULL_PORT),
+    "LOGJAM_PUB_PORT": str(defaults.PUB_PORT),
+    "LOGJAM_STATS_PORT": str(defaults.STATS_PORT),
+    "LOGJAM_REPLAY_PORT": str(defaults.REPLAY_PORT),
     "LOGJAM_SPARK_PORT": "15002",
     "LOGJAM_JDBC_PORT": "10000",
     "LOGJAM_TABLE_METRICS_PORT": "9630",
@@ -189,7 +189,7 @@ def ensure_keys(env: dict[str, str]) -> Path:
 def _local_prefix(env: dict[str, str]) -> str:
     """`LOGJAM_DATA_DIR=... ` when the tools would not find this mesh (its ipc endpoints, its keys) from here."""
     data = Path(env["LOGJAM_DATA_DIR"])
-    return "" if endpoints.default_data_root().resolve() == data.resolve() else f"LOGJAM_DATA_DIR={data} "
+    return "" if defaults.data_root() == data.resolve() else f"LOGJAM_DATA_DIR={data} "
 
 
 def banner(env: dict[str, str]) -> str:

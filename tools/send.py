@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("messages", nargs="*", metavar="MESSAGE",
                    help="one event per argument; none, or '-', reads lines from stdin (use -- before messages starting with -)")
     p.add_argument("--to", metavar="HOST:PORT",
-                   help="where to send (default 127.0.0.1 and the protocol's port: logjam 9604, or 9605 with "
+                   help="where to send (default 127.0.0.1 and the protocol's port: "
+                        f"logjam {DEFAULT_PORTS['logjam']}, or {DEFAULT_PORTS['logjam-push']} with "
                         "--mode push, unless the mesh runs on this host: then device 0's ipc endpoint; "
                         "lumberjack 5044; courier 5043; segment 12345; rustlog 9092; otlp 4318, OTLP/HTTP; "
                         "syslog 2514, RELP)")

@@ -25,6 +25,7 @@ from bridges.otlp import engine as otlp
 from bridges.rustlog import engine as rl
 from bridges.segment import engine as seg
 from bridges.syslog.relp import RelpClient, Response
+from logjam import defaults
 from logjam.curve import ClientKey
 from logjam.errors import ProtocolError
 from logjam.producer import Producer, ReplyTimeout
@@ -33,8 +34,8 @@ Event = dict[str, Any]
 T = TypeVar("T")
 
 DEFAULT_PORTS = {
-    "logjam": 9604,
-    "logjam-push": 9605,
+    "logjam": defaults.ROUTER_PORT,
+    "logjam-push": defaults.PULL_PORT,
     "lumberjack": 5044,
     "courier": 5043,
     "segment": 12345,

@@ -20,7 +20,7 @@ from rich.color import ColorSystem
 from rich.console import Console
 from rich.live import Live
 
-from logjam import endpoints, sockets
+from logjam import defaults, endpoints, sockets
 from logjam.curve import ClientKey
 from runtime import curve, lifecycle
 from runtime.check import Checker
@@ -30,7 +30,7 @@ from logjam.subscriber import Gap, Subscriber
 from tools.tail_render import Palette, Renderer
 from tools.tail_stats import StatsBoard
 
-DEFAULT_SUB = "tcp://127.0.0.1:9606"
+DEFAULT_SUB = defaults.device_endpoint("pub")
 MODES = ("lines", "json", "pretty", "raw", "stats")
 POLL_S = 0.2
 WARN_EVERY_S = 5.0

@@ -12,9 +12,10 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from logjam.defaults import data_root
 from runtime.config import from_flags
 from table.compaction_protocol import DEFAULT_GRACE_S
-from table.paths import data_dir, default_warehouse, normalise_warehouse
+from table.paths import default_warehouse, normalise_warehouse
 from warehouse.tiers import FANIN, MAX_LEVEL, TARGET_BYTES
 
 
@@ -59,7 +60,7 @@ class SparkServerConfig:
         return from_flags(
             cls, args,
             warehouse=normalise_warehouse(args.warehouse or default_warehouse()),
-            metastore=Path(args.metastore).resolve() if args.metastore else data_dir() / "metastore",
+            metastore=Path(args.metastore).resolve() if args.metastore else data_root() / "metastore",
             conf=tuple(args.conf or ()),
             maintenance=MaintenanceConfig.from_args(args),
         )

@@ -13,6 +13,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from logjam import defaults
 from runtime.config import from_flags
 
 
@@ -101,7 +102,7 @@ class HostConfig:
     @classmethod
     def from_flags(cls, args: argparse.Namespace, knobs: Knobs = Knobs()) -> "HostConfig":
         # One flag may carry every device of a mesh, comma-separated (supervisord passes one value).
-        devices = tuple(d.strip() for v in (args.device or ["tcp://127.0.0.1:9604"]) for d in v.split(",") if d.strip())
+        devices = tuple(d.strip() for v in (args.device or [defaults.device_endpoint("router")]) for d in v.split(",") if d.strip())
         for endpoint in devices:
             scheme, _, rest = endpoint.partition("://")
             if scheme not in ("tcp", "ipc") or not rest or (scheme == "tcp" and not rest.rpartition(":")[2].isdigit()):

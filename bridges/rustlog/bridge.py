@@ -43,6 +43,7 @@ from bridges.rustlog.log import (
     TopicNotFound,
     now_us,
 )
+from logjam.defaults import data_root
 from logjam.errors import RemoteProtocolError
 from runtime.config import FSYNC_POLICIES, from_flags
 from logjam.validation import is_valid_app_env
@@ -163,7 +164,8 @@ class Bridge(BridgeProtocol):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("rustlog")
-        g.add_argument("--data-dir", default="./data/rustlog", help="where the partitioned log lives (default %(default)s)")
+        g.add_argument("--data-dir", default=str(data_root() / "rustlog"),
+                       help="where the partitioned log lives (default $LOGJAM_DATA_DIR/rustlog, else ./data/rustlog)")
         g.add_argument("--fsync", choices=FSYNC_POLICIES, default="always",
                        help="always: fsync before every acknowledgement; interval: every --fsync-interval-ms; never: leave it to the OS (default %(default)s)")
         g.add_argument("--fsync-interval-ms", type=int, default=1000, metavar="MS")

@@ -43,6 +43,7 @@ from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
 from runtime.config import FSYNC_POLICIES, from_flags
+from logjam.defaults import data_root
 from logjam.meta import now_ms
 
 log = logging.getLogger("logjam-bridge.segment")
@@ -77,7 +78,8 @@ class Bridge(BridgeProtocol):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--data-dir", default="./data/segment", help="where segments are stored (default %(default)s)")
+        parser.add_argument("--data-dir", default=str(data_root() / "segment"),
+                            help="where segments are stored (default $LOGJAM_DATA_DIR/segment, else ./data/segment)")
         parser.add_argument(
             "--fsync", default="always", choices=FSYNC_POLICIES,
             help="always: fsync before every ack (group commit); interval: every --fsync-interval s; never: leave it to the OS",
