@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, config = parse_config(build_parser(), argv, ImporterConfig.from_args)
+    args, config = parse_config(build_parser(), argv, ImporterConfig.from_flags)
     if args.check:
         from importer.checks import check_importer
 

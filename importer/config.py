@@ -1,6 +1,6 @@
 """`ImporterConfig`: everything a logjam-importer worker is started with, built once from flags and TOML.
 
-importer/cli.py builds it (`ImporterConfig.from_args`, which also refuses what argparse cannot
+importer/cli.py builds it (`ImporterConfig.from_flags`, which also refuses what argparse cannot
 check), and the worker, its `--check` and its `/healthz` read these frozen fields. The CURVE
 flags stay with runtime/curve.py, which turns them into the key the worker is given.
 """
@@ -60,7 +60,7 @@ class ImporterConfig:
         return ",".join(str(self.replay_port_of.get(s, self.replay_port)) for s in subs)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "ImporterConfig":
+    def from_flags(cls, args: argparse.Namespace) -> "ImporterConfig":
         """The config of these flags, or ValueError saying which flag is wrong."""
         subs = tuple(split_list(args.sub)) or (DEFAULT_SUB,)
         StreamFilter(args.worker, args.workers, args.app_env or ())  # raises ValueError for a bad share

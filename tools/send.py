@@ -146,7 +146,7 @@ class SendConfig:
     environment: str | None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "SendConfig":
+    def from_flags(cls, args: argparse.Namespace) -> "SendConfig":
         return from_flags(cls, args, messages=tuple(args.messages))
 
 
@@ -334,7 +334,7 @@ def _events(n: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, config = parse_config(build_parser(), argv, SendConfig.from_args)
+    args, config = parse_config(build_parser(), argv, SendConfig.from_flags)
 
     def client_key() -> ClientKey | None:
         return curve.client_key(args)  # the CURVE flags stay with runtime/curve.py

@@ -146,7 +146,7 @@ class TailConfig:
     verbose: bool
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "TailConfig":
+    def from_flags(cls, args: argparse.Namespace) -> "TailConfig":
         """The config of these flags, or ValueError (TOML values bypass argparse's type checks)."""
         # On the mesh's host: every device `make up` runs, over ipc; elsewhere device 0 over TCP.
         sub = tuple(_as_list(args.sub)) or tuple(endpoints.local_devices("pub")) or (DEFAULT_SUB,)
@@ -278,7 +278,7 @@ class _Tail:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
-        args, config = parse_config(parser, argv, TailConfig.from_args)
+        args, config = parse_config(parser, argv, TailConfig.from_flags)
         if args.check:
             return check(config, args)
         setup_logging("logjam-tail", config.verbose)

@@ -162,7 +162,7 @@ def run(config: SparkServerConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, config = parse_config(build_parser(), argv, SparkServerConfig.from_args)
+    args, config = parse_config(build_parser(), argv, SparkServerConfig.from_flags)
     if args.check:
         from warehouse.checks import check_spark_server
 
