@@ -176,7 +176,7 @@ def status(config: Path, env: dict[str, str]) -> dict[str, str]:
 
 
 def ensure_keys(env: dict[str, str]) -> Path:
-    """The mesh's CURVE certificates (runtime/curve.py), created on first start; every process finds them here."""
+    """The mesh's CURVE certificates, created on first start as `logjam-keys init` creates them; every process finds them here."""
     from runtime.curve import ensure
 
     keys = Path(env["LOGJAM_DATA_DIR"], "keys")
