@@ -1,4 +1,4 @@
-"""The mesh's defaults that several programs share: the data root and the device's ports.
+"""The mesh's defaults that several programs share: the data root and the default ports.
 
 Defined here once; every program and tool reads them from here (the device's flags, the
 bridges' and importers' `--device`/`--sub` defaults, logjam-tail, logjam-send and
@@ -26,6 +26,16 @@ REPLAY_PORT = 9607  # the journal's replay endpoint (logjam/replay.py)
 STATS_PORT = 9621  # once-a-second stats
 # By socket name (logjam/endpoints.py's SOCKETS).
 DEVICE_PORTS = {"router": ROUTER_PORT, "pull": PULL_PORT, "pub": PUB_PORT, "stats": STATS_PORT, "replay": REPLAY_PORT}
+
+
+# Each bridge's default --listen port (a protocol's usual one, or an unprivileged stand-in),
+# by the name logjam-send knows it under: `syslog` is the syslog bridge's TCP and UDP, `relp`
+# its --relp instance (`make up` runs both), `otlp-grpc` the OTLP bridge's --grpc-listen.
+BRIDGE_PORTS = {"lumberjack": 5044, "courier": 5043, "segment": 12345, "rustlog": 9092, "otlp": 4318,
+                "otlp-grpc": 4317, "syslog": 5514, "relp": 2514}
+# logjam-spark's Spark Connect and HiveServer2 (JDBC) ports.
+SPARK_PORT = 15002
+JDBC_PORT = 10000
 
 
 def data_root() -> Path:

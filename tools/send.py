@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to send (default 127.0.0.1 and the protocol's port: "
                         f"logjam {DEFAULT_PORTS['logjam']}, or {DEFAULT_PORTS['logjam-push']} with "
                         "--mode push, unless the mesh runs on this host: then device 0's ipc endpoint; "
-                        "lumberjack 5044; courier 5043; segment 12345; rustlog 9092; otlp 4318, OTLP/HTTP; "
-                        "syslog 2514, RELP)")
+                        f"lumberjack {DEFAULT_PORTS['lumberjack']}; courier {DEFAULT_PORTS['courier']}; "
+                        f"segment {DEFAULT_PORTS['segment']}; rustlog {DEFAULT_PORTS['rustlog']}; "
+                        f"otlp {DEFAULT_PORTS['otlp']}, OTLP/HTTP; syslog {DEFAULT_PORTS['syslog']}, RELP)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="wait this long for each connection and acknowledgement (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=500, metavar="N",

@@ -36,12 +36,8 @@ T = TypeVar("T")
 DEFAULT_PORTS = {
     "logjam": defaults.ROUTER_PORT,
     "logjam-push": defaults.PULL_PORT,
-    "lumberjack": 5044,
-    "courier": 5043,
-    "segment": 12345,
-    "rustlog": 9092,
-    "otlp": 4318,
-    "syslog": 2514,  # RELP: the syslog transport that acknowledges
+    **{name: defaults.BRIDGE_PORTS[name] for name in ("lumberjack", "courier", "segment", "rustlog", "otlp")},
+    "syslog": defaults.BRIDGE_PORTS["relp"],  # RELP: the syslog transport that acknowledges
 }
 
 

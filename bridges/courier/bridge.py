@@ -41,6 +41,7 @@ from bridges.courier.engine import (
 )
 from bridges.host import Batches, BridgeProtocol, Connection, Host, IdleTimeout, KeepaliveTimer, Pipeline, Positions
 from bridges.host.config import HostConfig, Knobs
+from logjam import defaults
 from runtime.config import from_flags
 
 log = logging.getLogger("logjam-bridge.courier")
@@ -77,7 +78,7 @@ class CourierConfig:
 
 class Bridge(BridgeProtocol):
     name = "courier"
-    default_port = 5043
+    default_port = defaults.BRIDGE_PORTS["courier"]
     default_max_frame = DEFAULT_MAX_MESSAGE
     default_idle_timeout = 1800.0
     Config = CourierConfig
