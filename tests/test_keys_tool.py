@@ -14,8 +14,7 @@ import zmq
 import zmq.auth
 
 from logjam.curve import ClientKey
-from logjam.producer import Producer, ReplyTimeout
-from tests.conftest import start_device
+from tests.conftest import pings, start_device
 from tests.helpers import command, stop, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -65,14 +64,7 @@ def test_add_and_revoke_on_a_running_device(tmp_path: Path) -> None:
         web = ClientKey.load(keys / "web-7.key_secret", keys / "server.key")
 
         def answers() -> bool:
-            p = Producer(dev.router, context=ctx, timeout=0.3, linger_ms=0, curve=web)
-            try:
-                p.ping()
-                return True
-            except ReplyTimeout:
-                return False
-            finally:
-                p._sock.close()
+            return pings(dev.router, web, ctx)
 
         dev.proc.send_signal(signal.SIGHUP)
         wait_for(answers, timeout=20, what="the added key to be admitted after SIGHUP")
