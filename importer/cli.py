@@ -97,12 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         from importer.checks import check_importer
 
-        return check_importer(config, args)
+        return check_importer(config)
     log = setup_logging("logjam-importer", config.verbose)
     try:
         # Which C paths run (LOGJAM_NATIVE); under `require` a missing build stops the importer here.
         native.announce(log, [raw.MODULE, decode_native.MODULE, variant.MODULE])
-        key = curve.client_key(args, config.owned)
+        key = config.curve.load(config.owned)
     except (native.NativeUnavailable, curve.KeyFileError) as e:
         log.error("cannot start: %s", e)
         return 1

@@ -5,8 +5,8 @@
   command that calls them, and `make up` runs its `init` before anything starts. No process
   creates keys on its own: a missing file stops a device and a client alike, and says which
   command creates it. Secret files are mode 0600, the directory 0700.
-- `add_server_flags` / `add_client_flags`, `ServerCurve` (a device's flags, typed) and
-  `client_key`: every process
+- `add_server_flags` / `add_client_flags`, and `ServerCurve` / `ClientCurve`: those flags,
+  typed, in each entry point's config (they read the key files at start and under --check): every process
   finds its key under `--keys` (default `$LOGJAM_DATA_DIR/keys`) with no flag at all;
   `--curve-secret`, `--curve-server-key` and `--curve-allow` point elsewhere.
 - `Gatekeeper` is a server process's ZAP handler: it admits a CURVE client when its public
@@ -172,7 +172,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     _keys_flag(g)
     g.add_argument("--curve-secret", metavar="FILE",
                    help="the server's certificate (zmq.auth .key_secret file; default KEYS/server.key_secret, "
-                        "created on first start when KEYS is the default)")
+                        "which `logjam-keys init` creates)")
     g.add_argument("--curve-allow", metavar="DIR",
                    help="directory of the public certificates (*.key) of admitted clients; SIGHUP reads it again "
                         "(default KEYS/allowed)")
@@ -185,19 +185,45 @@ def keys_dir(args: argparse.Namespace) -> Path:
     return Path(args.keys) if args.keys else curve.default_dir()
 
 
-def client_key(args: argparse.Namespace, endpoints: Sequence[str] = ()) -> ClientKey | None:
-    """The client's key from the flags (None with --plaintext, or when every one of `endpoints` is a
-    local ipc endpoint, which takes no CURVE); KeyFileError says what is missing."""
-    if args.plaintext or (endpoints and not any(needs_curve(e) for e in endpoints)):
-        return None
-    keys = keys_dir(args)
-    secret = args.curve_secret or curve.secret_file(keys, curve.CLIENT)
-    server = args.curve_server_key or curve.public_file(keys, curve.SERVER)
-    try:
-        return ClientKey.load(secret, server)
-    except KeyFileError as e:
-        raise KeyFileError(f"{e}; --keys, --curve-secret and --curve-server-key point elsewhere; --plaintext connects "
-                           "without CURVE (to a device run with --allow-plaintext)") from None
+@dataclass(frozen=True, slots=True)
+class ClientCurve:
+    """A client's CURVE flags, typed: its certificate and the devices' public one, or --plaintext.
+    Building it reads no file: `load()` reads them when the client starts, `check()` under --check."""
+
+    secret: Path
+    server_key: Path
+    plaintext: bool = False
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace) -> "ClientCurve":
+        keys = keys_dir(args)
+        return cls(Path(args.curve_secret) if args.curve_secret else curve.secret_file(keys, curve.CLIENT),
+                   Path(args.curve_server_key) if args.curve_server_key else curve.public_file(keys, curve.SERVER),
+                   bool(args.plaintext))
+
+    def needed(self, endpoints: Sequence[str] = ()) -> bool:
+        """Whether connecting to `endpoints` takes a key: not with --plaintext, nor when every one
+        of them is a local ipc endpoint, which takes no CURVE."""
+        return not self.plaintext and (not endpoints or any(needs_curve(e) for e in endpoints))
+
+    def load(self, endpoints: Sequence[str] = ()) -> ClientKey | None:
+        """The client's key for `endpoints` (None where none is needed); KeyFileError says what is missing."""
+        if not self.needed(endpoints):
+            return None
+        try:
+            return ClientKey.load(self.secret, self.server_key)
+        except KeyFileError as e:
+            raise KeyFileError(f"{e}; --keys, --curve-secret and --curve-server-key point elsewhere; --plaintext "
+                               "connects without CURVE (to a device run with --allow-plaintext)") from None
+
+    def check(self, c: Checker, endpoints: Sequence[str] = ()) -> None:
+        """--check: the key files as a start reads them, unless none of `endpoints` takes CURVE."""
+        if self.plaintext:
+            c.would_run("CURVE off (--plaintext): the device must run with --allow-plaintext")
+        elif not self.needed(endpoints):
+            c.would_run("no CURVE: every device endpoint is a local ipc socket (guarded by file permissions)")
+        elif c.attempt("CURVE client key", self.load) is not None:
+            c.would_run(f"CURVE client key {self.secret}")
 
 
 def open_sockets(value: str | None) -> frozenset[str]:
@@ -261,16 +287,6 @@ class ServerCurve:
         elif c.attempt(f"CURVE server certificate {self.secret}", self.load) is not None:
             c.attempt(f"--curve-allow {self.allow_dir}", lambda: zmq.auth.load_certificates(self.allow_dir))
             c.would_run(self.describe())
-
-
-def check_client(c: Checker, args: argparse.Namespace, endpoints: Sequence[str] = ()) -> None:
-    """--check: the client's key files, unless none of `endpoints` takes CURVE."""
-    if args.plaintext:
-        c.would_run("CURVE off (--plaintext): the device must run with --allow-plaintext")
-    elif endpoints and not any(needs_curve(e) for e in endpoints):
-        c.would_run("no CURVE: every device endpoint is a local ipc socket (guarded by file permissions)")
-    elif c.attempt("CURVE client key", lambda: client_key(args)) is not None:
-        c.would_run(f"CURVE client key {args.curve_secret or curve.secret_file(keys_dir(args), curve.CLIENT)}")
 
 
 # -- the ZAP handler ---------------------------------------------------------------

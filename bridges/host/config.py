@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from logjam import defaults
 from runtime.config import from_flags
+from runtime.curve import ClientCurve
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,7 @@ class HostConfig:
     max_inflated_bytes: int
     max_inflight: int
     metrics_port: int | None
+    curve: ClientCurve  # to the devices: --keys, --curve-secret, --curve-server-key, --plaintext
     # The shared knobs (`Knobs`); None where the protocol has none.
     pipeline_depth: int | None = None
     batch_size: int | None = None
@@ -108,7 +110,8 @@ class HostConfig:
             if scheme not in ("tcp", "ipc") or not rest or (scheme == "tcp" and not rest.rpartition(":")[2].isdigit()):
                 raise ValueError(f"--device {endpoint}: not tcp://HOST:PORT nor ipc://PATH")
         values, deprecated = _knob_values(args, knobs)
-        return from_flags(cls, args, device=devices, tls=TLSConfig.from_flags(args), deprecated=deprecated, **values)
+        return from_flags(cls, args, device=devices, tls=TLSConfig.from_flags(args), curve=ClientCurve.from_flags(args),
+                          deprecated=deprecated, **values)
 
 
 def _knob_values(args: argparse.Namespace, knobs: Knobs) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
