@@ -12,7 +12,7 @@ from typing import Sequence
 
 from bridges.host.config import BridgeConfig, Knobs, flag
 from bridges.host.protocol import BridgeProtocol
-from logjam import native
+from logjam import defaults, native
 from logjam.endpoints import needs_curve
 from runtime import curve
 from runtime.check import Checker
@@ -40,7 +40,8 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
         description=f"Serve the {name} protocol and forward every event to a logjam-device.",
     )
     p.add_argument("--listen", default=f"0.0.0.0:{cls.default_port}", metavar="HOST:PORT", help="where clients connect (default %(default)s)")
-    p.add_argument("--device", action="append", metavar="tcp://HOST:PORT", help="device ROUTER endpoint; repeatable or comma-separated, events are spread over them (default tcp://127.0.0.1:9604)")
+    p.add_argument("--device", action="append", metavar="tcp://HOST:PORT", help="device ROUTER endpoint; repeatable or comma-separated, events are spread over them "
+                   f"(default {defaults.device_endpoint('router')})")
     p.add_argument("--app-env", default=f"{name}-default", help="stream name events are published under (default %(default)s)")
     p.add_argument("--app-env-field", metavar="NAME", help="event field (dotted path) whose value overrides --app-env")
     p.add_argument("--topic", default=f"logs.{name}", help="Logjam topic (default %(default)s)")
@@ -99,7 +100,7 @@ def add_knob_flags(p: argparse.ArgumentParser, knobs: Knobs) -> None:
         p.add_argument(flag(old), type=KNOB_FLAGS[new][0], help=argparse.SUPPRESS)
 
 
-def check(cls: type[BridgeProtocol], bridge: BridgeConfig, args: argparse.Namespace) -> int:
+def check(cls: type[BridgeProtocol], bridge: BridgeConfig) -> int:
     """--check of the config a start would run with (its flags were validated when it was built):
     the listen address, TLS files (loaded as a start would), data dir."""
     from bridges.host.server import split_listen
@@ -130,7 +131,7 @@ def check(cls: type[BridgeProtocol], bridge: BridgeConfig, args: argparse.Namesp
     if data_dir:
         c.would_run(f"store in {Path(data_dir).absolute()}")
     c.would_run(f"metrics and /healthz on :{config.metrics_port}" if config.metrics_port else "no metrics port")
-    curve.check_client(c, args, config.device)
+    config.curve.check(c, config.device)
     return c.report()
 
 
@@ -145,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cls = load_protocol(argv[0])
     args, config = parse_config(build_parser(cls), argv[1:], BridgeConfig.builder(cls.Config, cls.knobs))
     if args.check:
-        return check(cls, config, args)
+        return check(cls, config)
     log = setup_logging(f"logjam-bridge-{cls.name}", args.verbose)
     for old, new in config.host.deprecated:
         log.warning("%s is deprecated and will be removed in the next release; use %s (flag or TOML key)", old, new)
@@ -155,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     modules = ["bridges.host._native_link"] + (["bridges.lumberjack._native_scan"] if cls.name == "lumberjack" else [])
     try:
         log.info("%s", native.describe(modules))
-        key = curve.client_key(args, config.host.device)
+        key = config.host.curve.load(config.host.device)
     except (native.NativeUnavailable, ValueError) as e:  # curve.KeyFileError is a ValueError
         log.error("cannot start: %s", e)
         return 1

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from logjam import endpoints, native
+from logjam import defaults, endpoints, native
 from runtime import curve, lifecycle
 from runtime.check import Checker
-from runtime.config import FSYNC_POLICIES, add_config_flag, fsync_policy, parse_args, setup_logging
+from runtime.config import FSYNC_POLICIES, add_config_flag, fsync_policy, parse_config, setup_logging
 from logjam.meta import Compression
 from devices import native as devices_native
 from devices.device import Device, DeviceConfig
@@ -64,10 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="logjam-device", allow_abbrev=False,
         description="Accept Logjam messages on ROUTER and PULL, renumber them, and publish them on PUB.",
     )
-    p.add_argument("-t", "--router-port", type=int, default=9604, help="ROUTER port for DEALER clients (default 9604)")
-    p.add_argument("-p", "--pull-port", type=int, default=9605, help="PULL port for PUSH clients (default 9605)")
-    p.add_argument("-P", "--pub-port", type=int, default=9606, help="PUB port for subscribers (default 9606)")
-    p.add_argument("-s", "--stats-port", type=int, default=9621, help="PUB port for once-a-second stats (default 9621)")
+    p.add_argument("-t", "--router-port", type=int, default=defaults.ROUTER_PORT, help="ROUTER port for DEALER clients (default %(default)s)")
+    p.add_argument("-p", "--pull-port", type=int, default=defaults.PULL_PORT, help="PULL port for PUSH clients (default %(default)s)")
+    p.add_argument("-P", "--pub-port", type=int, default=defaults.PUB_PORT, help="PUB port for subscribers (default %(default)s)")
+    p.add_argument("-s", "--stats-port", type=int, default=defaults.STATS_PORT, help="PUB port for once-a-second stats (default %(default)s)")
     p.add_argument("--bind", default="*", metavar="ADDRESS", help="address to bind every socket to (default *)")
     p.add_argument("-d", "--device-id", type=_u32, default=0, help="this device's number in published meta (default 0)")
     p.add_argument(
@@ -96,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--no-ipc", action="store_true",
                    help="serve TCP only; by default a device with --data-dir serves every socket on its own host "
                         "too, as ipc://DIR/ipc/<socket>, without CURVE and open only to its user (docs/security.md)")
-    j.add_argument("--replay-port", type=int, default=9607,
-                   help="ROUTER port of the replay endpoint; without --data-dir it answers info only (default 9607)")
+    j.add_argument("--replay-port", type=int, default=defaults.REPLAY_PORT,
+                   help="ROUTER port of the replay endpoint; without --data-dir it answers info only (default %(default)s)")
     p.add_argument("--max-importer-lag", type=_non_negative, default=10.0, metavar="SECONDS",
                    help="accept no input while an in-sync importer's committed rows are this far behind "
                         "(default 10; 0 turns flow control off)")
@@ -118,93 +118,59 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_PORT_FLAGS = ("router_port", "pull_port", "pub_port", "stats_port", "replay_port", "metrics_port")
-
-
-def apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Turn `--instance K` into this device's own id, ports and journal directory."""
-    k = args.instance
-    if not k:
-        return
-    args.device_id += k
-    if args.device_id >= 2**32:
-        parser.error(f"-d plus --instance {k} does not fit in 32 bits")
-    for name in _PORT_FLAGS:
-        port = getattr(args, name)
-        if port:
-            setattr(args, name, port + k * args.instance_port_step)
-    if args.data_dir:
-        args.data_dir = f"{args.data_dir.rstrip('/')}-{k}"
-    args.instance = 0  # applied
-
-
-def check(args: argparse.Namespace) -> int:
-    """--check: ports, the journal's directory; print what would run."""
+def check(config: DeviceConfig) -> int:
+    """--check: ports, the journal's directory, the key files; print what would run."""
     c = Checker("logjam-device")
-    ports = {"--router-port": args.router_port, "--pull-port": args.pull_port, "--pub-port": args.pub_port,
-             "--stats-port": args.stats_port, "--replay-port": args.replay_port, "--metrics-port": args.metrics_port}
+    ports = {"--router-port": config.router_port, "--pull-port": config.pull_port, "--pub-port": config.pub_port,
+             "--stats-port": config.stats_port, "--replay-port": config.replay_port, "--metrics-port": config.metrics_port}
     for flag, port in ports.items():
         c.port(flag, port)
     c.distinct_ports(ports)
-    if args.data_dir:
-        c.writable_dir("--data-dir", args.data_dir)
-        c.writable_dir("--data-dir (journal)", Path(args.data_dir) / "journal")
-    bind = args.bind
-    c.would_run(f"device {args.device_id}: ROUTER tcp://{bind}:{args.router_port}, PULL :{args.pull_port}, "
-                f"PUB :{args.pub_port}, stats :{args.stats_port}, LOGJAM_NATIVE={native.mode()}")
-    c.would_run(f"journal in {Path(args.data_dir).absolute() / 'journal'} (fsync {args.journal_fsync}), "
-                f"replay on :{args.replay_port}" if args.data_dir else f"no journal; replay :{args.replay_port} answers info only")
-    if args.data_dir and not args.no_ipc:
-        c.would_run(f"ipc endpoints for this host in {endpoints.ipc_dir(args.data_dir)} (mode 0700, no CURVE)"
-                    if endpoints.ipc_fits(endpoints.ipc_dir(args.data_dir)) else
-                    f"no ipc endpoints: {endpoints.ipc_dir(args.data_dir)} is too long for a Unix socket path")
-    c.would_run(f"metrics and /healthz on :{args.metrics_port}" if args.metrics_port else "no metrics port")
-    curve.check_server(c, args)
+    data_dir = config.data_dir
+    if data_dir:
+        c.writable_dir("--data-dir", data_dir)
+        c.writable_dir("--data-dir (journal)", Path(data_dir) / "journal")
+    c.would_run(f"device {config.device_id}: ROUTER tcp://{config.bind}:{config.router_port}, PULL :{config.pull_port}, "
+                f"PUB :{config.pub_port}, stats :{config.stats_port}, LOGJAM_NATIVE={native.mode()}")
+    c.would_run(f"journal in {Path(data_dir).absolute() / 'journal'} (fsync {config.journal_fsync}), "
+                f"replay on :{config.replay_port}" if data_dir else f"no journal; replay :{config.replay_port} answers info only")
+    if data_dir and config.ipc:
+        c.would_run(f"ipc endpoints for this host in {endpoints.ipc_dir(data_dir)} (mode 0700, no CURVE)"
+                    if endpoints.ipc_fits(endpoints.ipc_dir(data_dir)) else
+                    f"no ipc endpoints: {endpoints.ipc_dir(data_dir)} is too long for a Unix socket path")
+    c.would_run(f"metrics and /healthz on :{config.metrics_port}" if config.metrics_port else "no metrics port")
+    if config.curve is not None:
+        config.curve.check(c)
     return c.report()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv, apply_instance)
+    args, config = parse_config(build_parser(), argv, DeviceConfig.from_flags)
     if args.check:
-        return check(args)
-    log = setup_logging("logjam-device", args.verbose)
-    try:
-        security = curve.server_curve(args)
-    except curve.KeyFileError as e:
-        log.error("cannot start: %s", e)
-        return 1
-    config = DeviceConfig(
-        router_port=args.router_port, pull_port=args.pull_port, pub_port=args.pub_port,
-        stats_port=args.stats_port, bind=args.bind, device_id=args.device_id,
-        compress=int(args.compress), rcv_hwm=args.rcv_hwm, snd_hwm=args.snd_hwm,
-        heartbeat_interval=args.heartbeat_interval,
-        data_dir=args.data_dir, journal_fsync=args.journal_fsync,
-        journal_fsync_interval_ms=args.journal_fsync_interval_ms,
-        journal_segment_bytes=args.journal_segment_bytes,
-        journal_retention_bytes=args.journal_retention_bytes,
-        journal_retention_hours=args.journal_retention_hours, replay_port=args.replay_port,
-        max_importer_lag=args.max_importer_lag, importer_evict_after=args.importer_evict_after,
-        max_importer_lag_messages=args.max_importer_lag_messages, curve=security, ipc=not args.no_ipc,
-    )
+        return check(config)
+    log = setup_logging("logjam-device", config.verbose)
     stop = lifecycle.stop_event()
     try:
-        device = Device(config).open()  # the journal, the sockets, the replay thread: here, in the loop's thread
-    except Exception as e:  # a port in use, a bad address: say which, exit non-zero
+        # The key files, the journal, the sockets, the replay thread: here, in the loop's thread.
+        device = Device(config).open()
+    except Exception as e:  # a missing key file, a port in use, a bad address: say which, exit non-zero
         log.error("cannot start: %s", e)
         return 1
-    if args.metrics_port:
+    if config.metrics_port:
         from devices.metrics import serve
 
-        serve(device, args.metrics_port, "0.0.0.0" if config.bind == "*" else config.bind)
+        serve(device, config.metrics_port, "0.0.0.0" if config.bind == "*" else config.bind)
     log.info(
         "device %d (%s engine): ROUTER %d, PULL %d, PUB %d, stats %d on %s%s",
         config.device_id, device.engine, config.router_port, config.pull_port, config.pub_port, config.stats_port,
-        config.bind, f", metrics {args.metrics_port}" if args.metrics_port else "",
+        config.bind, f", metrics {config.metrics_port}" if config.metrics_port else "",
     )
-    (log.warning if security.plaintext else log.info)("%s", security.describe())
+    security = config.curve
+    if security is not None:
+        (log.warning if security.plaintext else log.info)("%s", security.describe())
     if device.gate is not None:
         signal.signal(signal.SIGHUP, lambda signum, frame: device.gate.reload())  # type: ignore[union-attr]
-        log.info("CURVE allowlist: %d keys; SIGHUP reads %s again", len(device.gate.allowed), security.allow_dir)
+        log.info("CURVE allowlist: %d keys; SIGHUP reads %s again", len(device.gate.allowed), security.allow_dir)  # type: ignore[union-attr]
     log.info("%s%s", native.describe([devices_native.MODULE]),
              " (the C loop does not compress: Python loop with --compress)" if config.compress else "")
     if device.ipc_dir is not None:

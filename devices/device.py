@@ -63,6 +63,7 @@ from devices.native import NativeBatch
 from devices.lag import ImporterLag
 from devices.replay import ReplayServer
 from devices.stamp import FRESH_META, HEADS
+from logjam.curve import ServerKey
 from runtime.curve import Gatekeeper
 
 __all__ = ["Device", "DeviceConfig", "TupleBatch"]
@@ -114,6 +115,7 @@ class Device:
         self._router_handle: object = None
         self._thread: int | None = None
         self.gate: Gatekeeper | None = None
+        self._server_key: ServerKey | None = None  # CURVE's key pair, read by open()
         self.journal: Journal | None = None
         self.health = JournalHealth()
         self._held: Held | None = None
@@ -128,6 +130,8 @@ class Device:
         if self._thread is not None:
             return self
         config = self.config
+        if config.curve is not None and config.curve.secret is not None:
+            self._server_key = config.curve.load()  # first: a missing key file stops the start before anything exists
         self.ctx = self._context or zmq.Context()
         if config.data_dir is not None and config.ipc:
             self.ipc_dir = listen.open_ipc_dir(config.data_dir)
@@ -164,7 +168,7 @@ class Device:
         else:
             self._drains = (lambda: self._drain_python(self.pull, "pull"), lambda: self._drain_python(self.router, "router"))
         # CURVE is a socket option set before bind: the C loop reads the same (decrypted) sockets.
-        if config.curve is not None and config.curve.key is not None:
+        if config.curve is not None and self._server_key is not None:
             self.gate = Gatekeeper(ctx, config.curve.allow_dir)
             self.gate.start()
         for sock, name, port in (
@@ -184,9 +188,9 @@ class Device:
     def _secure(self, sock: zmq.Socket, name: str, endpoint: str) -> None:
         """Make `sock` a CURVE server watched by the gatekeeper, unless --allow-plaintext leaves it open."""
         curve = self.config.curve
-        if curve is None or self.gate is None or not curve.secured(name):
+        if curve is None or self.gate is None or self._server_key is None or not curve.secured(name):
             return
-        curve.key.apply(sock, name)  # type: ignore[union-attr]
+        self._server_key.apply(sock, name)
         self.gate.watch(sock, name, endpoint)
 
     def _open_journal(self, config: DeviceConfig) -> None:

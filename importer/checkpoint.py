@@ -16,8 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
+from logjam.defaults import data_root
 from runtime.durable import replace_file
-from table.paths import data_dir
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class Position(NamedTuple):
 
 
 def default_state_dir() -> Path:
-    return data_dir() / "importer"
+    return data_root() / "importer"
 
 
 class Checkpoints:

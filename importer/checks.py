@@ -3,7 +3,6 @@ without starting Spark or connecting to anything."""
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
@@ -13,8 +12,8 @@ from table.checks import local_dir, spark_url
 from table.event_time import EventWindow
 
 
-def check_importer(config: ImporterConfig, args: argparse.Namespace) -> int:
-    """`args` only for the CURVE flags (runtime/curve.py)."""
+def check_importer(config: ImporterConfig) -> int:
+    """--check of the config a start would run with."""
     from importer.checkpoint import default_state_dir
 
     c = Checker("logjam-importer")
@@ -40,7 +39,5 @@ def check_importer(config: ImporterConfig, args: argparse.Namespace) -> int:
     c.would_run("no checkpoints, no replay" if config.no_replay else
                 f"checkpoints in {Path(state_dir).absolute()}, replay from port {config.replay_ports(subs)}")
     c.would_run(f"metrics and /healthz on :{port}" if port else "no metrics port")
-    from runtime.curve import check_client
-
-    check_client(c, args, subs)
+    config.curve.check(c, subs)
     return c.report()

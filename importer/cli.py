@@ -29,9 +29,9 @@ from table.partitioning import DEFAULT_MAX_NEW_APP_ENVS
 from table.paths import OVERFLOW
 from table.schema import DEFAULT_DATABASE
 from table.session import DEFAULT_SPARK
-from importer.config import DEFAULT_REPLAY_PORT, DEFAULT_SUB, ImporterConfig
+from importer.config import DEFAULT_SUB, ImporterConfig
 from importer.worker import Worker
-from logjam import native, raw
+from logjam import defaults, native, raw
 from runtime import curve, lifecycle
 from runtime.config import add_config_flag, parse_config, setup_logging
 
@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rcvhwm", type=int, default=100_000, help="SUB receive high-water mark (messages)")
     p.add_argument("--state-dir", metavar="DIR",
                    help="where checkpoints are kept (default $LOGJAM_DATA_DIR/importer, else ./data/importer)")
-    p.add_argument("--replay-port", type=int, default=DEFAULT_REPLAY_PORT,
-                   help="devices' replay port, on the host of the --sub endpoint (default 9607)")
+    p.add_argument("--replay-port", type=int, default=defaults.REPLAY_PORT,
+                   help="devices' replay port, on the host of the --sub endpoint (default %(default)s)")
     p.add_argument("--replay-ports", metavar="PORT,PORT,...",
                    help="each --sub endpoint's replay port, in --sub order (devices sharing a host); "
                         "default --replay-port for all")
@@ -93,16 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, config = parse_config(build_parser(), argv, ImporterConfig.from_args)
+    args, config = parse_config(build_parser(), argv, ImporterConfig.from_flags)
     if args.check:
         from importer.checks import check_importer
 
-        return check_importer(config, args)
+        return check_importer(config)
     log = setup_logging("logjam-importer", config.verbose)
     try:
         # Which C paths run (LOGJAM_NATIVE); under `require` a missing build stops the importer here.
         native.announce(log, [raw.MODULE, decode_native.MODULE, variant.MODULE])
-        key = curve.client_key(args, config.owned)
+        key = config.curve.load(config.owned)
     except (native.NativeUnavailable, curve.KeyFileError) as e:
         log.error("cannot start: %s", e)
         return 1

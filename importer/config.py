@@ -1,8 +1,8 @@
 """`ImporterConfig`: everything a logjam-importer worker is started with, built once from flags and TOML.
 
-importer/cli.py builds it (`ImporterConfig.from_args`, which also refuses what argparse cannot
+importer/cli.py builds it (`ImporterConfig.from_flags`, which also refuses what argparse cannot
 check), and the worker, its `--check` and its `/healthz` read these frozen fields. The CURVE
-flags stay with runtime/curve.py, which turns them into the key the worker is given.
+flags become a `ClientCurve` (runtime/curve.py), which reads the key files at start and under --check.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
+from logjam import defaults
 from importer.split import StreamFilter, owned_endpoints, split_list
 from runtime.config import from_flags
+from runtime.curve import ClientCurve
 
-DEFAULT_SUB = "tcp://127.0.0.1:9606"
-DEFAULT_REPLAY_PORT = 9607
+DEFAULT_SUB = defaults.device_endpoint("pub")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class ImporterConfig:
     no_replay: bool
     dedupe_keys: int
     retention_days: int  # the table's retention (logjam-spark's): bounds how old an event time may pick its day
+    curve: ClientCurve  # --keys, --curve-secret, --curve-server-key, --plaintext
     verbose: bool = False
 
     @property
@@ -60,7 +62,7 @@ class ImporterConfig:
         return ",".join(str(self.replay_port_of.get(s, self.replay_port)) for s in subs)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "ImporterConfig":
+    def from_flags(cls, args: argparse.Namespace) -> "ImporterConfig":
         """The config of these flags, or ValueError saying which flag is wrong."""
         subs = tuple(split_list(args.sub)) or (DEFAULT_SUB,)
         StreamFilter(args.worker, args.workers, args.app_env or ())  # raises ValueError for a bad share
@@ -83,5 +85,5 @@ class ImporterConfig:
         return from_flags(
             cls, args, subs=subs, own_devices=bool(args.own_devices), app_env=tuple(args.app_env or ()),
             metrics_port=args.metrics_port + args.metrics_port_offset if args.metrics_port else None,
-            replay_port_of=MappingProxyType(dict(zip(subs, map(int, ports)))),
+            replay_port_of=MappingProxyType(dict(zip(subs, map(int, ports)))), curve=ClientCurve.from_flags(args),
         )

@@ -11,7 +11,8 @@ public key. Keys are zmq.auth certificate files (`NAME.key` holds the public key
 
 The options are set before bind or connect, so they hold for the C fast paths as well
 (native/ drives these same sockets). Which clients a server admits is decided by its ZAP
-handler (runtime/curve.py); creating the files is runtime's job too. This module only reads.
+handler (runtime/curve.py); creating the files is runtime's job too (`logjam-keys`, tools/keys.py,
+and `make up` call it). This module only reads.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Sequence
 import zmq
 import zmq.auth
 
-from logjam.endpoints import default_data_root, needs_curve
+from logjam.defaults import data_root
+from logjam.endpoints import needs_curve
 
 SERVER = "server"
 CLIENT = "client"
@@ -36,7 +38,7 @@ class KeyFileError(ValueError):
 
 def default_dir() -> Path:
     """`$LOGJAM_DATA_DIR/keys`, else `./data/keys` (where `make up` keeps them)."""
-    return default_data_root() / "keys"
+    return data_root() / "keys"
 
 
 def public_file(keys_dir: str | Path, name: str) -> Path:
@@ -47,11 +49,18 @@ def secret_file(keys_dir: str | Path, name: str) -> Path:
     return Path(keys_dir) / f"{name}.key_secret"
 
 
+def creates(path: str | Path) -> str:
+    """The `logjam-keys` command (tools/keys.py) that creates the certificate `path`."""
+    keys, name = Path(path).parent, Path(path).name.partition(".")[0]
+    where = "" if keys.resolve() == default_dir() else f" --keys {keys}"
+    if name in (SERVER, CLIENT):
+        return f"`logjam-keys init{where}` creates the mesh's keys (`make up` runs it)"
+    return f"`logjam-keys add {name}{where}` creates a key pair {name} and admits it"
+
+
 def _load(path: str | Path, *, secret: bool) -> tuple[bytes, bytes | None]:
     if not Path(path).exists():  # zmq.auth would say "Invalid certificate file", which hides why
-        raise KeyFileError(f"the CURVE certificate {path} is missing: `make up` creates the mesh's keys in "
-                           "$LOGJAM_DATA_DIR/keys (a device started without --keys or --curve-secret creates "
-                           "its own there too)")
+        raise KeyFileError(f"the CURVE certificate {path} is missing: {creates(path)}")
     try:
         public, secret_key = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as e:

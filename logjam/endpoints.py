@@ -18,6 +18,8 @@ import os
 import socket
 from pathlib import Path
 
+from logjam import defaults
+
 SOCKETS = ("router", "pull", "pub", "stats", "replay")
 IPC_DIR = "ipc"
 # sun_path is 108 bytes on Linux, NUL included; a longer path cannot be bound.
@@ -67,16 +69,11 @@ def path_of(endpoint: str) -> Path:
     return Path(endpoint[len(_IPC):])
 
 
-def default_data_root() -> Path:
-    """The mesh's data directory: `$LOGJAM_DATA_DIR`, else `./data` (where `make up` keeps it)."""
-    return Path(os.environ.get("LOGJAM_DATA_DIR") or "data")
-
-
 def local_devices(name: str, data_root: str | Path | None = None) -> list[str]:
     """The ipc endpoints `name` of the devices that serve one now from the mesh's data directory
     (`device`, then `device-1`, `device-2`, ... as `make up` runs them): what a tool on the mesh's
     host connects to by default. A socket file left by a stopped device is passed over."""
-    root = Path(data_root) if data_root is not None else default_data_root()
+    root = Path(data_root) if data_root is not None else defaults.data_root()
     dirs = [root / "device"] + sorted(root.glob("device-*"), key=lambda p: (len(p.name), p.name))
     found = []
     for d in dirs:

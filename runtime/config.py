@@ -7,8 +7,9 @@ with `allow_abbrev=False`, which `parse_args` checks. `--check` (runtime/check.p
 along with `--config`; under it a bad flag or file exits 1 instead of argparse's 2.
 
 An entry point turns the flags into its typed config once (`parse_config`, with the
-config's `from_args`; `from_flags` fills a dataclass's fields from the flags of the same
-names), and passes that frozen object down, never the `argparse.Namespace`.
+config's classmethod `from_flags`, which calls this module's `from_flags` to fill a
+dataclass's fields from the flags of the same names), and passes that frozen object down,
+never the `argparse.Namespace`: `--check` reads the object a start runs with.
 """
 
 from __future__ import annotations

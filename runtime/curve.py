@@ -1,9 +1,12 @@
-"""CURVE for the processes: key files created on first start, the flags, and the gatekeeper.
+"""CURVE for the processes: creating key files, the flags, and the gatekeeper.
 
 - `ensure()` creates the mesh's certificates (logjam/curve.py has the layout) when they
-  are missing: `make up` calls it before anything starts, a device started by hand on the
-  default directory calls it too. Secret files are mode 0600, the directory 0700.
-- `add_server_flags` / `add_client_flags` and the functions reading them: every process
+  are missing, `create_pair()` one more client's: `logjam-keys` (tools/keys.py) is the one
+  command that calls them, and `make up` runs its `init` before anything starts. No process
+  creates keys on its own: a missing file stops a device and a client alike, and says which
+  command creates it. Secret files are mode 0600, the directory 0700.
+- `add_server_flags` / `add_client_flags`, and `ServerCurve` / `ClientCurve`: those flags,
+  typed, in each entry point's config (they read the key files at start and under --check): every process
   finds its key under `--keys` (default `$LOGJAM_DATA_DIR/keys`) with no flag at all;
   `--curve-secret`, `--curve-server-key` and `--curve-allow` point elsewhere.
 - `Gatekeeper` is a server process's ZAP handler: it admits a CURVE client when its public
@@ -22,6 +25,7 @@ import argparse
 import logging
 import os
 import queue
+import re
 import shutil
 import tempfile
 import threading
@@ -68,8 +72,60 @@ def ensure(keys_dir: str | Path) -> list[str]:
             continue
         made.append(name)
         if name == curve.CLIENT:
-            shutil.copyfile(curve.public_file(keys, name), keys / curve.ALLOWED / f"{name}.key")
+            admit(keys, name, curve.public_file(keys, name))
     return made
+
+
+# A key's name is a file name in the keys directory and the allowlist (NAME.key, NAME.key_secret).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+
+
+def checked_name(name: str) -> str:
+    """`name` if it can name a client's key files (ValueError if not)."""
+    if not _NAME.fullmatch(name) or name == curve.SERVER:
+        raise ValueError(f"{name!r} cannot name a client key (letters, digits, - and _; not {curve.SERVER!r})")
+    return name
+
+
+def create_pair(keys_dir: str | Path, name: str) -> bool:
+    """Create the key pair `name` in the mesh's keys directory (made by `ensure`); False when it exists."""
+    keys = Path(keys_dir)
+    _initialised(keys)
+    return not curve.secret_file(keys, checked_name(name)).exists() and _create_pair(keys, name)
+
+
+def admit(keys_dir: str | Path, name: str, public: str | Path) -> Path:
+    """Put the public certificate `public` into the allowlist as NAME.key (a device reads it on SIGHUP)."""
+    _initialised(Path(keys_dir))
+    _load_public(public)
+    target = Path(keys_dir) / curve.ALLOWED / f"{checked_name(name)}.key"
+    shutil.copyfile(public, target)
+    return target
+
+
+def revoke(keys_dir: str | Path, name: str) -> Path | None:
+    """Take NAME.key out of the allowlist (its key pair stays); None when it was not there."""
+    target = Path(keys_dir) / curve.ALLOWED / f"{checked_name(name)}.key"
+    try:
+        target.unlink()
+    except FileNotFoundError:
+        return None
+    return target
+
+
+def _initialised(keys: Path) -> None:
+    if not (keys / curve.ALLOWED).is_dir():
+        raise KeyFileError(f"{keys} holds no mesh keys yet: {curve.creates(curve.secret_file(keys, curve.SERVER))}")
+
+
+def _load_public(path: str | Path) -> bytes:
+    if not Path(path).is_file():
+        raise KeyFileError(f"{path}: no such certificate")
+    try:
+        public, _ = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as e:
+        raise KeyFileError(f"{path}: not a zmq.auth certificate ({e})") from None
+    return public
 
 
 def _create_pair(keys: Path, name: str) -> bool:
@@ -116,7 +172,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     _keys_flag(g)
     g.add_argument("--curve-secret", metavar="FILE",
                    help="the server's certificate (zmq.auth .key_secret file; default KEYS/server.key_secret, "
-                        "created on first start when KEYS is the default)")
+                        "which `logjam-keys init` creates)")
     g.add_argument("--curve-allow", metavar="DIR",
                    help="directory of the public certificates (*.key) of admitted clients; SIGHUP reads it again "
                         "(default KEYS/allowed)")
@@ -129,24 +185,49 @@ def keys_dir(args: argparse.Namespace) -> Path:
     return Path(args.keys) if args.keys else curve.default_dir()
 
 
-def client_key(args: argparse.Namespace, endpoints: Sequence[str] = ()) -> ClientKey | None:
-    """The client's key from the flags (None with --plaintext, or when every one of `endpoints` is a
-    local ipc endpoint, which takes no CURVE); KeyFileError says what is missing."""
-    if args.plaintext or (endpoints and not any(needs_curve(e) for e in endpoints)):
-        return None
-    keys = keys_dir(args)
-    secret = args.curve_secret or curve.secret_file(keys, curve.CLIENT)
-    server = args.curve_server_key or curve.public_file(keys, curve.SERVER)
-    try:
-        return ClientKey.load(secret, server)
-    except KeyFileError as e:
-        raise KeyFileError(f"{e}. `make up` creates the mesh's keys in $LOGJAM_DATA_DIR/keys; --keys, "
-                           "--curve-secret and --curve-server-key point elsewhere; --plaintext connects "
-                           "without CURVE (to a device run with --allow-plaintext)") from None
+@dataclass(frozen=True, slots=True)
+class ClientCurve:
+    """A client's CURVE flags, typed: its certificate and the devices' public one, or --plaintext.
+    Building it reads no file: `load()` reads them when the client starts, `check()` under --check."""
+
+    secret: Path
+    server_key: Path
+    plaintext: bool = False
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace) -> "ClientCurve":
+        keys = keys_dir(args)
+        return cls(Path(args.curve_secret) if args.curve_secret else curve.secret_file(keys, curve.CLIENT),
+                   Path(args.curve_server_key) if args.curve_server_key else curve.public_file(keys, curve.SERVER),
+                   bool(args.plaintext))
+
+    def needed(self, endpoints: Sequence[str] = ()) -> bool:
+        """Whether connecting to `endpoints` takes a key: not with --plaintext, nor when every one
+        of them is a local ipc endpoint, which takes no CURVE."""
+        return not self.plaintext and (not endpoints or any(needs_curve(e) for e in endpoints))
+
+    def load(self, endpoints: Sequence[str] = ()) -> ClientKey | None:
+        """The client's key for `endpoints` (None where none is needed); KeyFileError says what is missing."""
+        if not self.needed(endpoints):
+            return None
+        try:
+            return ClientKey.load(self.secret, self.server_key)
+        except KeyFileError as e:
+            raise KeyFileError(f"{e}; --keys, --curve-secret and --curve-server-key point elsewhere; --plaintext "
+                               "connects without CURVE (to a device run with --allow-plaintext)") from None
+
+    def check(self, c: Checker, endpoints: Sequence[str] = ()) -> None:
+        """--check: the key files as a start reads them, unless none of `endpoints` takes CURVE."""
+        if self.plaintext:
+            c.would_run("CURVE off (--plaintext): the device must run with --allow-plaintext")
+        elif not self.needed(endpoints):
+            c.would_run("no CURVE: every device endpoint is a local ipc socket (guarded by file permissions)")
+        elif c.attempt("CURVE client key", self.load) is not None:
+            c.would_run(f"CURVE client key {self.secret}")
 
 
 def open_sockets(value: str | None) -> frozenset[str]:
-    """The sockets --allow-plaintext names."""
+    """The sockets --allow-plaintext names (ValueError for another name)."""
     if not value:
         return frozenset()
     names = {s.strip() for s in value.split(",") if s.strip()}
@@ -154,21 +235,33 @@ def open_sockets(value: str | None) -> frozenset[str]:
         return frozenset(SERVER_SOCKETS)
     unknown = names - set(SERVER_SOCKETS)
     if unknown:
-        raise KeyFileError(f"--allow-plaintext: unknown socket {', '.join(sorted(unknown))} "
-                           f"(one of {', '.join(SERVER_SOCKETS)}, or all)")
+        raise ValueError(f"--allow-plaintext: unknown socket {', '.join(sorted(unknown))} "
+                         f"(one of {', '.join(SERVER_SOCKETS)}, or all)")
     return frozenset(names)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServerCurve:
-    """What a device's sockets need: its key pair, the allowlist directory, and which sockets stay open."""
+    """A device's CURVE flags, typed: its key file (None: every socket plaintext), the allowlist
+    directory, and which sockets stay open. Building it reads no file: `load()` reads the key
+    when the device starts, `check()` the same files under --check."""
 
-    key: ServerKey | None
+    secret: Path | None
     allow_dir: Path
     plaintext: frozenset[str] = field(default_factory=frozenset)
 
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace) -> "ServerCurve":
+        plaintext = open_sockets(args.allow_plaintext)
+        keys = keys_dir(args)
+        allow = Path(args.curve_allow) if args.curve_allow else keys / curve.ALLOWED
+        if plaintext == frozenset(SERVER_SOCKETS):
+            return cls(None, allow, plaintext)
+        return cls(Path(args.curve_secret) if args.curve_secret else curve.secret_file(keys, curve.SERVER),
+                   allow, plaintext)
+
     def secured(self, name: str) -> bool:
-        return self.key is not None and name not in self.plaintext
+        return self.secret is not None and name not in self.plaintext
 
     def describe(self) -> str:
         closed = [s for s in SERVER_SOCKETS if self.secured(s)]
@@ -177,54 +270,23 @@ class ServerCurve:
             text += f"; OPEN, plaintext without authentication: {', '.join(s for s in SERVER_SOCKETS if s in self.plaintext)}"
         return text
 
+    def load(self) -> ServerKey:
+        """The server's key pair; KeyFileError says which file is missing and what creates it."""
+        if self.secret is None:
+            raise KeyFileError("CURVE is off on every socket (--allow-plaintext): there is no key to load")
+        key = ServerKey.load(self.secret)
+        if not self.allow_dir.is_dir():
+            raise KeyFileError(f"--curve-allow {self.allow_dir}: not a directory of client certificates "
+                               f"({curve.creates(self.secret)})")
+        return key
 
-def server_curve(args: argparse.Namespace) -> ServerCurve:
-    """The server side from the flags; creates the default key files on first start."""
-    plaintext = open_sockets(args.allow_plaintext)
-    keys = keys_dir(args)
-    allow = Path(args.curve_allow) if args.curve_allow else keys / curve.ALLOWED
-    if plaintext == frozenset(SERVER_SOCKETS):
-        return ServerCurve(None, allow, plaintext)
-    if not args.curve_secret and not args.keys:
-        made = ensure(keys)
-        if made:
-            log.info("created CURVE certificates %s in %s (secret files mode 0600)", ", ".join(made), keys)
-    secret = args.curve_secret or curve.secret_file(keys, curve.SERVER)
-    key = ServerKey.load(secret)
-    if not allow.is_dir():
-        raise KeyFileError(f"--curve-allow {allow}: not a directory of client certificates")
-    return ServerCurve(key, allow, plaintext)
-
-
-def check_server(c: Checker, args: argparse.Namespace) -> None:
-    """--check: the key files as a start would read them (the default ones are not created here)."""
-    try:
-        plaintext = open_sockets(args.allow_plaintext)
-    except KeyFileError as e:
-        c.error(str(e))
-        return
-    if plaintext == frozenset(SERVER_SOCKETS):
-        c.would_run("CURVE off: every socket OPEN (--allow-plaintext)")
-        return
-    keys = keys_dir(args)
-    secret = args.curve_secret or curve.secret_file(keys, curve.SERVER)
-    allow = Path(args.curve_allow) if args.curve_allow else keys / curve.ALLOWED
-    if not args.curve_secret and not args.keys and not Path(secret).exists():
-        c.would_run(f"CURVE certificates created in {keys} on first start")
-        return
-    if c.attempt(f"CURVE server certificate {secret}", lambda: ServerKey.load(secret)) is not None:
-        c.attempt(f"--curve-allow {allow}", lambda: zmq.auth.load_certificates(allow))
-        c.would_run(ServerCurve(ServerKey(b"", b""), allow, plaintext).describe())
-
-
-def check_client(c: Checker, args: argparse.Namespace, endpoints: Sequence[str] = ()) -> None:
-    """--check: the client's key files, unless none of `endpoints` takes CURVE."""
-    if args.plaintext:
-        c.would_run("CURVE off (--plaintext): the device must run with --allow-plaintext")
-    elif endpoints and not any(needs_curve(e) for e in endpoints):
-        c.would_run("no CURVE: every device endpoint is a local ipc socket (guarded by file permissions)")
-    elif c.attempt("CURVE client key", lambda: client_key(args)) is not None:
-        c.would_run(f"CURVE client key {args.curve_secret or curve.secret_file(keys_dir(args), curve.CLIENT)}")
+    def check(self, c: Checker) -> None:
+        """--check: the key files as a start reads them."""
+        if self.secret is None:
+            c.would_run("CURVE off: every socket OPEN (--allow-plaintext)")
+        elif c.attempt(f"CURVE server certificate {self.secret}", self.load) is not None:
+            c.attempt(f"--curve-allow {self.allow_dir}", lambda: zmq.auth.load_certificates(self.allow_dir))
+            c.would_run(self.describe())
 
 
 # -- the ZAP handler ---------------------------------------------------------------

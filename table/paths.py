@@ -1,7 +1,7 @@
-"""Where logjam-mesh keeps its data: the data dir, the warehouse, and the `messages` table's directories.
+"""Where logjam-mesh keeps its table: the warehouse, and the `messages` table's directories.
 
-The data dir is `$LOGJAM_DATA_DIR`, or `./data` relative to where the process was started
-(supervisord starts everything from the repository root, so that is `<repo>/data`).
+The default warehouse lies in the data root (logjam/defaults.py: `$LOGJAM_DATA_DIR`, else
+`./data`).
 
 Inside the table's location every importer writes only below its own root,
 `importer=<I>/app_env=<app-env>/date=<YYYY-MM-DD>/`: one Spark job per root at a time,
@@ -13,24 +13,18 @@ readers skip like every name starting with `_`.
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
+from logjam.defaults import data_root
 from table.schema import TABLE_NAME
-
-DATA_DIR_ENV = "LOGJAM_DATA_DIR"
 
 # The characters Hive and Spark escape as %XX in a partition directory name
 # (ExternalCatalogUtils.escapePathName), so that a value maps to exactly one directory.
 _ESCAPED = set(range(0x01, 0x20)) | {ord(c) for c in "\"#%'*/:=?\\\x7f{[]^"}
 
 
-def data_dir() -> Path:
-    return Path(os.environ.get(DATA_DIR_ENV) or "data").resolve()
-
-
 def default_warehouse() -> str:
-    return str(data_dir() / "warehouse")
+    return str(data_root() / "warehouse")
 
 
 def normalise_warehouse(path: str) -> str:

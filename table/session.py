@@ -16,11 +16,12 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from logjam import defaults
 from table.paths import default_warehouse
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SPARK = "sc://127.0.0.1:15002"
+DEFAULT_SPARK = f"sc://127.0.0.1:{defaults.SPARK_PORT}"
 WAREHOUSE_CONF = "spark.sql.warehouse.dir"
 # Scheduler pools of logjam-spark (warehouse/fairscheduler.xml): the importers' writes first.
 INGEST_POOL = "ingest"
@@ -115,7 +116,7 @@ def resolve_warehouse(spark: Any, explicit: str | None) -> str:
 def wait_for_connect_server(url: str, stop: threading.Event) -> bool:
     """Poll the Connect endpoint's TCP port so a missing server means waiting, not a long client retry loop."""
     parsed = urllib.parse.urlparse(url.split(";", 1)[0])
-    host, port = parsed.hostname or "127.0.0.1", parsed.port or 15002
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or defaults.SPARK_PORT
     warned = False
     while not stop.is_set():
         try:

@@ -79,17 +79,22 @@ def start_device(device_id: int = 1, extra: list[str] | None = None, ports: dict
     def answers() -> bool:
         if dev.proc.poll() is not None:
             raise AssertionError(f"logjam-device exited early:\n{dev.output()}")
-        p = Producer(dev.router, context=ctx, timeout=0.3, linger_ms=0, curve=dev.curve)
-        try:
-            p.ping()
-            return True
-        except ReplyTimeout:
-            return False
-        finally:
-            p._sock.close()
+        return pings(dev.router, dev.curve, ctx)
 
     wait_for(answers, timeout=20, what="logjam-device to answer ping")
     return dev
+
+
+def pings(router: str, curve: ClientKey | None, ctx: zmq.Context) -> bool:
+    """Whether the device at `router` answers a ping from a client with key `curve` (within 0.3 s)."""
+    p = Producer(router, context=ctx, timeout=0.3, linger_ms=0, curve=curve)
+    try:
+        p.ping()
+        return True
+    except ReplyTimeout:
+        return False
+    finally:
+        p._sock.close()
 
 
 @pytest.fixture

@@ -35,18 +35,23 @@ def check(*argv: str, cwd: Path | None = None, env: dict[str, str] | None = None
 
 
 def test_curve_keys(tmp_path: Path) -> None:
-    """Clients find the mesh's key through $LOGJAM_DATA_DIR; without one they say what to do."""
+    """Clients and devices find the mesh's keys through $LOGJAM_DATA_DIR; without them both fail
+    alike and name the command that creates them."""
     env = dict(os.environ, LOGJAM_DATA_DIR=str(tmp_path))
     res = check("logjam-tail", "--sub", "tcp://127.0.0.1:1", env=env)
     assert res.returncode == 1 and "client.key_secret" in res.stdout and "--plaintext" in res.stdout, res.stdout
+    assert "is missing: `logjam-keys init` creates the mesh's keys" in res.stdout, res.stdout
     assert check("logjam-tail", "--sub", "tcp://127.0.0.1:1", "--plaintext", env=env).returncode == 0
     good = check("logjam-importer", "--state-dir", str(tmp_path / "state"))
     assert good.returncode == 0 and "CURVE client key" in good.stdout, good.stdout
     dev = check("logjam-device", env=env)
-    assert dev.returncode == 0 and "CURVE certificates created in" in dev.stdout, dev.stdout
+    assert dev.returncode == 1 and "server.key_secret is missing: `logjam-keys init` creates" in dev.stdout, dev.stdout
     assert not (tmp_path / "keys").exists()  # --check creates nothing
+    assert check("logjam-device").returncode == 0  # the mesh's keys, as `make up` left them
+    assert check("logjam-device", "--allow-plaintext", env=env).returncode == 0  # no key needed
+    # A bad flag is refused while the config is built, as a start refuses it.
     bad = check("logjam-device", "--allow-plaintext", "router,nope", env=env)
-    assert bad.returncode == 1 and "unknown socket nope" in bad.stdout, bad.stdout
+    assert bad.returncode == 1 and "unknown socket nope" in bad.stderr, bad.stderr
 
 
 def test_device_good_and_broken(tmp_path: Path) -> None:

@@ -11,9 +11,13 @@ import pytest
 
 from bridges.cli import build_parser as bridge_parser, load_protocol
 from bridges.host.config import BridgeConfig, TLSConfig
+from devices.cli import build_parser as device_parser
+from devices.config import DeviceConfig
 from importer.cli import build_parser as importer_parser
 from importer.config import DEFAULT_SUB, ImporterConfig
+from logjam import defaults
 from runtime.config import parse_config
+from runtime.curve import ServerCurve
 from tools.send import SendConfig, build_parser as send_parser
 from tools.sql import SqlConfig, build_parser as sql_parser
 from tools.tail import TailConfig, build_parser as tail_parser
@@ -46,43 +50,72 @@ def test_importer_config_from_flags_and_toml(tmp_path: Path) -> None:
     toml = tmp_path / "importer.toml"
     toml.write_text('sub = ["tcp://a:1,tcp://b:2", "tcp://c:3"]\nreplay-ports = "5,6,7"\nworker = 1\nworkers = 2\n')
     config = built(importer_parser(), ["--config", str(toml), "--own-devices", "--metrics-port", "9000",
-                                       "--metrics-port-offset", "1"], ImporterConfig.from_args)
+                                       "--metrics-port-offset", "1"], ImporterConfig.from_flags)
     assert config.subs == ("tcp://a:1", "tcp://b:2", "tcp://c:3") and config.owned == ("tcp://b:2",)
     assert dict(config.replay_port_of) == {"tcp://a:1": 5, "tcp://b:2": 6, "tcp://c:3": 7}
     assert config.replay_ports(config.owned) == "6" and config.metrics_port == 9001 and config.worker_id == 1
-    plain = built(importer_parser(), [], ImporterConfig.from_args)
+    plain = built(importer_parser(), [], ImporterConfig.from_flags)
     assert plain.subs == (DEFAULT_SUB,) and plain.metrics_port is None and plain.worker_id == 0
+
+
+def test_device_config_from_flags_and_toml(tmp_path: Path) -> None:
+    """--instance K is applied while the config is built (id, every port, the journal's directory),
+    and the CURVE flags become a typed ServerCurve without reading a key file."""
+    toml = tmp_path / "device.toml"
+    toml.write_text(f'data-dir = "{tmp_path / "dev"}"\ndevice-id = 4\nmetrics-port = 9631\ninstance-port-step = 10\n')
+    config = built(device_parser(), ["--config", str(toml), "--instance", "2", "-x", "lz4", "--no-ipc",
+                                     "--keys", str(tmp_path / "keys"), "--allow-plaintext", "pull"],
+                   DeviceConfig.from_flags)
+    assert config.device_id == 6 and config.data_dir == f"{tmp_path / 'dev'}-2" and not config.ipc
+    assert (config.router_port, config.pub_port, config.replay_port, config.metrics_port) == (
+        defaults.ROUTER_PORT + 20, defaults.PUB_PORT + 20, defaults.REPLAY_PORT + 20, 9651)
+    assert config.compress == 3
+    assert config.curve == ServerCurve(tmp_path / "keys" / "server.key_secret", tmp_path / "keys" / "allowed",
+                                       frozenset({"pull"}))
+    plain = built(device_parser(), ["--allow-plaintext"], DeviceConfig.from_flags)
+    assert plain.curve is not None and plain.curve.secret is None and not plain.curve.secured("router")
+    assert (plain.router_port, plain.metrics_port, plain.data_dir) == (defaults.ROUTER_PORT, None, None)
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["-d", str(2**32 - 1), "--instance", "1"], "does not fit in 32 bits"),
+    (["--allow-plaintext", "router,nope"], "unknown socket nope"),
+])
+def test_device_refusals_are_usage_errors(argv: list[str], error: str, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_config(device_parser(), argv, DeviceConfig.from_flags)
+    assert e.value.code == 2 and error in capsys.readouterr().err
 
 
 def test_importer_refusals_are_usage_errors() -> None:
     with pytest.raises(SystemExit) as e:
-        parse_config(importer_parser(), ["--own-devices"], ImporterConfig.from_args)
+        parse_config(importer_parser(), ["--own-devices"], ImporterConfig.from_flags)
     assert e.value.code == 2
     with pytest.raises(SystemExit) as e:
-        parse_config(importer_parser(), ["--own-devices", "--check"], ImporterConfig.from_args)
+        parse_config(importer_parser(), ["--own-devices", "--check"], ImporterConfig.from_flags)
     assert e.value.code == 1
 
 
 def test_spark_server_config_carries_its_maintenance(tmp_path: Path) -> None:
     config = built(spark_parser(), ["--warehouse", str(tmp_path / "w"), "--metastore", str(tmp_path / "m"),
                                     "--no-compact", "--compact-fanin", "4", "--conf", "a.b=c"],
-                   SparkServerConfig.from_args)
+                   SparkServerConfig.from_flags)
     assert config.maintenance == MaintenanceConfig(compact=False, compact_fanin=4)
     assert config.warehouse == str((tmp_path / "w").resolve()) and config.metastore == (tmp_path / "m").resolve()
     assert spark_conf(config)["a.b"] == "c"
 
 
 def test_sql_maintenance_is_logjam_spark_defaults_with_its_own_flags() -> None:
-    config = built(sql_parser(), ["--compact", "--retention-days", "3", "--compact-grace", "1m"], SqlConfig.from_args)
+    config = built(sql_parser(), ["--compact", "--retention-days", "3", "--compact-grace", "1m"], SqlConfig.from_flags)
     m = config.maintenance
     assert (m.retention_days, m.compact_grace) == (3, 60.0)
     assert (m.compact_target_bytes, m.compact_fanin, m.compact_max_level) == (TARGET_BYTES, FANIN, MAX_LEVEL)
 
 
 def test_tail_and_send_configs() -> None:
-    tail = built(tail_parser(), ["--app-env", "a", "--app-env", "b", "--json"], TailConfig.from_args)
+    tail = built(tail_parser(), ["--app-env", "a", "--app-env", "b", "--json"], TailConfig.from_flags)
     assert (tail.sub, tail.app_env, tail.topic, tail.mode) == (("tcp://127.0.0.1:9606",), ("a", "b"), (), "json")
-    send = built(send_parser(), ["courier", "x", "--to", "h:1", "y"], SendConfig.from_args)
+    send = built(send_parser(), ["courier", "x", "--to", "h:1", "y"], SendConfig.from_flags)
     assert (send.protocol, send.messages, send.to) == ("courier", ("x", "y"), "h:1")
 
 

@@ -296,4 +296,5 @@ def test_a_missing_key_file_is_named_as_missing(tmp_path: Path) -> None:
                           "-t", str(free_port()), "-p", str(free_port()), "-P", str(free_port()), "-s", str(free_port()),
                           "--replay-port", str(free_port())], capture_output=True, text=True, timeout=60)
     assert res.returncode == 1, res.stderr
-    assert f"the CURVE certificate {tmp_path / 'server.key_secret'} is missing: `make up` creates" in res.stderr
+    assert (f"the CURVE certificate {tmp_path / 'server.key_secret'} is missing: "
+            f"`logjam-keys init --keys {tmp_path}` creates the mesh's keys") in res.stderr

@@ -114,9 +114,10 @@ def _drain(sub: Subscriber, seconds: float) -> list:
 def test_client_key_is_not_needed_for_ipc_alone(tmp_path: Path) -> None:
     from argparse import Namespace
 
-    from runtime.curve import client_key
+    from runtime.curve import ClientCurve
 
     args = Namespace(plaintext=False, keys=str(tmp_path / "none"), curve_secret=None, curve_server_key=None)
-    assert client_key(args, ["ipc:///x/device/ipc/router"]) is None
+    flags = ClientCurve.from_flags(args)
+    assert flags.load(["ipc:///x/device/ipc/router"]) is None
     with pytest.raises(ValueError, match="none/client.key_secret"):
-        client_key(args, ["ipc:///x/device/ipc/router", "tcp://127.0.0.1:9604"])
+        flags.load(["ipc:///x/device/ipc/router", "tcp://127.0.0.1:9604"])

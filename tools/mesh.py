@@ -20,31 +20,31 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from logjam import endpoints
+from logjam import defaults, endpoints
 
 DEFAULTS = {
-    "LOGJAM_DATA_DIR": "data",
+    "LOGJAM_DATA_DIR": defaults.DATA_DIR,
     "LOGJAM_BIND": "0.0.0.0",
     "LOGJAM_DEVICE_ID": "1",
-    "LOGJAM_ROUTER_PORT": "9604",
-    "LOGJAM_PULL_PORT": "9605",
-    "LOGJAM_PUB_PORT": "9606",
-    "LOGJAM_STATS_PORT": "9621",
-    "LOGJAM_REPLAY_PORT": "9607",
-    "LOGJAM_SPARK_PORT": "15002",
-    "LOGJAM_JDBC_PORT": "10000",
+    "LOGJAM_ROUTER_PORT": str(defaults.ROUTER_PORT),
+    "LOGJAM_PULL_PORT": str(defaults.PULL_PORT),
+    "LOGJAM_PUB_PORT": str(defaults.PUB_PORT),
+    "LOGJAM_STATS_PORT": str(defaults.STATS_PORT),
+    "LOGJAM_REPLAY_PORT": str(defaults.REPLAY_PORT),
+    "LOGJAM_SPARK_PORT": str(defaults.SPARK_PORT),
+    "LOGJAM_JDBC_PORT": str(defaults.JDBC_PORT),
     "LOGJAM_TABLE_METRICS_PORT": "9630",
     "LOGJAM_RETENTION_DAYS": "7",
     "LOGJAM_SPARK_MASTER": "local[*]",
-    "LOGJAM_LUMBERJACK_PORT": "5044",
-    "LOGJAM_COURIER_PORT": "5043",
-    "LOGJAM_SEGMENT_PORT": "12345",
-    "LOGJAM_RUSTLOG_PORT": "9092",
-    "LOGJAM_OTLP_GRPC_PORT": "4317",
-    "LOGJAM_OTLP_HTTP_PORT": "4318",
+    "LOGJAM_LUMBERJACK_PORT": str(defaults.BRIDGE_PORTS["lumberjack"]),
+    "LOGJAM_COURIER_PORT": str(defaults.BRIDGE_PORTS["courier"]),
+    "LOGJAM_SEGMENT_PORT": str(defaults.BRIDGE_PORTS["segment"]),
+    "LOGJAM_RUSTLOG_PORT": str(defaults.BRIDGE_PORTS["rustlog"]),
+    "LOGJAM_OTLP_GRPC_PORT": str(defaults.BRIDGE_PORTS["otlp-grpc"]),
+    "LOGJAM_OTLP_HTTP_PORT": str(defaults.BRIDGE_PORTS["otlp"]),
     # Syslog over TCP and UDP share the number; 514 needs root.
-    "LOGJAM_SYSLOG_PORT": "5514",
-    "LOGJAM_RELP_PORT": "2514",
+    "LOGJAM_SYSLOG_PORT": str(defaults.BRIDGE_PORTS["syslog"]),
+    "LOGJAM_RELP_PORT": str(defaults.BRIDGE_PORTS["relp"]),
     # Devices and importers (docs/scaling.md): importer I owns devices I, I+N, ... so N <= D.
     "LOGJAM_DEVICES": "2",
     "LOGJAM_IMPORTERS": "2",
@@ -176,7 +176,7 @@ def status(config: Path, env: dict[str, str]) -> dict[str, str]:
 
 
 def ensure_keys(env: dict[str, str]) -> Path:
-    """The mesh's CURVE certificates (runtime/curve.py), created on first start; every process finds them here."""
+    """The mesh's CURVE certificates, created on first start as `logjam-keys init` creates them; every process finds them here."""
     from runtime.curve import ensure
 
     keys = Path(env["LOGJAM_DATA_DIR"], "keys")
@@ -189,7 +189,7 @@ def ensure_keys(env: dict[str, str]) -> Path:
 def _local_prefix(env: dict[str, str]) -> str:
     """`LOGJAM_DATA_DIR=... ` when the tools would not find this mesh (its ipc endpoints, its keys) from here."""
     data = Path(env["LOGJAM_DATA_DIR"])
-    return "" if endpoints.default_data_root().resolve() == data.resolve() else f"LOGJAM_DATA_DIR={data} "
+    return "" if defaults.data_root() == data.resolve() else f"LOGJAM_DATA_DIR={data} "
 
 
 def banner(env: dict[str, str]) -> str:

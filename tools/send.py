@@ -18,15 +18,15 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 
 from runtime import curve, lifecycle
 from runtime.check import Checker
 from runtime.config import add_config_flag, from_flags, parse_config
+from runtime.curve import ClientCurve
 from logjam import endpoints
 from logjam.message import body_from_bytes
-from logjam.curve import ClientKey
 from tools.send_clients import DEFAULT_PORTS, SENDERS, Options, Sender, SendFailed, tls_context
 from logjam.validation import is_valid_app_env
 
@@ -83,10 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("messages", nargs="*", metavar="MESSAGE",
                    help="one event per argument; none, or '-', reads lines from stdin (use -- before messages starting with -)")
     p.add_argument("--to", metavar="HOST:PORT",
-                   help="where to send (default 127.0.0.1 and the protocol's port: logjam 9604, or 9605 with "
+                   help="where to send (default 127.0.0.1 and the protocol's port: "
+                        f"logjam {DEFAULT_PORTS['logjam']}, or {DEFAULT_PORTS['logjam-push']} with "
                         "--mode push, unless the mesh runs on this host: then device 0's ipc endpoint; "
-                        "lumberjack 5044; courier 5043; segment 12345; rustlog 9092; otlp 4318, OTLP/HTTP; "
-                        "syslog 2514, RELP)")
+                        f"lumberjack {DEFAULT_PORTS['lumberjack']}; courier {DEFAULT_PORTS['courier']}; "
+                        f"segment {DEFAULT_PORTS['segment']}; rustlog {DEFAULT_PORTS['rustlog']}; "
+                        f"otlp {DEFAULT_PORTS['otlp']}, OTLP/HTTP; syslog {DEFAULT_PORTS['syslog']}, RELP)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="wait this long for each connection and acknowledgement (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=500, metavar="N",
@@ -143,10 +145,11 @@ class SendConfig:
     dialect: str
     service: str | None
     environment: str | None
+    curve: ClientCurve  # --keys, --curve-secret, --curve-server-key, --plaintext
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "SendConfig":
-        return from_flags(cls, args, messages=tuple(args.messages))
+    def from_flags(cls, args: argparse.Namespace) -> "SendConfig":
+        return from_flags(cls, args, messages=tuple(args.messages), curve=ClientCurve.from_flags(args))
 
 
 def parse_target(to: str | None, default_port: int) -> tuple[str, int]:
@@ -234,7 +237,7 @@ def batches(lines: Iterator[str | None], size: int) -> Iterator[list[dict[str, A
         yield batch
 
 
-def options(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> Options:
+def options(config: SendConfig) -> Options:
     key = "logjam-push" if config.protocol == "logjam" and config.mode == "push" else config.protocol
     host, port = parse_target(config.to, DEFAULT_PORTS[key])
     tls: ssl.SSLContext | None = None
@@ -251,7 +254,7 @@ def options(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> O
     # ipc endpoint (no CURVE); else over TCP with CURVE, with the mesh's client key by default.
     local = endpoints.local_devices("router" if config.mode == "dealer" else "pull") \
         if config.protocol == "logjam" and not config.to else []
-    key = client_key() if config.protocol == "logjam" and not local else None
+    key = config.curve.load() if config.protocol == "logjam" and not local else None
     return Options(
         host=host, port=port, timeout=config.timeout, tls=tls, curve=key, mode=config.mode,
         endpoint=local[0] if local else None,
@@ -261,23 +264,23 @@ def options(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> O
     )
 
 
-def validated(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> Options:
-    """The options of a send, or ValueError saying which flag is wrong (`client_key`: the CURVE key of the flags)."""
+def validated(config: SendConfig) -> Options:
+    """The options of a send, or ValueError saying which flag is wrong (or which key file is missing)."""
     if config.timeout <= 0:
         raise ValueError("--timeout must be positive")
     if not 1 <= config.batch_size <= MAX_BATCH_EVENTS:
         raise ValueError(f"--batch-size must be within 1..{MAX_BATCH_EVENTS}")
-    return options(config, client_key)
+    return options(config)
 
 
-def check(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> int:
+def check(config: SendConfig) -> int:
     """--check: the flags, the target, the TLS files; stdin is not read."""
     c = Checker(PROG)
     for flag, path in (("--tls-ca", config.tls_ca), ("--tls-cert", config.tls_cert), ("--tls-key", config.tls_key)):
         c.readable_file(flag, path)
     if config.protocol == "logjam" and not is_valid_app_env(config.app_env):
         c.error(f"--app-env {config.app_env!r} is not application-environment; the device would refuse it")
-    opts = c.attempt("flags and TLS files", lambda: validated(config, client_key))
+    opts = c.attempt("flags and TLS files", lambda: validated(config))
     if opts is not None:
         given = config.messages and config.messages != ("-",)
         what = f"{len(config.messages)} message argument(s)" if given else "stdin lines"
@@ -287,12 +290,12 @@ def check(config: SendConfig, client_key: Callable[[], ClientKey | None]) -> int
     return c.report()
 
 
-def run(config: SendConfig, stdin_fd: int, client_key: Callable[[], ClientKey | None]) -> int:
+def run(config: SendConfig, stdin_fd: int) -> int:
     try:
         if config.protocol == "logjam" and not is_valid_app_env(config.app_env):
             print(f"{PROG}: warning: --app-env {config.app_env!r} is not application-environment; "
                   "the device will refuse it", file=sys.stderr)
-        opts = validated(config, client_key)
+        opts = validated(config)
     except ValueError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -333,14 +336,10 @@ def _events(n: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, config = parse_config(build_parser(), argv, SendConfig.from_args)
-
-    def client_key() -> ClientKey | None:
-        return curve.client_key(args)  # the CURVE flags stay with runtime/curve.py
-
+    args, config = parse_config(build_parser(), argv, SendConfig.from_flags)
     if args.check:
-        return check(config, client_key)
-    return run(config, sys.stdin.fileno(), client_key)
+        return check(config)
+    return run(config, sys.stdin.fileno())
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from bridges.otlp import engine as otlp
 from bridges.rustlog import engine as rl
 from bridges.segment import engine as seg
 from bridges.syslog.relp import RelpClient, Response
+from logjam import defaults
 from logjam.curve import ClientKey
 from logjam.errors import ProtocolError
 from logjam.producer import Producer, ReplyTimeout
@@ -33,14 +34,10 @@ Event = dict[str, Any]
 T = TypeVar("T")
 
 DEFAULT_PORTS = {
-    "logjam": 9604,
-    "logjam-push": 9605,
-    "lumberjack": 5044,
-    "courier": 5043,
-    "segment": 12345,
-    "rustlog": 9092,
-    "otlp": 4318,
-    "syslog": 2514,  # RELP: the syslog transport that acknowledges
+    "logjam": defaults.ROUTER_PORT,
+    "logjam-push": defaults.PULL_PORT,
+    **{name: defaults.BRIDGE_PORTS[name] for name in ("lumberjack", "courier", "segment", "rustlog", "otlp")},
+    "syslog": defaults.BRIDGE_PORTS["relp"],  # RELP: the syslog transport that acknowledges
 }
 
 

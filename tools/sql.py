@@ -53,7 +53,7 @@ class SqlConfig:
     verbose: bool
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "SqlConfig":
+    def from_flags(cls, args: argparse.Namespace) -> "SqlConfig":
         return from_flags(cls, args)
 
     @property
@@ -203,7 +203,7 @@ def check_sql(config: SqlConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, config = parse_config(parser, argv, SqlConfig.from_args)
+    args, config = parse_config(parser, argv, SqlConfig.from_flags)
     if args.check:
         return check_sql(config)
     if config.query is None and not (config.compact or config.retention_days):

@@ -20,17 +20,18 @@ from rich.color import ColorSystem
 from rich.console import Console
 from rich.live import Live
 
-from logjam import endpoints, sockets
+from logjam import defaults, endpoints, sockets
 from logjam.curve import ClientKey
 from runtime import curve, lifecycle
 from runtime.check import Checker
 from runtime.config import add_config_flag, parse_config, setup_logging
+from runtime.curve import ClientCurve
 from logjam.message import Message
 from logjam.subscriber import Gap, Subscriber
 from tools.tail_render import Palette, Renderer
 from tools.tail_stats import StatsBoard
 
-DEFAULT_SUB = "tcp://127.0.0.1:9606"
+DEFAULT_SUB = defaults.device_endpoint("pub")
 MODES = ("lines", "json", "pretty", "raw", "stats")
 POLL_S = 0.2
 WARN_EVERY_S = 5.0
@@ -132,7 +133,7 @@ def _as_list(value: Any) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class TailConfig:
-    """What logjam-tail shows, built once from flags and TOML (the CURVE flags stay with runtime/curve.py)."""
+    """What logjam-tail shows, built once from flags and TOML."""
 
     sub: tuple[str, ...]
     app_env: tuple[str, ...]  # ZeroMQ subscription prefixes; empty: every app-env
@@ -144,9 +145,10 @@ class TailConfig:
     color: str
     interval: float
     verbose: bool
+    curve: ClientCurve  # --keys, --curve-secret, --curve-server-key, --plaintext
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "TailConfig":
+    def from_flags(cls, args: argparse.Namespace) -> "TailConfig":
         """The config of these flags, or ValueError (TOML values bypass argparse's type checks)."""
         # On the mesh's host: every device `make up` runs, over ipc; elsewhere device 0 over TCP.
         sub = tuple(_as_list(args.sub)) or tuple(endpoints.local_devices("pub")) or (DEFAULT_SUB,)
@@ -163,18 +165,18 @@ class TailConfig:
                 raise ValueError(f"--sub {ep!r}: expected an endpoint such as {DEFAULT_SUB}")
         return cls(sub=sub, app_env=tuple(_as_list(args.app_env)), topic=tuple(_as_list(args.topic)), mode=args.mode,
                    count=args.count, heartbeats=args.heartbeats, width=args.width, color=args.color,
-                   interval=args.interval, verbose=args.verbose)
+                   interval=args.interval, verbose=args.verbose, curve=ClientCurve.from_flags(args))
 
 
-def check(config: TailConfig, args: argparse.Namespace) -> int:
-    """--check: everything was validated while parsing; say what would be shown (`args`: the CURVE flags)."""
+def check(config: TailConfig) -> int:
+    """--check: everything was validated while parsing; say what would be shown, and read the key files."""
     c = Checker("logjam-tail")
     c.ok(f"--sub {', '.join(config.sub)}")
     streams = f"app-envs starting with {', '.join(config.app_env)}" if config.app_env else "every app-env"
     topics = f", topics starting with {', '.join(config.topic)}" if config.topic else ""
     c.would_run(f"subscribe to {', '.join(config.sub)}: {streams}{topics}, shown as {config.mode}"
                 + (f", stop after {config.count}" if config.count else ""))
-    curve.check_client(c, args, config.sub)
+    config.curve.check(c, config.sub)
     return c.report()
 
 
@@ -278,12 +280,12 @@ class _Tail:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
-        args, config = parse_config(parser, argv, TailConfig.from_args)
+        args, config = parse_config(parser, argv, TailConfig.from_flags)
         if args.check:
-            return check(config, args)
+            return check(config)
         setup_logging("logjam-tail", config.verbose)
         try:
-            key = curve.client_key(args, config.sub)
+            key = config.curve.load(config.sub)
         except curve.KeyFileError as e:
             parser.error(str(e))
         stop = lifecycle.stop_event()

@@ -1,6 +1,6 @@
 """What logjam-spark is started with: `SparkServerConfig`, and the `MaintenanceConfig` it schedules.
 
-warehouse/spark_server.py builds them once from flags and TOML (`SparkServerConfig.from_args`);
+warehouse/spark_server.py builds them once from flags and TOML (`SparkServerConfig.from_flags`);
 the JVM's command line (warehouse/spark_jvm.py), its `--check`, its `/healthz` and the
 maintenance passes read these frozen fields. `logjam-sql --compact` builds a
 `MaintenanceConfig` of its own flags, the rest staying at these defaults.
@@ -12,9 +12,10 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from logjam.defaults import data_root
 from runtime.config import from_flags
 from table.compaction_protocol import DEFAULT_GRACE_S
-from table.paths import data_dir, default_warehouse, normalise_warehouse
+from table.paths import default_warehouse, normalise_warehouse
 from warehouse.tiers import FANIN, MAX_LEVEL, TARGET_BYTES
 
 
@@ -34,7 +35,7 @@ class MaintenanceConfig:
     maintenance_interval: float = 600.0
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "MaintenanceConfig":
+    def from_flags(cls, args: argparse.Namespace) -> "MaintenanceConfig":
         return from_flags(cls, args)
 
 
@@ -55,13 +56,13 @@ class SparkServerConfig:
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "SparkServerConfig":
+    def from_flags(cls, args: argparse.Namespace) -> "SparkServerConfig":
         return from_flags(
             cls, args,
             warehouse=normalise_warehouse(args.warehouse or default_warehouse()),
-            metastore=Path(args.metastore).resolve() if args.metastore else data_dir() / "metastore",
+            metastore=Path(args.metastore).resolve() if args.metastore else data_root() / "metastore",
             conf=tuple(args.conf or ()),
-            maintenance=MaintenanceConfig.from_args(args),
+            maintenance=MaintenanceConfig.from_flags(args),
         )
 
     @property

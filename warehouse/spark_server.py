@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from logjam import defaults
 from warehouse.maintenance import TableMetrics, add_maintenance_flags, run_maintenance
 from table.paths import table_path
 from table.schema import DEFAULT_DATABASE
@@ -43,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="logjam-spark", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--master", default="local[*]", help="local[*], spark://HOST:7077, yarn, k8s://...")
     p.add_argument("--bind", default="127.0.0.1", help="address the servers (and a cluster driver) listen on")
-    p.add_argument("--port", type=int, default=15002, help="Spark Connect port")
-    p.add_argument("--jdbc-port", type=int, default=10000, help="HiveServer2 (JDBC/ODBC) port; 0 turns it off")
+    p.add_argument("--port", type=int, default=defaults.SPARK_PORT, help="Spark Connect port (default %(default)s)")
+    p.add_argument("--jdbc-port", type=int, default=defaults.JDBC_PORT, help="HiveServer2 (JDBC/ODBC) port; 0 turns it off (default %(default)s)")
     p.add_argument("--warehouse", metavar="DIR",
                    help="warehouse dir (default $LOGJAM_DATA_DIR/warehouse, i.e. ./data/warehouse)")
     p.add_argument("--metastore", metavar="DIR", help="embedded metastore dir (default $LOGJAM_DATA_DIR/metastore)")
@@ -162,7 +163,7 @@ def run(config: SparkServerConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, config = parse_config(build_parser(), argv, SparkServerConfig.from_args)
+    args, config = parse_config(build_parser(), argv, SparkServerConfig.from_flags)
     if args.check:
         from warehouse.checks import check_spark_server
 

@@ -42,6 +42,7 @@ from bridges.courier.engine import (
 from bridges.host import Batches, BridgeProtocol, Connection, KeepaliveTimer, Positions
 from bridges.host.config import HostConfig, Knobs
 from bridges.host.session import PipelineSession
+from logjam import defaults
 from runtime.config import from_flags
 
 log = logging.getLogger("logjam-bridge.courier")
@@ -78,7 +79,7 @@ class CourierConfig:
 
 class Bridge(BridgeProtocol):
     name = "courier"
-    default_port = 5043
+    default_port = defaults.BRIDGE_PORTS["courier"]
     default_max_frame = DEFAULT_MAX_MESSAGE
     default_idle_timeout = 1800.0
     Config = CourierConfig

@@ -13,7 +13,9 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from logjam import defaults
 from runtime.config import from_flags
+from runtime.curve import ClientCurve
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,7 @@ class HostConfig:
     max_inflated_bytes: int
     max_inflight: int
     metrics_port: int | None
+    curve: ClientCurve  # to the devices: --keys, --curve-secret, --curve-server-key, --plaintext
     # The shared knobs (`Knobs`); None where the protocol has none.
     pipeline_depth: int | None = None
     batch_size: int | None = None
@@ -102,7 +105,7 @@ class HostConfig:
     @classmethod
     def from_flags(cls, args: argparse.Namespace, knobs: Knobs = Knobs()) -> "HostConfig":
         # One flag may carry every device of a mesh, comma-separated (supervisord passes one value).
-        devices = tuple(d.strip() for v in (args.device or ["tcp://127.0.0.1:9604"]) for d in v.split(",") if d.strip())
+        devices = tuple(d.strip() for v in (args.device or [defaults.device_endpoint("router")]) for d in v.split(",") if d.strip())
         for endpoint in devices:
             scheme, _, rest = endpoint.partition("://")
             if scheme not in ("tcp", "ipc") or not rest or (scheme == "tcp" and not rest.rpartition(":")[2].isdigit()):
@@ -110,7 +113,8 @@ class HostConfig:
         if args.device_deadline <= 0:
             raise ValueError("--device-deadline must be positive")
         values, deprecated = _knob_values(args, knobs)
-        return from_flags(cls, args, device=devices, tls=TLSConfig.from_flags(args), deprecated=deprecated, **values)
+        return from_flags(cls, args, device=devices, tls=TLSConfig.from_flags(args), curve=ClientCurve.from_flags(args),
+                          deprecated=deprecated, **values)
 
 
 def _knob_values(args: argparse.Namespace, knobs: Knobs) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:

@@ -49,6 +49,7 @@ from bridges.lumberjack.engine import (
 )
 from bridges.host.config import HostConfig, Knobs
 from bridges.host.session import PipelineSession
+from logjam import defaults
 from logjam.errors import LocalProtocolError, ProtocolError
 from runtime.config import from_flags
 
@@ -289,7 +290,7 @@ class Bridge(BridgeProtocol):
     """Lumberjack v1 (logstash-forwarder) and v2 (Beats) clients into a Logjam device."""
 
     name: ClassVar[str] = "lumberjack"
-    default_port: ClassVar[int] = 5044
+    default_port: ClassVar[int] = defaults.BRIDGE_PORTS["lumberjack"]
     default_max_frame: ClassVar[int] = DEFAULT_MAX_FRAME
     # Logstash's beats input closes clients after 60 s without data.
     default_idle_timeout: ClassVar[float] = 60.0

@@ -42,6 +42,7 @@ from bridges.host.server import split_listen
 from bridges.otlp import engine
 from bridges.otlp.engine import Outcome
 from bridges.otlp.http import HttpSession
+from logjam import defaults
 from logjam.meta import now_ms
 from runtime.check import Checker
 from runtime.config import from_flags
@@ -70,14 +71,14 @@ class OtlpConfig:
 
 class Bridge(BridgeProtocol):
     name = "otlp"
-    default_port = 4318
+    default_port = defaults.BRIDGE_PORTS["otlp"]
     default_max_frame = 4 * 1024 * 1024  # the Collector's default max_recv_msg_size_mib
     default_idle_timeout = 120.0
     Config = OtlpConfig
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--grpc-listen", default="0.0.0.0:4317", metavar="HOST:PORT",
+        parser.add_argument("--grpc-listen", default=f"0.0.0.0:{defaults.BRIDGE_PORTS['otlp-grpc']}", metavar="HOST:PORT",
                             help="OTLP/gRPC (LogsService/Export); --listen is OTLP/HTTP (default %(default)s)")
         parser.add_argument("--answer-timeout", type=float, default=5.0, metavar="SECONDS",
                             help="answer UNAVAILABLE / 503 (retry) when the device has not accepted a request's "

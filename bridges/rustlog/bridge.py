@@ -44,6 +44,7 @@ from bridges.rustlog.log import (
     TopicNotFound,
     now_us,
 )
+from logjam import defaults
 from logjam.errors import RemoteProtocolError
 from runtime.config import FSYNC_POLICIES, from_flags
 from logjam.validation import is_valid_app_env
@@ -155,7 +156,7 @@ class RustlogConfig:
 
 class Bridge(BridgeProtocol):
     name = "rustlog"
-    default_port = 9092
+    default_port = defaults.BRIDGE_PORTS["rustlog"]
     default_max_frame = e.MAX_FRAME_SIZE
     # Consumers often sit idle between polls; RustLog has no keepalive message.
     default_idle_timeout = 600.0
@@ -164,7 +165,8 @@ class Bridge(BridgeProtocol):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("rustlog")
-        g.add_argument("--data-dir", default="./data/rustlog", help="where the partitioned log lives (default %(default)s)")
+        g.add_argument("--data-dir", default=str(defaults.data_root() / "rustlog"),
+                       help="where the partitioned log lives (default $LOGJAM_DATA_DIR/rustlog, else ./data/rustlog)")
         g.add_argument("--fsync", choices=FSYNC_POLICIES, default="always",
                        help="always: fsync before every acknowledgement; interval: every --fsync-interval-ms; never: leave it to the OS (default %(default)s)")
         g.add_argument("--fsync-interval-ms", type=int, default=1000, metavar="MS")

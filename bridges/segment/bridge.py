@@ -44,6 +44,7 @@ from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.segment import engine as wire
 from bridges.segment.store import AppendRecord, Segment, SegmentExists, SegmentStore, StoreError
 from runtime.config import FSYNC_POLICIES, from_flags
+from logjam import defaults
 from logjam.meta import now_ms
 
 log = logging.getLogger("logjam-bridge.segment")
@@ -69,7 +70,7 @@ class SegmentConfig:
 
 class Bridge(BridgeProtocol):
     name = "segment"
-    default_port = 12345
+    default_port = defaults.BRIDGE_PORTS["segment"]
     default_max_frame = wire.MAX_COMMAND_SIZE
     default_idle_timeout = 120.0
     Config = SegmentConfig
@@ -78,7 +79,8 @@ class Bridge(BridgeProtocol):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--data-dir", default="./data/segment", help="where segments are stored (default %(default)s)")
+        parser.add_argument("--data-dir", default=str(defaults.data_root() / "segment"),
+                            help="where segments are stored (default $LOGJAM_DATA_DIR/segment, else ./data/segment)")
         parser.add_argument(
             "--fsync", default="always", choices=FSYNC_POLICIES,
             help="always: fsync before every ack (group commit); interval: every --fsync-interval s; never: leave it to the OS",

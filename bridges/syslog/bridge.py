@@ -36,6 +36,7 @@ from bridges.host.session import PipelineSession
 from bridges.syslog.engine import DEFAULT_MAX_FRAME, Frame, SyslogServer, datagram
 from bridges.syslog.parse import parse
 from bridges.syslog.relp import Close, Open, RelpServer, Response, ServerClose, Syslog, open_answer
+from logjam import defaults
 from logjam.meta import now_ms
 from logjam.validation import is_valid_app_env
 from runtime.config import from_flags
@@ -96,7 +97,7 @@ class AppEnv:
 
 class Bridge(BridgeProtocol):
     name = "syslog"
-    default_port = 5514
+    default_port = defaults.BRIDGE_PORTS["syslog"]
     default_max_frame = DEFAULT_MAX_FRAME
     default_idle_timeout = 3600.0
     Config = SyslogConfig
