@@ -165,7 +165,7 @@ def flood(mesh: Mesh, port: int, args: argparse.Namespace, pools: list[list[byte
     for s in shippers:
         s.join(120)
         if s.error:
-            raise SystemExit(f"shipper failed: {s.error!r}")
+            raise RuntimeError(f"shipper failed: {s.error!r}")
     rows_at_end, t_end, m1 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)]
     acked = sum(s.acked for s in shippers)
     deadline = time.monotonic() + 300
@@ -175,74 +175,99 @@ def flood(mesh: Mesh, port: int, args: argparse.Namespace, pools: list[list[byte
             "drain": time.perf_counter() - max(s.last_ack for s in shippers), "jobs": describe_jobs(m0, m1, t_end - t0)}
 
 
-def main() -> int:
+@dataclass
+class Result:
+    lags: Lags
+    shared: dict
+    alone: dict | None
+    quiet: tuple[int, int, int]  # acknowledged, rows, distinct
+    loud: tuple[int, int, int]
+
+    def lost_or_doubled(self) -> int:
+        return sum(max(0, acked - distinct) + rows - distinct for acked, rows, distinct in (self.quiet, self.loud))
+
+
+def measure(mesh: Mesh, args: argparse.Namespace) -> Result:
+    """Quiet alone, then flood + quiet, then (unless --skip-alone) the flood alone; wait until all landed."""
+    port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
+    pools = [windows(c, 16) for c in range(args.connections)]
+    stop, lags = threading.Event(), Lags()
+    quiet = Quiet(device_endpoint(mesh.env, "router", 0), args.quiet_rate, stop)
+    sampler = Sampler(mesh, quiet, lags, stop)
+    quiet.start()
+    sampler.start()
+    wait_for(lambda: sampler.newest() is not None, timeout=120, interval=1, what="the first quiet row")
+    sampler.phase = "before"
+    time.sleep(args.baseline_seconds)
+    sampler.phase = "during"
+    print("flood + quiet ...", flush=True)
+    shared = flood(mesh, port, args, pools)
+    sampler.phase = ""
+    stop.set()
+    quiet.join(180)
+    sampler.join(30)
+    if quiet.error:
+        raise RuntimeError(f"quiet sender failed: {quiet.error!r}")
+    alone = None
+    if not args.skip_alone:
+        print("flood alone ...", flush=True)
+        alone = flood(mesh, port, args, pools)
+    deadline = time.monotonic() + 120
+    while quiet_rows(mesh)[1] < quiet.accepted and time.monotonic() < deadline:
+        time.sleep(1)
+    loud = mesh.spark.sql(f"SELECT count(*), count(DISTINCT event_id) FROM logjam.messages "
+                          f"WHERE app_env = '{LOUD}'").collect()[0]
+    loud_acked = shared["acked"] + (alone["acked"] if alone else 0)
+    return Result(lags, shared, alone, (quiet.accepted, *quiet_rows(mesh)), (loud_acked, int(loud[0]), int(loud[1])))
+
+
+def report(r: Result, args: argparse.Namespace) -> None:
+    print(f"fairness benchmark: 2 devices, 2 importers; {QUIET} at {args.quiet_rate:.0f} ev/s to device 0's "
+          f"ROUTER; {LOUD} flooding over {args.connections} Lumberjack connections for {args.flood_seconds:.0f} s")
+    for phase in ("before", "during"):
+        p50, worst, n = r.lags.summary(phase)
+        print(f"  quiet lag {phase:6} the flood: p50 {p50:5.2f} s, worst {worst:5.2f} s ({n} samples)"
+              + (f"  (targets p50 <= {TARGETS['p50']:.0f} s: {TARGETS['p50'] / p50:.2f}x, worst <= "
+                 f"{TARGETS['worst']:.0f} s: {TARGETS['worst'] / worst:.2f}x)" if phase == "during" else ""))
+    shared, alone = r.shared, r.alone
+    rate_shared = shared["landed"] / shared["elapsed"]
+    print(f"  flood with the quiet stream: {shared['acked'] / shared['elapsed']:9,.0f} ev/s acknowledged, "
+          f"{rate_shared:9,.0f} ev/s landed in the phase (drained {shared['drain']:.1f} s after the last ack)")
+    print(f"    {shared['jobs']}")
+    if alone is not None:
+        rate_alone = alone["landed"] / alone["elapsed"]
+        share = rate_shared / max(rate_alone, 1e-9)
+        print(f"  flood alone:                 {alone['acked'] / alone['elapsed']:9,.0f} ev/s acknowledged, "
+              f"{rate_alone:9,.0f} ev/s landed in the phase (drained {alone['drain']:.1f} s after the last ack)")
+        print(f"    {alone['jobs']}")
+        print(f"  flood with quiet / alone: {share:.2f} (target >= {TARGETS['share']:.2f}: "
+              f"{share / TARGETS['share']:.2f}x)")
+    for name, (acked, rows, distinct) in ((QUIET, r.quiet), (LOUD, r.loud)):
+        print(f"  {name}: {acked} acknowledged, {rows} rows, lost {max(0, acked - distinct)}, "
+              f"duplicated {rows - distinct}")
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flood-seconds", type=float, default=90)
     ap.add_argument("--quiet-rate", type=float, default=50)
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--baseline-seconds", type=float, default=20)
     ap.add_argument("--skip-alone", action="store_true", help="no flood-alone phase (no landed-rate comparison)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-fair-"))
     started = time.monotonic()
     mesh = Mesh(base / "data", 2, 2)
     try:
         print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
-        port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
-        pools = [windows(c, 16) for c in range(args.connections)]
-        stop, lags = threading.Event(), Lags()
-        quiet = Quiet(device_endpoint(mesh.env, "router", 0), args.quiet_rate, stop)
-        sampler = Sampler(mesh, quiet, lags, stop)
-        quiet.start()
-        sampler.start()
-        wait_for(lambda: sampler.newest() is not None, timeout=120, interval=1, what="the first quiet row")
-        sampler.phase = "before"
-        time.sleep(args.baseline_seconds)
-        sampler.phase = "during"
-        print("flood + quiet ...", flush=True)
-        shared = flood(mesh, port, args, pools)
-        sampler.phase = ""
-        stop.set()
-        quiet.join(180)
-        sampler.join(30)
-        if quiet.error:
-            raise SystemExit(f"quiet sender failed: {quiet.error!r}")
-        alone = None
-        if not args.skip_alone:
-            print("flood alone ...", flush=True)
-            alone = flood(mesh, port, args, pools)
-        deadline = time.monotonic() + 120
-        while quiet_rows(mesh)[1] < quiet.accepted and time.monotonic() < deadline:
-            time.sleep(1)
-        q_rows, q_distinct = quiet_rows(mesh)
-        loud = mesh.spark.sql(f"SELECT count(*), count(DISTINCT event_id) FROM logjam.messages "
-                              f"WHERE app_env = '{LOUD}'").collect()[0]
-        loud_acked = shared["acked"] + (alone["acked"] if alone else 0)
-        print(f"fairness benchmark: 2 devices, 2 importers; {QUIET} at {args.quiet_rate:.0f} ev/s to device 0's "
-              f"ROUTER; {LOUD} flooding over {args.connections} Lumberjack connections for {args.flood_seconds:.0f} s")
-        for phase in ("before", "during"):
-            p50, worst, n = lags.summary(phase)
-            print(f"  quiet lag {phase:6} the flood: p50 {p50:5.2f} s, worst {worst:5.2f} s ({n} samples)"
-                  + (f"  (targets p50 <= {TARGETS['p50']:.0f} s: {TARGETS['p50'] / p50:.2f}x, worst <= "
-                     f"{TARGETS['worst']:.0f} s: {TARGETS['worst'] / worst:.2f}x)" if phase == "during" else ""))
-        rate_shared = shared["landed"] / shared["elapsed"]
-        print(f"  flood with the quiet stream: {shared['acked'] / shared['elapsed']:9,.0f} ev/s acknowledged, "
-              f"{rate_shared:9,.0f} ev/s landed in the phase (drained {shared['drain']:.1f} s after the last ack)")
-        print(f"    {shared['jobs']}")
-        if alone is not None:
-            rate_alone = alone["landed"] / alone["elapsed"]
-            share = rate_shared / max(rate_alone, 1e-9)
-            print(f"  flood alone:                 {alone['acked'] / alone['elapsed']:9,.0f} ev/s acknowledged, "
-                  f"{rate_alone:9,.0f} ev/s landed in the phase (drained {alone['drain']:.1f} s after the last ack)")
-            print(f"    {alone['jobs']}")
-            print(f"  flood with quiet / alone: {share:.2f} (target >= {TARGETS['share']:.2f}: "
-                  f"{share / TARGETS['share']:.2f}x)")
-        lost_q, dup_q = max(0, quiet.accepted - q_distinct), q_rows - q_distinct
-        lost_l, dup_l = max(0, loud_acked - int(loud[1])), int(loud[0]) - int(loud[1])
-        print(f"  {QUIET}: {quiet.accepted} acknowledged, {q_rows} rows, lost {lost_q}, duplicated {dup_q}; "
-              f"{LOUD}: {loud_acked} acknowledged, {loud[0]} rows, lost {lost_l}, duplicated {dup_l}")
+        result = measure(mesh, args)
+        report(result, args)
         print(f"  total run time {time.monotonic() - started:.0f} s")
-        return 0 if lost_q == dup_q == lost_l == dup_l == 0 else 1
+        return 0 if result.lost_or_doubled() == 0 else 1
     finally:
         mesh.shutdown()
         shutil.rmtree(base, ignore_errors=True)
