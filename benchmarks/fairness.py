@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.e2e import WINDOW, Mesh, Shipper, windows  # noqa: E402
+from benchmarks.e2e import WINDOW, Mesh, Shipper, ship, windows  # noqa: E402
 from logjam.producer import Producer  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
@@ -158,14 +158,7 @@ def flood(mesh: Mesh, port: int, args: argparse.Namespace, pools: list[list[byte
     stop = threading.Event()
     rows0, t0, m0 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)]
     shippers = [Shipper(port, pools[c], WINDOW, stop) for c in range(args.connections)]
-    for s in shippers:
-        s.start()
-    time.sleep(args.flood_seconds)
-    stop.set()
-    for s in shippers:
-        s.join(120)
-        if s.error:
-            raise RuntimeError(f"shipper failed: {s.error!r}")
+    ship(shippers, args.flood_seconds, stop)
     rows_at_end, t_end, m1 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)]
     acked = sum(s.acked for s in shippers)
     deadline = time.monotonic() + 300
