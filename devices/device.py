@@ -524,6 +524,10 @@ class Device:
         if not lag.admit(now):  # type: ignore[union-attr]
             return -1
         if fair.pressing(lag.worst):  # type: ignore[union-attr]
+            if fair.overdue(now):
+                self._unpark()
+                if self._held is not None:
+                    return 1
             if fair.full():
                 return -1
             before = len(fair.parked)

@@ -12,9 +12,9 @@ than their share of what it received in the last WINDOW seconds: they are neithe
 published nor answered, so back-pressure reaches only the connections that sent them
 (a bridge's in-flight bound, a producer's pending requests), while every other stream is
 published at once. When the lag is back under the threshold the parked messages are
-committed, in arrival order and ahead of anything read after them, and answered. Parking
-bounds how much of the loud stream is between the device and Spark (so each Spark job stays
-short), not how much the loud stream lands: it lands what the importers commit.
+committed, in arrival order and ahead of anything read after them, and answered; so they are
+after MAX_PARK seconds at most. Parking bounds how much of the loud stream is between the
+device and Spark (so each Spark job stays short), not how much the loud stream lands.
 
 A device answers one connection in order (replies carry no id), so a reply to a message
 published at once, from a connection that has a parked message before it, is parked too: its
@@ -41,6 +41,11 @@ log = logging.getLogger("logjam-device")
 FAIR_FRACTION = 0.5  # of --max-importer-lag: the importer lag from which loud streams are parked
 WINDOW = 5  # seconds of per-app-env arrivals that decide who is loud
 MAX_PARKED = 100_000  # messages; about the in-flight bound of five bridge processes
+# Seconds a message stays parked at most: then it is committed and answered even though the
+# importers are still behind. A sender (a Lumberjack connection waits for its window's ack)
+# never waits much longer than this, so a bridge's pending-reply deadline of a few seconds
+# holds, and the loud stream keeps a rate of (what its senders keep in flight) / MAX_PARK.
+MAX_PARK = 1.5
 PING = b"ping"
 
 Reply = tuple[bytes, bytes, bytes | None]
@@ -63,6 +68,7 @@ class Fairness:
         self.parked_seconds = 0.0
         self.longest = 0.0  # the longest a parked message waited (a loud sender's acknowledgement too)
         self._since: float | None = None
+        self._next_log = 0.0
 
     def tick(self) -> None:
         """Once a second: the loud streams are those above an equal share of the window's arrivals."""
@@ -86,6 +92,10 @@ class Fairness:
 
     def full(self) -> bool:
         return len(self.parked) >= MAX_PARKED
+
+    def overdue(self, now: float) -> bool:
+        """The oldest parked message has waited MAX_PARK seconds: commit what is parked."""
+        return self._since is not None and now - self._since >= MAX_PARK
 
     def adder(self, batch: TupleBatch) -> Callable[[tuple], None]:
         """`append` for the drain: a loud stream's message is parked, any other goes into `batch`."""
@@ -119,9 +129,11 @@ class Fairness:
         if len(self.parked) > parked_before:
             self.parked_total += len(self.parked) - parked_before
             if self._since is None:
-                self._since = time.monotonic()
-                log.info("importers behind by more than %.1fs: parking %s, other streams go on",
-                         self.threshold, b", ".join(sorted(self.heavy)).decode("ascii", "replace"))
+                self._since = now = time.monotonic()
+                if now >= self._next_log:  # an episode parks every MAX_PARK seconds: say so once a minute
+                    self._next_log = now + 60.0
+                    log.info("importers behind by more than %.1fs: parking %s (up to %.1fs each), other streams go on",
+                             self.threshold, b", ".join(sorted(self.heavy)).decode("ascii", "replace"), MAX_PARK)
 
     def release(self) -> tuple[TupleBatch, list[Reply]]:
         """Everything parked (messages, then the replies in order); parking starts afresh."""
