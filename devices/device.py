@@ -519,15 +519,17 @@ class Device:
             self._final_drain()
 
     def _serve(self, now: float) -> int:
-        """Read the inputs, unless importers are past the hard limit; past the fair one, park loud streams."""
+        """Read the inputs, unless importers are past the hard limit; past the fair one, park loud streams.
+
+        -1: nothing was read because importers are too far behind (the caller waits a little)."""
         fair, lag = self.fair, self.lag
+        if fair.overdue(now):  # even past the hard limit: their senders wait MAX_PARK at most
+            self._unpark()
+            if self._held is not None:
+                return 1
         if not lag.admit(now):  # type: ignore[union-attr]
             return -1
         if fair.pressing(lag.worst):  # type: ignore[union-attr]
-            if fair.overdue(now):
-                self._unpark()
-                if self._held is not None:
-                    return 1
             if fair.full():
                 return -1
             before = len(fair.parked)
