@@ -519,17 +519,18 @@ class Device:
             self._final_drain()
 
     def _serve(self, now: float) -> int:
-        """Read the inputs, unless importers are past the hard limit; past the fair one, park loud streams.
+        """Read the inputs; past the fair limit park the loud streams (past the hard one, until under it).
 
-        -1: nothing was read because importers are too far behind (the caller waits a little)."""
+        -1: nothing was read because importers are too far behind (the caller waits a little):
+        past the hard limit with no loud stream to park, as before devices/fair.py."""
         fair, lag = self.fair, self.lag
-        if fair.overdue(now):  # even past the hard limit: their senders wait MAX_PARK at most
-            self._unpark()
-            if self._held is not None:
-                return 1
-        if not lag.admit(now):  # type: ignore[union-attr]
-            return -1
+        admit = lag.admit(now)  # type: ignore[union-attr]
         if fair.pressing(lag.worst):  # type: ignore[union-attr]
+            # Past the hard limit the loud streams stay parked, as every stream's input stayed unread before.
+            if admit and fair.overdue(now):
+                self._unpark()
+                if self._held is not None:
+                    return 1
             if fair.full():
                 return -1
             before = len(fair.parked)
@@ -538,6 +539,8 @@ class Device:
                 busy += self._drain_python(self.router, "router", fair)
             fair.parking(before)
             return busy
+        if not admit:
+            return -1
         if fair.parked or fair.replies:
             self._unpark()
             if self._held is not None:

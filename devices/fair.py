@@ -13,8 +13,9 @@ published nor answered, so back-pressure reaches only the connections that sent 
 (a bridge's in-flight bound, a producer's pending requests), while every other stream is
 published at once. When the lag is back under the threshold the parked messages are
 committed, in arrival order and ahead of anything read after them, and answered; so they are
-after MAX_PARK seconds at most, even past the hard limit (they are few, and their senders
-must not take the device for hung). Parking bounds how much of the loud stream is between the
+after MAX_PARK seconds at most while the importers are under the hard limit
+(--max-importer-lag). Past it, the device used to leave every input unread; now it parks the
+loud streams until the importers are back under it, and goes on serving the others. Parking bounds how much of the loud stream is between the
 device and Spark (so each Spark job stays short), not how much the loud stream lands.
 
 A device answers one connection in order (replies carry no id), so a reply to a message
@@ -42,8 +43,8 @@ log = logging.getLogger("logjam-device")
 FAIR_FRACTION = 0.5  # of --max-importer-lag: the importer lag from which loud streams are parked
 WINDOW = 5  # seconds of per-app-env arrivals that decide who is loud
 MAX_PARKED = 50_000  # messages; the in-flight bound of 2.5 bridge processes, far below the PUB high-water mark
-# Seconds a message stays parked at most: then it is committed and answered even though the
-# importers are still behind. A sender (a Lumberjack connection waits for its window's ack)
+# Seconds a message stays parked at most (under the hard limit): then it is committed and
+# answered even though the importers are still behind. A sender (a Lumberjack connection waits for its window's ack)
 # never waits much longer than this, so a bridge's pending-reply deadline of a few seconds
 # holds, and the loud stream keeps a rate of (what its senders keep in flight) / MAX_PARK.
 MAX_PARK = 1.5
