@@ -67,6 +67,9 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
                    help="decompressed bytes decoded and not yet acknowledged, all connections together; "
                         "connections wait for room (default %(default)s)")
     p.add_argument("--max-inflight", type=int, default=20_000, help="events awaiting the device, process-wide")
+    p.add_argument("--device-deadline", type=float, default=5.0, metavar="SECONDS",
+                   help="a device that owes replies and answers none for this long is hung: it gets no new "
+                        "batches until it answers (default %(default)s)")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port")
     add_knob_flags(p, cls.knobs)
     p.add_argument("-v", "--verbose", action="store_true")

@@ -10,7 +10,7 @@ own devices, and progress that belongs to the device.
 
 Every phase sends before the importers subscribe: to every device's ROUTER (Logjam
 Producer, each 202 an acknowledgement) and through the Lumberjack bridge (pylogbeat, each
-window acknowledged), which spreads its windows over the devices.
+window acknowledged), which sends a connection's windows to its home device.
 """
 
 from __future__ import annotations

@@ -95,6 +95,7 @@ class HostConfig:
     pipeline_depth: int | None = None
     batch_size: int | None = None
     keepalive_interval: float | None = None
+    device_deadline: float = 5.0  # --device-deadline (bridges/host/link.py)
     # (old flag, new flag) for each old name given, to warn about once at start.
     deprecated: tuple[tuple[str, str], ...] = ()
 
@@ -106,6 +107,8 @@ class HostConfig:
             scheme, _, rest = endpoint.partition("://")
             if scheme not in ("tcp", "ipc") or not rest or (scheme == "tcp" and not rest.rpartition(":")[2].isdigit()):
                 raise ValueError(f"--device {endpoint}: not tcp://HOST:PORT nor ipc://PATH")
+        if args.device_deadline <= 0:
+            raise ValueError("--device-deadline must be positive")
         values, deprecated = _knob_values(args, knobs)
         return from_flags(cls, args, device=devices, tls=TLSConfig.from_flags(args), deprecated=deprecated, **values)
 

@@ -26,6 +26,21 @@ its journal settles whether it had them, and both copies meet in the one importe
 owns that device, where the key drops the second. Sent to another device, the copy
 would land through another importer that cannot know the key. New calls skip devices
 whose connection is down, so the others carry the traffic meanwhile.
+
+A device that is stopped (a hung disk, a paused VM, SIGSTOP) keeps its connection, so
+"down" does not see it. A device with requests outstanding and no reply for `deadline`
+seconds (--device-deadline; any reply is progress) is marked hung: it gets no new
+calls until it answers again, which the requests it holds make it do once it resumes.
+One that is owed nothing is pinged every half deadline on a socket of its own (replies
+carry no id, so a pong must not be counted as a request's reply), so its hang is seen
+before a call waits on it.
+What it holds waits for it (see above: sent elsewhere, it would be doubled). So that a
+hang stalls only the connections whose batches are on it, a connection's calls stay on
+one device: `affinity()` gives each connection a home, the device with the fewest homed
+connections when it starts; its calls go there while it is up and answering, and
+round-robin over the others while it is not (each such call is counted as rerouted).
+Calls without an affinity go round-robin over the devices that are up and answering.
+docs/reliability.md "A hung device" has the consequences.
 """
 
 from __future__ import annotations
@@ -33,8 +48,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
+import weakref
 from collections import deque
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -43,13 +60,15 @@ from bridges.host.native_link import ACCEPTED, OK, UNEXPECTED, NativeWire, PyWir
 from logjam.curve import ClientKey, connect
 from logjam.errors import DeviceRejected
 from logjam.message import Message, MessageBatch
+from logjam.meta import Compression, Meta
 
-__all__ = ["ACCEPTED", "DeviceLink", "DeviceRejected"]
+__all__ = ["ACCEPTED", "Affinity", "DeviceLink", "DeviceRejected"]
 
 log = logging.getLogger(__name__)
 
 _POLLIN = zmq.POLLIN
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+DEFAULT_DEADLINE_S = 5.0
 
 
 class _Call:
@@ -95,6 +114,18 @@ class _Endpoint:
         self.resets = 0
         self.refused_logged = False
         self._check_scheduled = False
+        # Liveness: when the device last answered (or began to owe an answer), since when it is
+        # hung (None: it is not), and the ping an idle device is asked on its own socket.
+        self.progress_at = time.monotonic()
+        self.hung_since: float | None = None
+        self.ping_at: float | None = None  # the oldest unanswered ping
+        self.pinged_at = 0.0
+        self.probe = ctx.socket(zmq.DEALER)
+        self.probe.setsockopt(zmq.LINGER, 0)
+        self.probe.setsockopt(zmq.SNDHWM, 4)
+        connect(self.probe, endpoint, curve)
+        self.homes: weakref.WeakSet[Affinity] = weakref.WeakSet()  # connections whose calls come here
+        self.inflight = 0  # events of calls sent here and not yet answered (DeviceLink's bound)
         self._open()
 
     def _open(self) -> None:
@@ -121,7 +152,18 @@ class _Endpoint:
         self.monitor.close()
         self.sock.close()
 
+    @property
+    def usable(self) -> bool:
+        """Up and answering: new calls may come here."""
+        return self.connected and self.hung_since is None
+
+    @property
+    def owes(self) -> bool:
+        return bool(self.parts) or self.ping_at is not None
+
     def submit(self, parts: list[_Part]) -> None:
+        if not self.owes:
+            self.progress_at = time.monotonic()  # the deadline runs from the first request it owes
         self.parts.extend(parts)
         self.unsent.extend(parts)
         self._flush()
@@ -163,6 +205,9 @@ class _Endpoint:
 
     def _answered(self, n: int, rejected: int) -> None:
         """`n` replies arrived, `rejected` of them refusals, all for the oldest sent messages."""
+        self.progress_at = time.monotonic()
+        if self.hung_since is not None:
+            self._answering()
         parts = self.parts
         while n:
             if not parts or parts[0].answered == parts[0].sent:
@@ -189,6 +234,50 @@ class _Endpoint:
             else:
                 self._answered(1, 0 if s == OK else 1)
 
+    def check_deadline(self, now: float, deadline: float) -> bool:
+        """Read pongs, ping an idle device, and mark it hung when it owes replies (or a pong) and gave
+        none for `deadline` s; True if it just was."""
+        self._read_pongs()
+        if self.connected and not self.parts and now - max(self.progress_at, self.pinged_at) >= deadline / 2:
+            # Idle, or a ping lost with a connection: ask (again). Replies carry no id on the data
+            # socket, so the ping has its own.
+            try:
+                self.probe.send_multipart([b"", b"ping", b"logjam-ping", b"{}", Meta.fresh(Compression.NONE, 0).pack()],
+                                          zmq.NOBLOCK)
+                self.pinged_at = now
+                if self.ping_at is None:
+                    self.ping_at = self.progress_at = now
+            except zmq.Again:
+                pass
+        if self.hung_since is not None or not self.owes or now - self.progress_at < deadline:
+            return False
+        self.hung_since = self.progress_at
+        owed = sum(p.sent - p.answered for p in self.parts)
+        log.warning("the device at %s owes %d replies%s and answered none for %.1f s (--device-deadline): "
+                    "hung; no new batches go to it until it answers", self.endpoint, owed,
+                    " and a ping" if self.ping_at is not None else "", now - self.progress_at)
+        return True
+
+    def _read_pongs(self) -> None:
+        answered = False
+        while True:
+            try:
+                self.probe.recv_multipart(zmq.NOBLOCK)  # any answer shows it alive, even a refusal
+            except zmq.Again:
+                break
+            answered = True
+        if answered:
+            self.ping_at = None
+            self.progress_at = time.monotonic()
+            if self.hung_since is not None:
+                self._answering()
+
+    def _answering(self) -> None:
+        assert self.hung_since is not None
+        log.warning("the device at %s answers again after %.1f s; it takes new batches again",
+                    self.endpoint, time.monotonic() - self.hung_since)
+        self.hung_since = None
+
     def _on_monitor(self) -> None:
         if self.monitor.closed:
             return
@@ -199,6 +288,7 @@ class _Endpoint:
                 return
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected = True
+                self.progress_at, self.ping_at = time.monotonic(), None  # a fresh connection, a fresh deadline
                 self.refused_logged = False
                 continue
             if event["event"] & _REFUSED:
@@ -221,6 +311,9 @@ class _Endpoint:
             p.sent = p.answered
         unanswered = sum(p.n - p.answered for p in live)
         log.warning("lost connection to %s with %d unanswered requests; resending", self.endpoint, unanswered)
+        # A fresh connection gets a fresh deadline; until it is up, it takes no new calls anyway.
+        self.hung_since = None
+        self.progress_at = time.monotonic()
         self._close_sockets()
         self.parts, self.unsent = deque(live), deque(live)
         self._open()
@@ -229,11 +322,27 @@ class _Endpoint:
 
     def close(self) -> None:
         self._close_sockets()
+        self.probe.close()
+
+
+class Affinity:
+    """One connection's home device (`DeviceLink.affinity()`); give it to every publish() of the connection."""
+
+    __slots__ = ("home", "__weakref__")
+
+    def __init__(self, home: _Endpoint) -> None:
+        self.home = home
+        home.homes.add(self)
+
+    def release(self) -> None:
+        """The connection ended: no longer counted at home (the weak set would, once it is collected)."""
+        self.home.homes.discard(self)
 
 
 class DeviceLink:
     def __init__(self, endpoints: Sequence[str], *, max_inflight: int = 20_000, sndhwm: int = 100_000,
-                 native: bool = True, curve: ClientKey | None = None) -> None:
+                 native: bool = True, curve: ClientKey | None = None, deadline: float = DEFAULT_DEADLINE_S,
+                 on_reroute: Callable[[str], None] | None = None) -> None:
         if not endpoints:
             raise ValueError("at least one device endpoint is required")
         self._endpoint_names = list(endpoints)
@@ -245,6 +354,11 @@ class DeviceLink:
         self._max_inflight = max_inflight
         self._inflight = 0
         self._room: asyncio.Condition | None = None
+        if deadline <= 0:
+            raise ValueError("the device deadline must be positive")
+        self._deadline = deadline  # --device-deadline
+        self._watch: asyncio.TimerHandle | None = None
+        self._on_reroute = on_reroute  # called with "hung" or "down" for each call sent away from its device
 
     def start(self) -> None:
         """Open the sockets; call from inside the running event loop."""
@@ -254,6 +368,20 @@ class DeviceLink:
         self._endpoints = [_Endpoint(self._ctx, ep, self._sndhwm, loop, self._wire, self._curve) for ep in self._endpoint_names]
         self._next = itertools.cycle(self._endpoints)
         self._room = asyncio.Condition()
+        self._watch = loop.call_later(self._watch_interval, self._check_deadlines)
+
+    @property
+    def _watch_interval(self) -> float:
+        return min(0.5, self._deadline / 4)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        freed = False
+        for ep in self._endpoints:
+            freed |= ep.check_deadline(now, self._deadline) and ep.inflight > 0
+        if freed:
+            asyncio.ensure_future(self._notify_room())
+        self._watch = asyncio.get_running_loop().call_later(self._watch_interval, self._check_deadlines)
 
     @property
     def native(self) -> bool:
@@ -261,7 +389,13 @@ class DeviceLink:
 
     @property
     def inflight(self) -> int:
-        return self._inflight
+        """Events awaiting a device, against --max-inflight. What waits on a hung device is not
+        counted while another device answers: it must not take the bound from the connections of
+        the devices that do (the protocols' own budgets still bound it). With none answering, all
+        of it counts: back-pressure stops the clients rather than buffering for nothing."""
+        if not any(ep.usable for ep in self._endpoints):
+            return self._inflight
+        return self._inflight - sum(ep.inflight for ep in self._endpoints if ep.hung_since is not None)
 
     @property
     def max_inflight(self) -> int:
@@ -274,11 +408,30 @@ class DeviceLink:
         return {ep.endpoint: ep.connected for ep in self._endpoints}
 
     @property
+    def hung(self) -> dict[str, float]:
+        """Endpoint -> seconds since it last answered, for each device marked hung (--device-deadline)."""
+        now = time.monotonic()
+        return {ep.endpoint: now - ep.hung_since for ep in self._endpoints if ep.hung_since is not None}
+
+    @property
     def resets(self) -> int:
         return sum(ep.resets for ep in self._endpoints)
 
-    async def publish(self, batches: Sequence[MessageBatch] | Sequence[Message]) -> None:
-        """Return once the device accepted every message; raise DeviceRejected if it refused any."""
+    def affinity(self) -> Affinity:
+        """A home device for a new connection: of the usable ones, the one with the fewest homed
+        connections (the next in turn on a tie); of all of them, when none is usable."""
+        assert self._endpoints, "DeviceLink.start() was not called"
+        candidates = [ep for ep in self._endpoints if ep.usable] or self._endpoints
+        fewest = min(len(ep.homes) for ep in candidates)
+        for _ in range(len(self._endpoints)):
+            ep = next(self._next)
+            if ep in candidates and len(ep.homes) == fewest:
+                return Affinity(ep)
+        return Affinity(candidates[0])
+
+    async def publish(self, batches: Sequence[MessageBatch] | Sequence[Message], affinity: Affinity | None = None) -> None:
+        """Return once the device accepted every message; raise DeviceRejected if it refused any.
+        With `affinity`, the messages go to its home device unless that one is down or hung."""
         if batches and isinstance(batches[0], Message):
             batches = MessageBatch.group(batches)  # type: ignore[arg-type]
         n = sum(len(b) for b in batches)
@@ -287,32 +440,51 @@ class DeviceLink:
         assert self._room is not None, "DeviceLink.start() was not called"
         # A batch larger than the whole bound still goes through, alone.
         need = min(n, self._max_inflight)
-        if self._inflight + need > self._max_inflight:
+        if self.inflight + need > self._max_inflight:
             async with self._room:
-                await self._room.wait_for(lambda: self._inflight + need <= self._max_inflight)
+                await self._room.wait_for(lambda: self.inflight + need <= self._max_inflight)
         self._inflight += need
+        ep = None
         try:
             call = _Call(n, asyncio.get_running_loop().create_future())
             prepare = self._wire.prepare
             parts = [_Part(b, prepare(b), call) for b in batches if len(b)]  # type: ignore[arg-type]
-            self._pick().submit(parts)
+            ep = self._pick(affinity)
+            ep.inflight += need
+            ep.submit(parts)
             await call.future
         finally:
             self._inflight -= need
-            async with self._room:
-                self._room.notify_all()
+            if ep is not None:
+                ep.inflight -= need
+            await self._notify_room()
         if call.rejected:
             raise DeviceRejected(call.rejected, n)
 
-    def _pick(self) -> _Endpoint:
-        """The next endpoint in turn whose connection is up; any, in turn, when none is."""
-        for _ in range(len(self._endpoints)):
-            ep = next(self._next)
-            if ep.connected:
-                return ep
-        return next(self._next)
+    async def _notify_room(self) -> None:
+        assert self._room is not None
+        async with self._room:
+            self._room.notify_all()
+
+    def _pick(self, affinity: Affinity | None) -> _Endpoint:
+        """The affinity's home while it is usable; without one, the endpoint whose turn it is while
+        usable. Else the next usable endpoint after that one (the call is counted as rerouted); when
+        none is usable, the home or the one whose turn it is: it may come back."""
+        first = affinity.home if affinity is not None else next(self._next)
+        if first.usable:
+            return first
+        eps = self._endpoints
+        k = eps.index(first)
+        chosen = next((ep for ep in eps[k + 1:] + eps[:k] if ep.usable), None)
+        if chosen is None:
+            return first
+        if self._on_reroute is not None:
+            self._on_reroute("hung" if first.connected else "down")
+        return chosen
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         for ep in self._endpoints:
             ep.close()
         if self._ctx is not None:

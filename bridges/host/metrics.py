@@ -34,6 +34,9 @@ class BridgeMetrics:
                                labels, registry=self.registry)
         self._inflate_waits = counter("logjam_bridge_inflate_waits",
                                       "Times a connection waited for the --max-inflated-bytes budget")
+        self._rerouted = counter("logjam_bridge_batches_rerouted",
+                                 "Batches sent to another device than their connection's, or skipping a device's "
+                                 "turn, because it was hung (--device-deadline) or down", ("reason",))
         self.protocol = protocol
         self.shed = self._shed.labels(protocol)
         self.refused_per_peer = self._refused_peer.labels(protocol)
@@ -50,6 +53,9 @@ class BridgeMetrics:
 
     def protocol_error(self, reason: str) -> None:
         self._errors.labels(self.protocol, reason).inc()
+
+    def rerouted(self, reason: str) -> None:
+        self._rerouted.labels(self.protocol, reason).inc()
 
     def tls_reload(self, ok: bool) -> None:
         self._tls_reloads.labels(self.protocol, "ok" if ok else "failed").inc()

@@ -8,6 +8,8 @@ refusal means on its wire.
   devices, a resent request), but they settle strictly in the order they were launched:
   `accepted(plan)` is called for the oldest batch first, so no ack ever covers an event
   behind one the device has not accepted.
+- **Affinity.** A connection's batches go to one device while it is up and answering,
+  so a hung device stalls only the connections it is home to (docs/reliability.md).
 - **Depth.** At most `depth` batches of a connection are at the device. `can_launch`
   also holds a batch back while the device link is full, since a batch that only waits
   for room keeps its mapped messages in memory for nothing; `slot()` waits for the depth.
@@ -75,6 +77,8 @@ class Pipeline(Generic[P]):
         shared: Budget | None = None,
     ) -> None:
         self.link = host.link
+        # This connection's batches go to one device while it answers (bridges/host/link.py).
+        self.affinity = host.link.affinity()
         self.metrics = host.metrics
         self.inflate = host.inflate
         self.who = who  # "<protocol> <peer>", for the log line of a refusal
@@ -169,7 +173,7 @@ class Pipeline(Generic[P]):
         """Send `batches` to the device (or run `work`, a protocol's own step that publishes); `plan`
         settles after every batch launched before it. Neither: `plan` only keeps its place in line."""
         if work is None and batches is not None:
-            work = self.link.publish(batches.batches)
+            work = self.link.publish(batches.batches, self.affinity)
         task = asyncio.ensure_future(work) if work is not None else _done()
         self.flights.append(_Flight(task, plan, units, events))
         self.events_in_flight += events
@@ -240,6 +244,7 @@ class Pipeline(Generic[P]):
     async def close(self) -> None:
         """Cancel what is still at the device and give back everything this connection holds."""
         self._closed = True
+        self.affinity.release()
         tasks = [f.task for f in self.flights]
         for task in tasks:
             task.cancel()

@@ -43,7 +43,8 @@ class BridgeServer:
                  curve: ClientKey | None = None) -> None:
         self.config = config
         self.metrics = BridgeMetrics(protocol_cls.name)
-        self.link = DeviceLink(config.device, max_inflight=config.max_inflight, curve=curve)
+        self.link = DeviceLink(config.device, max_inflight=config.max_inflight, curve=curve,
+                               deadline=config.device_deadline, on_reroute=self.metrics.rerouted)
         mapper = EventMapper(
             app_env=config.app_env,
             topic=config.topic,
@@ -102,8 +103,9 @@ class BridgeServer:
         return True
 
     def health(self) -> list[Check]:
-        """/healthz (from the metrics thread): listening, and the device link is up."""
+        """/healthz (from the metrics thread): listening, the device link is up, and every device answers."""
         links = self.link.connected
+        hung = self.link.hung
         down = [ep for ep, up in links.items() if not up]
         listening = self.listening and not self.stopping.is_set()
         return [
@@ -111,6 +113,9 @@ class BridgeServer:
             Check("device_link", bool(links) and not down,
                   f"not connected to {', '.join(down or self.config.device)}" if down or not links
                   else f"connected to {', '.join(links)}"),
+            Check("device_answers", not hung,
+                  "; ".join(f"{ep} hung: no reply for {s:.0f} s, gets no new batches" for ep, s in hung.items())
+                  if hung else f"every device answered within --device-deadline {self.config.device_deadline:g} s"),
             *self.protocol.health_checks(),
         ]
 
