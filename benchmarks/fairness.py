@@ -140,8 +140,8 @@ def describe_jobs(before: list[dict[str, float]], after: list[dict[str, float]],
         jobs = max(d["logjam_importer_write_seconds_count"], 1.0)
         lines.append(f"importer {k}: {d['logjam_importer_write_seconds_count']:.0f} Spark jobs, "
                      f"{d['logjam_importer_write_seconds_sum'] / jobs:.2f} s and "
-                     f"{d['logjam_importer_batch_rows_sum'] / jobs:,.0f} rows each; device {k} held all input "
-                     f"{d['logjam_device_input_held_seconds_total']:.1f} s and parked the loud stream "
+                     f"{d['logjam_importer_batch_rows_sum'] / jobs:,.0f} rows each; device {k} past the hard lag limit "
+                     f"{d['logjam_device_input_held_seconds_total']:.1f} s, parked the loud stream "
                      f"{d['logjam_device_fair_parked_seconds_total']:.1f} s of {seconds:.0f} s (longest park so far "
                      f"{a.get('logjam_device_fair_longest_park_seconds', 0.0):.1f} s)")
     return "\n    ".join(lines)
