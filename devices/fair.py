@@ -11,17 +11,19 @@ the hard limit), the device reads on but *parks* the messages of the app-envs ta
 than their share of what it received in the last WINDOW seconds: they are neither journaled,
 published nor answered, so back-pressure reaches only the connections that sent them
 (a bridge's in-flight bound, a producer's pending requests), while every other stream is
-published at once. When the lag is back under the threshold the parked messages are
-committed, in arrival order and ahead of anything read after them, and answered; so they are
-after MAX_PARK seconds at most while the importers are under the hard limit
-(--max-importer-lag). Past it, the device used to leave every input unread; now it parks the
-loud streams until the importers are back under it, and goes on serving the others. Parking bounds how much of the loud stream is between the
-device and Spark (so each Spark job stays short), not how much the loud stream lands.
+published at once. The parked messages are committed, in arrival order and ahead of anything
+read after them, and answered, when the lag is back under the threshold or when the oldest
+has waited MAX_PARK seconds, whichever comes first, as long as the importers are under the
+hard limit (--max-importer-lag). Past it, where the device used to leave every input unread,
+the loud streams stay parked until the importers are back under it, and the others are
+still served. Parking bounds how much of the loud stream is between the device and Spark (so
+each Spark job stays short), not how much the loud stream lands.
 
 A device answers one connection in order (replies carry no id), so a reply to a message
 published at once, from a connection that has a parked message before it, is parked too: its
-event is published (fresh), only its acknowledgement waits. Pings are answered at once, so a
-bridge can tell a parking device from a hung one by pinging it. At most MAX_PARKED messages
+event is published (fresh), only its acknowledgement waits. Pings are answered at once.
+MAX_PARK keeps a loud sender's acknowledgement well within a bridge's --device-deadline
+(5 s) under the hard limit, so a parking device is not taken for a hung one. At most MAX_PARKED messages
 are parked; beyond that the device stops reading, as it does at the hard limit.
 Nothing acknowledged is at risk: a parked message was never acknowledged, and a device
 stopped while parking commits them first (Device._final_drain); killed, their senders resend.
@@ -44,9 +46,9 @@ FAIR_FRACTION = 0.5  # of --max-importer-lag: the importer lag from which loud s
 WINDOW = 5  # seconds of per-app-env arrivals that decide who is loud
 MAX_PARKED = 50_000  # messages; the in-flight bound of 2.5 bridge processes, far below the PUB high-water mark
 # Seconds a message stays parked at most (under the hard limit): then it is committed and
-# answered even though the importers are still behind. A sender (a Lumberjack connection waits for its window's ack)
-# never waits much longer than this, so a bridge's pending-reply deadline of a few seconds
-# holds, and the loud stream keeps a rate of (what its senders keep in flight) / MAX_PARK.
+# answered even though the importers are still behind. A sender (a Lumberjack connection
+# waits for its window's ack) never waits much longer than this, and the loud stream keeps
+# a rate of (what its senders keep in flight) / MAX_PARK.
 MAX_PARK = 1.5
 PING = b"ping"
 
