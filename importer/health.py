@@ -29,7 +29,7 @@ def worker_health(worker: "Worker") -> list[Check]:
         return [Check("spark", False, f"starting: connecting to {worker.config.spark} and preparing the table")]
     checks = [Check("spark", True, f"connected to {worker.config.spark}")]
     limit = worker.config.write_timeout
-    writer, batch = getattr(worker, "writer", None), getattr(worker, "batch", None)
+    writer, batch = worker.writer, worker.group_commit
     started = writer.started if writer is not None else None
     last = worker.last_write
     since = now - (last if last is not None else ready_at)

@@ -105,6 +105,9 @@ class Receiver:
                 self._journals.clear()
             self._pending = raw
         picks, rows, streams, topics = self._picks, tally.rows, self._streams, self._topics
+        # A chunk of one device's messages, each the next, without a heartbeat (whose bytes may also
+        # occur in a body: then it just takes the long way): sequenced at once, not message by message.
+        ordered = sequencer is not None and _HEARTBEAT not in data and sequencer.take_in_order(meta, raw.n)
         journal: str | None = None
         journal_n = -1
         try:
@@ -123,7 +126,9 @@ class Receiver:
                     else:
                         tally.received += 1
                     continue
-                if check is not None:
+                if ordered:
+                    pass
+                elif check is not None:
                     if not check(device, seq, self.handle):
                         if stopping():
                             return

@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from runtime.durable import fsync_dir, replace_file
-from table.schema import conform, qualified
+from table.catalog import seqs_in_table
+from table.schema import conform
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,5 @@ def _landed(spark: Any, database: str, importer: int, table: pa.Table) -> set[tu
     for device in pc.unique(table.column("device")).to_pylist():
         seqs = table.filter(pc.equal(table.column("device"), device)).column("seq")
         low, high = pc.min(seqs).as_py(), pc.max(seqs).as_py()
-        rows = spark.sql(f"SELECT seq FROM {qualified(database)} WHERE importer = {int(importer)} "
-                         f"AND device = {int(device)} AND seq BETWEEN {int(low)} AND {int(high)}").collect()
-        found |= {(device, int(r[0])) for r in rows}
+        found |= {(device, s) for s in seqs_in_table(spark, database, importer, device, low, high)}
     return found

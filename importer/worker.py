@@ -86,6 +86,15 @@ class Worker:
         self.last_quarantine: float | None = None  # monotonic time rows were last quarantined (importer/health.py)
         self.name = f"{socket.gethostname()}/worker-{self.worker_id}"
         self.window = EventWindow.for_retention(config.retention_days)
+        # The stages, made by start() and run(): write (plan, commit, retry), batch, receive.
+        self.spark: Any = None
+        self.in_table: dict[int, dict[str | None, tuple[int, Any]]] | None = None
+        self.table_writer: TableWriter | None = None
+        self.group_commit: GroupCommit | None = None
+        self.writer: BackgroundWriter | None = None
+        self.sub: Subscriber | None = None
+        self.sequencer: Sequencer | None = None
+        self.receiver: Receiver | None = None
         # One line per stream and batch whose event times were out of the window, a few a minute at most.
         self._warn_out_of_window = RateLimitedLog(burst=10, period=60.0)
 
@@ -108,12 +117,12 @@ class Worker:
         warehouse = resolve_warehouse(spark, config.warehouse)
         location = catalog.ensure_table(spark, config.database, table_path(warehouse))
         partition_map = PartitionMap(self.worker_id, max_new=config.max_new_app_envs, on_overflow=self._overflowed)
-        self.table = TableWriter(config.database, self.worker_id, location, staging=not config.no_staging,
+        self.table_writer = TableWriter(config.database, self.worker_id, location, staging=not config.no_staging,
                                  partition_map=partition_map, spill_dir=self.state_dir / f"spill-{self.worker_id}",
                                  on_lock_wait=self.metrics.lock_wait.observe)
-        staged = self.table.probe_staging(spark)
+        staged = self.table_writer.probe_staging(spark)
         log.info("spark %s ready in %.1fs; writing %s.messages under %s (%s)", config.spark,
-                 time.monotonic() - started, config.database, self.table.root,
+                 time.monotonic() - started, config.database, self.table_writer.root,
                  "batches staged as Parquet" if staged else "batches sent inside the Spark request")
         self.spark = spark
         # Rows a compaction's swap or our own last run left outside the catalog's location
@@ -159,16 +168,16 @@ class Worker:
         self.dedupe = RecentKeys(self.config.dedupe_keys)
         loading = time.monotonic()
         loaded = 0
-        if getattr(self, "in_table", None) != {}:  # an empty root (known from max(seq)) has no keys
+        if self.in_table != {}:  # an empty root (known from max(seq)) has no keys
             ids = catalog.recent_event_ids(spark, self.config.database, self.resume_scope, self.config.dedupe_keys)
             loaded = self.dedupe.extend(stream_key(a, i) for a, i in ids)
         log.info("dedupe: remembering up to %d event ids; %d loaded from the rows of %s in %.1fs",
                  self.config.dedupe_keys, loaded, self._scope_name(), time.monotonic() - loading)
 
-    # -- the stages' callbacks ------------------------------------------------------------------
+    # -- what the write stage reports (importer.write.WriteListener) ------------------------------------------------------------------
     def _overflowed(self, app_env: str, date: str) -> None:
         self.metrics.overflowed_app_envs.inc()
-        overflowed = self.table.map.overflowed
+        overflowed = self.table_writer.map.overflowed
         if overflowed == 1 or overflowed % 1000 == 0:
             log.warning("worker %d has %d partitions on %s (--max-new-app-envs): new streams that day, %r the "
                         "latest (%d so far), land in app_env '%s' with their name in original_app_env",
@@ -194,6 +203,9 @@ class Worker:
         m.commit_delay.observe(time.monotonic() - batch.opened)
         log.debug("wrote %d rows (%d bytes) in %.2fs", batch.rows, batch.bytes, seconds)
 
+    def write_failed(self, error: BaseException) -> None:
+        self.metrics.write_failures.inc()
+
     def committed(self, batch: Batch) -> None:
         # Writer thread: this batch and every earlier one are committed, so its mark is safe to persist.
         if batch.mark is not None and self.checkpoints is not None:
@@ -216,11 +228,9 @@ class Worker:
         # Rows made in C a drained chunk at a time when LOGJAM_NATIVE allows, else by the Python reference.
         native = NativeBatchBuilder.load(dedupe=self.dedupe, window=self.window)
         builder = native if native is not None else BatchBuilder(dedupe=self.dedupe, window=self.window)
-        self.batch = GroupCommit(builder, flush_interval=config.flush_interval, batch_bytes=config.batch_bytes,
+        self.group_commit = GroupCommit(builder, flush_interval=config.flush_interval, batch_bytes=config.batch_bytes,
                                  batch_rows=config.batch_rows)
-        self.writer = BackgroundWriter(self.connect, self.table, on_written=self.written,
-                                       on_failure=lambda e: self.metrics.write_failures.inc(),
-                                       on_committed=self.committed, on_quarantine=self.quarantined, stop=self.stop)
+        self.writer = BackgroundWriter(self.connect, self.table_writer, listener=self, stop=self.stop)
         self.writer.spark = self.spark
         ctx = zmq.Context()
         self.sub = Subscriber(self.subs, context=ctx, rcvhwm=config.rcvhwm, curve=self.curve)
@@ -228,7 +238,7 @@ class Worker:
             self.ledger, self.metrics, context=ctx, device_endpoint=self.sub.device_endpoint,
             replay_port=config.replay_port, replay_timeout=config.replay_timeout, stopping=self.stop.is_set,
             curve=self.curve, replay_ports=config.replay_port_of)
-        self.receiver = Receiver(self.batch, self.filter, self.tally, self.gaps, self.sequencer,
+        self.receiver = Receiver(self.group_commit, self.filter, self.tally, self.gaps, self.sequencer,
                                  self.sub.device_endpoint)
         share = f"worker {config.worker} of {config.workers}" if config.workers else "all streams"
         if config.own_devices:
@@ -239,7 +249,7 @@ class Worker:
         try:
             with sockets.eterm_is_clean():
                 self._loop()
-            log.info("stopping: flushing %d buffered rows", self.batch.rows)
+            log.info("stopping: flushing %d buffered rows", self.group_commit.rows)
             self.flush()
         except WriteFailed as e:
             log.error("%s", e)
@@ -249,7 +259,7 @@ class Worker:
         return status
 
     def _loop(self) -> None:
-        writer, batch, stop = self.writer, self.batch, self.stop
+        writer, batch, stop = self.writer, self.group_commit, self.stop
         while not stop.is_set():
             if batch.full() and not writer.has_room:
                 # Back-pressure: a full batch waits for the writer; the SUB socket buffers meanwhile.
@@ -270,7 +280,7 @@ class Worker:
 
     def flush(self) -> None:
         """Cut the open batch and hand it to the writer."""
-        batch = self.batch.cut(self.ledger.snapshot() if self.ledger is not None else None)
+        batch = self.group_commit.cut(self.ledger.snapshot() if self.ledger is not None else None)
         self._out_of_window()
         if batch is None:
             return
@@ -281,7 +291,7 @@ class Worker:
 
     def _out_of_window(self) -> None:
         """Count and report the rows of the batch just cut that were filed under the day they arrived."""
-        for app_env, (rows, low, high) in self.batch.builder.take_out_of_window().items():
+        for app_env, (rows, low, high) in self.group_commit.builder.take_out_of_window().items():
             self.metrics.out_of_window.labels(self.metrics.worker, app_env).inc(rows)
             self._warn_out_of_window(
                 "%s: %d events with a time outside %s (created_at %s .. %s) are filed under the day they "
@@ -290,7 +300,7 @@ class Worker:
 
     def _housekeeping(self) -> None:
         self._watch_writer()
-        if self.writer.idle and self.table.spill is not None and self.table.spill.files and not self.batch.rows:
+        if self.writer.idle and self.table_writer.spill is not None and self.table_writer.spill.files and not self.group_commit.rows:
             # Rows of a burst of new streams still wait for their partitions: an empty batch takes a share.
             self.writer.submit(Batch(ARROW_SCHEMA.empty_table(), None, 0, 0, time.monotonic()))
         self._idle_checkpoint()
@@ -319,7 +329,7 @@ class Worker:
     def _idle_checkpoint(self) -> None:
         # Filtered-out messages (heartbeats, other workers' streams) move the checkpoint too,
         # but only when no batch is open or in flight: then everything covered is settled.
-        if self.ledger is None or self.checkpoints is None or self.batch.rows or self.writer.pending or self.writer.failed:
+        if self.ledger is None or self.checkpoints is None or self.group_commit.rows or self.writer.pending or self.writer.failed:
             return
         now = time.monotonic()
         if now < self._next_idle_checkpoint:
@@ -346,9 +356,9 @@ class Worker:
             for device, n in self.sequencer.gap_total.items():
                 gaps[device] = gaps.get(device, 0) + n
         log.info("wrote %d rows; %d parse errors; gaps per device: %s; duplicates dropped per device: %s; "
-                 "duplicate events skipped: %d", self.writer.written_rows, self.batch.builder.parse_errors,
+                 "duplicate events skipped: %d", self.writer.written_rows, self.group_commit.builder.parse_errors,
                  gaps or "none", (self.ledger.duplicates if self.ledger is not None else None) or "none",
-                 self.batch.builder.duplicates)
+                 self.group_commit.builder.duplicates)
         if self.checkpoints is not None:
             log.info("checkpoints: %s", {d: p.seq for d, p in self.checkpoints.positions.items()} or "none")
         return status

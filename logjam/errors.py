@@ -114,8 +114,9 @@ def until_error(events: Iterable[T]) -> tuple[list[T], ProtocolError | None]:
 
 
 class HeldErrors:
-    """Mixin for an engine whose `feed` walks a generator of events: the `until_error` rule,
-    with the error held in `self._error` (which the engine sets to None in __init__)."""
+    """Mixin for every server engine: the `until_error` rule, with the error held in
+    `self._error` (which the engine sets to None in __init__). `feed` begins with
+    `_raise_held()` and ends with `_hold(events, error)`, or `_until_error(generator)`."""
 
     __slots__ = ()
     _error: ProtocolError | None
@@ -125,11 +126,15 @@ class HeldErrors:
         if self._error is not None:
             raise self._error
 
-    def _until_error(self, events: Iterable[T]) -> list[T]:
+    def _hold(self, events: list[T], error: ProtocolError | None) -> list[T]:
         """The events, or the error when none came before it (else it is held for the next call)."""
-        out, error = until_error(events)
         if error is not None:
+            error.__traceback__ = None  # it may hold frames that held large buffers
             self._error = error
-            if not out:
+            if not events:
                 raise error
-        return out
+        return events
+
+    def _until_error(self, events: Iterable[T]) -> list[T]:
+        """`_hold` for the events of a generator, up to its first ProtocolError."""
+        return self._hold(*until_error(events))

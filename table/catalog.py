@@ -184,6 +184,20 @@ def max_seqs(spark: Any, database: str, importer: int | None) -> dict[int, dict[
     return out
 
 
+def seqs_in_table(spark: Any, database: str, importer: int, device: int, low: int, high: int,
+                  partitions: tuple[Iterable[str], str] | None = None) -> set[int]:
+    """The seqs between `low` and `high` of `device` among `importer`'s rows: what a commit or a spill
+    file already put there. `partitions` = (app_env values, day) narrows the query to those partitions."""
+    where = ""
+    if partitions is not None:
+        values, day = partitions
+        names = ", ".join(f"'{sql_string(v)}'" for v in sorted(values))
+        where = f"AND app_env IN ({names}) AND date = DATE'{sql_string(day)}' "
+    rows = spark.sql(f"SELECT seq FROM {qualified(database)} WHERE importer = {int(importer)} {where}"
+                     f"AND device = {int(device)} AND seq BETWEEN {int(low)} AND {int(high)}").collect()
+    return {int(r[0]) for r in rows}
+
+
 def recent_event_ids(spark: Any, database: str, importer: int | None, limit: int) -> list[tuple[str, str]]:
     """(app_env, event_id) of the newest `limit` rows with an id among `importer`'s rows (every importer's
     with None), oldest first."""

@@ -127,7 +127,7 @@ def test_lumberjack_valid_frame_bomb_stops_at_the_limit_and_keeps_nothing() -> N
         frames.append(tb.tb_frame.f_code.co_name)
         tb = tb.tb_next
     assert "_inflate" not in frames and "_parse" not in frames, frames
-    assert server._failed is err and server.buffered == 0
+    assert server._error is err and not server.mid_frame
 
 
 def test_lumberjack_c_frame_is_all_or_nothing() -> None:

@@ -17,7 +17,7 @@ from bridges.rustlog import engine as rustlog
 from bridges.segment import engine as segment
 from bridges.syslog import engine as syslog
 from bridges.syslog import relp
-from logjam.errors import ProtocolError
+from logjam.errors import HeldErrors, ProtocolError
 from tests.test_courier_engine import RUBY_HELO, helo
 from tests.test_segment_engine import SETUP
 
@@ -54,6 +54,23 @@ def test_good_events_first_then_the_error_on_the_next_call(protocol: str) -> Non
         server.feed(b"")
     with pytest.raises(ProtocolError):
         server.feed(good)  # failed for good
+
+
+SERVERS = {"courier": courier.CourierServer, "lumberjack": lumberjack.LumberjackServer, "rustlog": rustlog.RustlogServer,
+           "segment": segment.SegmentServer, "otlp": otlp.OtlpServer, "syslog": syslog.SyslogServer,
+           "relp": relp.RelpServer}
+
+
+@pytest.mark.parametrize("protocol", sorted(SERVERS))
+def test_one_name_for_a_half_read_frame_and_one_held_error(protocol: str) -> None:
+    """The host's session reads `mid_frame` of every server engine (--frame-timeout), and
+    every server holds its error the one way, `HeldErrors`."""
+    server = SERVERS[protocol]()
+    assert server.mid_frame is False
+    assert isinstance(server, HeldErrors)
+    half = {"otlp": b"POST /v1/logs HTTP/1.1\r\n", "relp": b"1 op"}.get(protocol, b"\0")
+    assert server.feed(half) == []
+    assert server.mid_frame is True
 
 
 def test_lumberjack_raises_at_once_and_stays_failed() -> None:

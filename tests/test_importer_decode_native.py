@@ -293,6 +293,9 @@ class FillingSequencer:
         from importer.sequence import Ledger
         self.ledger = Ledger()
 
+    def take_in_order(self, meta, n: int) -> bool:
+        return False  # every message goes through check()
+
     def check(self, device: int, seq: int, handle) -> bool:
         if seq == 50:
             from logjam.message import Message
@@ -318,3 +321,36 @@ def test_a_message_handed_on_mid_chunk_keeps_its_place():
     assert want.column("message").to_pylist()[48:51] == ["m48", "replayed", "m49"]
     assert got.drop(["ingested_at"]).equals(want.drop(["ingested_at"]))
     assert got_rows == want_rows == {"shop-prod": 101}
+
+
+@pytest.mark.parametrize("kind", ["array", "list"])
+def test_a_chunk_in_order_is_sequenced_at_once_and_anything_else_message_by_message(kind):
+    """`Sequencer.take_in_order`: one known device, each seq exactly the next -> covered at once; a hole,
+    a duplicate, another device or an unknown one -> False, the ledger untouched (check() decides)."""
+    import array
+
+    import zmq
+
+    from importer.metrics import ImporterMetrics
+    from importer.sequence import Ledger, Position, Sequencer
+
+    def meta(rows):
+        flat = [v for device, seq in rows for v in (0, device, CREATED_MS, seq)]
+        return array.array("Q", flat) if kind == "array" else flat
+
+    ledger = Ledger({3: Position("j", 10), 4: Position("j", 0)})
+    seq = Sequencer(ledger, ImporterMetrics(0), context=zmq.Context.instance(), device_endpoint={},
+                    replay_port=1, replay_timeout=1.0, stopping=lambda: False)
+    assert seq.take_in_order(meta([(3, s) for s in range(11, 21)]), 10)
+    assert ledger.seq(3) == 20 and ledger.journal(3) == "j"
+    for rows in ([(3, 21), (3, 23), (3, 23), (3, 24)],  # a hole and a duplicate, first and last as if in order
+                 [(3, 22)],  # a hole
+                 [(3, 20), (3, 21)],  # a duplicate first
+                 [(3, 21), (4, 1)],  # two devices
+                 [(5, 1)],  # a device without a position
+                 [(0, 1)]):  # an untracked producer
+        assert not seq.take_in_order(meta(rows), len(rows)), rows
+    assert ledger.seq(3) == 20 and ledger.seq(5) == -1
+    stopping = Sequencer(ledger, ImporterMetrics(0), context=zmq.Context.instance(), device_endpoint={},
+                         replay_port=1, replay_timeout=1.0, stopping=lambda: True)
+    assert not stopping.take_in_order(meta([(3, 21)]), 1)

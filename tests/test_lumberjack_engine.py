@@ -98,7 +98,7 @@ TRAILERS = [b"2", b"2W\x00", b"2J\x00\x00\x00\x09\x00\x00\x00\x05{", b"1D\x00\x0
 def test_vector_whole(name: str, data: bytes, expected: list, native: bool) -> None:
     server = LumberjackServer(native=native)
     assert flat(server.feed(data)) == expected
-    assert server.buffered == 0
+    assert not server.mid_frame
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
@@ -109,7 +109,7 @@ def test_vector_byte_by_byte(name: str, data: bytes, expected: list, native: boo
     for i in range(len(data)):
         events += flat(server.feed(data[i : i + 1]))
     assert events == expected
-    assert server.buffered == 0
+    assert not server.mid_frame
 
 
 @pytest.mark.parametrize("trailer", TRAILERS)
@@ -117,7 +117,7 @@ def test_vector_byte_by_byte(name: str, data: bytes, expected: list, native: boo
 def test_vector_with_trailing_data(name: str, data: bytes, expected: list, trailer: bytes) -> None:
     server = LumberjackServer()
     assert flat(server.feed(data + trailer)) == expected
-    assert server.buffered > 0
+    assert server.mid_frame
 
 
 def test_back_to_back_json_frames_are_one_run_sharing_the_inflated_buffer() -> None:

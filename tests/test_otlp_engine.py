@@ -259,7 +259,7 @@ def test_a_chunked_body_over_the_limit_is_refused_as_it_arrives() -> None:
     server = engine.OtlpServer(limit=100)
     head = b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     assert server.feed(head + b"40\r\n" + b"{" * 64 + b"\r\n") == []
-    assert server.mid_request
+    assert server.mid_frame
     [refusal] = server.feed(b"40\r\n" + b"{" * 64 + b"\r\n")
     assert refusal.status == 413 and refusal.close
     assert server.send(refusal).startswith(b"HTTP/1.1 413 Request Entity Too Large\r\n")

@@ -175,7 +175,7 @@ def test_directory_names_stay_within_the_limit() -> None:
 
 @pytest.mark.timeout(10)
 def test_the_new_partition_budget_follows_what_a_burst_job_costs() -> None:
-    from importer.write import NEW_PARTITIONS_PER_JOB, NEW_PARTITIONS_RANGE, NewPartitionBudget
+    from importer.plan import NEW_PARTITIONS_PER_JOB, NEW_PARTITIONS_RANGE, NewPartitionBudget
 
     budget = NewPartitionBudget(seconds=2.5)
     assert budget.allowed == NEW_PARTITIONS_PER_JOB
@@ -200,15 +200,15 @@ def test_the_new_partition_budget_follows_what_a_burst_job_costs() -> None:
 @pytest.mark.timeout(300)
 def test_a_burst_of_new_streams_waits_in_the_spill_and_lands_once_across_a_restart(spark_server, tmp_path,
                                                                                    monkeypatch) -> None:
-    from importer import write
+    from importer import plan
     from importer.decode import BatchBuilder
     from table.schema import ARROW_SCHEMA
     from importer.write import TableWriter
     from logjam.message import Message
     from tests.test_compaction import Table
 
-    monkeypatch.setattr(write, "NEW_PARTITIONS_PER_JOB", 10)
-    monkeypatch.setattr(write, "NEW_PARTITIONS_RANGE", (10, 10))
+    monkeypatch.setattr(plan, "NEW_PARTITIONS_PER_JOB", 10)
+    monkeypatch.setattr(plan, "NEW_PARTITIONS_RANGE", (10, 10))
     t = Table(spark_server, tmp_path / "wh")
     spill = tmp_path / "spill"
     writer = TableWriter(t.database, 0, t.location, spill_dir=spill)
@@ -226,9 +226,8 @@ def test_a_burst_of_new_streams_waits_in_the_spill_and_lands_once_across_a_resta
     assert writer.spill.rows == 60 and len(list(spill.glob("*.parquet"))) == 1
     # The next job takes a share; then the importer "dies" before the spill file is rewritten.
     empty = ARROW_SCHEMA.empty_table()
-    job, taken = writer._plan_job(empty)
-    mapped, specs = writer.map.apply(job)
-    writer._commit(t.spark, mapped.sort_by([("app_env", "ascending"), ("date", "ascending")]), specs)
+    commit = writer.plan(t.spark, empty)
+    writer.target.append(t.spark, commit.rows)  # the job, without marking its share of the spill done
     assert count() == (80, 80)
     restarted = TableWriter(t.database, 0, t.location, spill_dir=spill)
     while restarted.spill is None or not restarted._loaded or restarted.spill.files:
@@ -273,16 +272,17 @@ def test_a_job_with_spilled_rows_that_committed_as_its_client_died_leaves_none_o
     Real Spark, the importer's BackgroundWriter and TableWriter; the commit's client is killed by
     stopping its Connect session as soon as the job that carried spilled rows committed. Before
     the fix the next job wrote that share again: 148 rows for 108."""
-    from importer import write
+    from importer import plan
     from importer.batch import Batch
+    from importer.commit import TableTarget
     from importer.decode import BatchBuilder
     from importer.write import BackgroundWriter, TableWriter
     from logjam.message import Message
     from table.session import open_session
     from tests.test_compaction import Table
 
-    monkeypatch.setattr(write, "NEW_PARTITIONS_PER_JOB", 10)
-    monkeypatch.setattr(write, "NEW_PARTITIONS_RANGE", (10, 10))
+    monkeypatch.setattr(plan, "NEW_PARTITIONS_PER_JOB", 10)
+    monkeypatch.setattr(plan, "NEW_PARTITIONS_RANGE", (10, 10))
     t = Table(spark_server, tmp_path / "wh")
     spill = tmp_path / "spill"
     table_writer = TableWriter(t.database, 0, t.location, spill_dir=spill)
@@ -298,8 +298,8 @@ def test_a_job_with_spilled_rows_that_committed_as_its_client_died_leaves_none_o
         spark.sql("SELECT 1").collect()
         raise ConnectionError("the commit's client was stopped")  # if the dead session did not raise itself
 
-    real_write = TableWriter._write
-    monkeypatch.setattr(TableWriter, "_write", write_then_die)
+    real_write = TableTarget._write
+    monkeypatch.setattr(TableTarget, "_write", write_then_die)
     spilled_streams: set[str] = set()
     seq = 0
 

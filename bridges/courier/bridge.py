@@ -39,8 +39,9 @@ from bridges.courier.engine import (
     UnknownMessage,
     Version,
 )
-from bridges.host import Batches, BridgeProtocol, Connection, Host, IdleTimeout, KeepaliveTimer, Pipeline, Positions
+from bridges.host import Batches, BridgeProtocol, Connection, KeepaliveTimer, Positions
 from bridges.host.config import HostConfig, Knobs
+from bridges.host.session import PipelineSession
 from runtime.config import from_flags
 
 log = logging.getLogger("logjam-bridge.courier")
@@ -99,37 +100,34 @@ class Bridge(BridgeProtocol):
         await _Session(self, conn).run()
 
 
-class _Session:
+class _Session(PipelineSession[tuple[_Payload, int]]):
     def __init__(self, bridge: Bridge, conn: Connection) -> None:
         config: CourierConfig = bridge.config
-        self.batch_size = bridge.host.config.batch_size
-        self.conn = conn
-        self.mapper = bridge.host.mapper
-        self.metrics = bridge.host.metrics
-        self.engine = CourierServer(
-            max_message=bridge.host.config.max_frame_size,
-            max_event=config.max_event_size,
-            max_decompressed=config.max_decompressed,
-            max_events=config.max_payload_events,
-        )
-        self.inflated_seen = 0
-        conn.partial = lambda: self.engine.mid_message
-        self.pending: deque[_Payload] = deque()
+        host = bridge.host
         # With --pipeline-depth batches at the device, or the process's inflate budget spent,
         # this session stops reading its client (the engine inflates lazily, so it stops too).
-        self.pipeline: Pipeline[tuple[_Payload, int]] = Pipeline(
-            bridge.host, f"courier {conn.peer}", accepted=self._accepted, refused=self._refused,
-            depth=bridge.host.config.pipeline_depth,
+        super().__init__(
+            host, conn,
+            CourierServer(
+                max_message=host.config.max_frame_size,
+                max_event=config.max_event_size,
+                max_decompressed=config.max_decompressed,
+                max_events=config.max_payload_events,
+            ),
+            name="courier", depth=host.config.pipeline_depth,
             # Courier has no way to say so but closing; nothing of the payload is acked.
             consequence="closing without acking them",
         )
-        self.keepalive = KeepaliveTimer(conn, bridge.host.config.keepalive_interval, self._still_working)
+        self.batch_size = host.config.batch_size
+        self.mapper = host.mapper
+        self.metrics = host.metrics
+        self.pending: deque[_Payload] = deque()
+        self.keepalive = KeepaliveTimer(conn, host.config.keepalive_interval, self._still_working)
         self.batch: Batches = self.mapper.batches()
         self.run_bodies: list[dict[str, Any]] = []
         self.run_raws: list[bytes | None] = []
         self.run_index: list[int] = []
         self.batch_payload: _Payload | None = None
-        self.failure: BaseException | None = None
         self.base_meta: dict[str, Any] = {}
         self.nonce_hex = ""
 
@@ -137,7 +135,9 @@ class _Session:
     async def run(self) -> None:
         keepalive = self.keepalive.start(f"courier acks {self.conn.peer}")
         try:
-            await self._read_loop()
+            # A ProtocolError propagates: the host logs and counts it, and Courier's answer
+            # to bad data is the close (nothing of the payload is acked, so nothing is lost).
+            await self.read_loop()
             # EOF or shutdown: finish what was forwarded, ack it, then close.
             await self._flush()
             await self.pipeline.finish()
@@ -150,34 +150,22 @@ class _Session:
             await asyncio.gather(keepalive, return_exceptions=True)
             await self.pipeline.close()
 
-    async def _read_loop(self) -> None:
-        conn, engine = self.conn, self.engine
-        while True:
-            self._check_failure()
-            try:
-                data = await conn.read(65536)
-            except IdleTimeout:
-                if self.pending:
-                    continue  # the client is waiting for our acks, not idle
-                raise
-            if not data:
-                return
-            # A ProtocolError propagates: the host logs and counts it, and Courier's answer
-            # to bad data is the close (nothing of the payload is acked, so nothing is lost).
-            # feed(b"") raises an error the engine held back behind good events.
-            events = engine.feed(data)
-            while events:
-                for ev in events:
-                    if type(ev) is EventReceived:
-                        self._add_event(ev)
-                        if self.batch.n + len(self.run_raws) >= self.batch_size:
-                            await self._flush()
-                    else:
-                        await self._on_control(ev)
-                events = engine.feed(b"")
-            # Don't hold events while waiting for more bytes of a slow stream.
-            await self._flush()
-            await conn.drain()
+    def waiting(self) -> bool:
+        return bool(self.pending)  # the client is waiting for our acks, not idle
+
+    async def on_events(self, events: list[Any]) -> None:
+        for ev in events:
+            if type(ev) is EventReceived:
+                self._add_event(ev)
+                if self.batch.n + len(self.run_raws) >= self.batch_size:
+                    await self._flush()
+            else:
+                await self._on_control(ev)
+
+    async def after_read(self) -> None:
+        # Don't hold events while waiting for more bytes of a slow stream.
+        await self._flush()
+        await self.conn.drain()
 
     async def _on_control(self, ev: object) -> None:
         if isinstance(ev, PayloadStarted):
@@ -230,11 +218,8 @@ class _Session:
         n = len(messages)
         self.metrics.events_received.inc(n)
         pipeline = self.pipeline
-        pipeline.take(n)
-        # The inflated bytes these events came from count against --max-inflated-bytes
-        # until the device answered.
-        pipeline.charge_inflated(self.engine.inflated_total - self.inflated_seen)
-        self.inflated_seen = self.engine.inflated_total
+        # With the inflated bytes these events came from, until the device answered.
+        self.take(n)
         await pipeline.slot()
         if pipeline.failed:
             return
@@ -242,17 +227,11 @@ class _Session:
         pipeline.launch((payload, n), batches=messages, units=n, events=n)
         await pipeline.room()
 
-    def _accepted(self, plan: tuple[_Payload, int]) -> None:
+    def accepted(self, plan: tuple[_Payload, int]) -> None:
         payload, n = plan
         payload.accepted += n
         payload.open -= 1
         self._advance()
-
-    def _refused(self, _plan: tuple[_Payload, int], error: BaseException) -> None:
-        if self.failure is None:
-            self.failure = error
-            # Wake a read that waits for client bytes so the session ends now.
-            self.conn.stop_reading()
 
     def _check_failure(self) -> None:
         if self.failure is not None:

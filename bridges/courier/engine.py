@@ -270,7 +270,7 @@ class CourierServer(HeldErrors):
         return self.handshake is None
 
     @property
-    def mid_message(self) -> bool:
+    def mid_frame(self) -> bool:
         """Part of a message (a header, a handshake, a payload) has arrived, not all of it
         (the host's --frame-timeout runs)."""
         return self._state is not _State.HEADER or len(self._buf) > 0

@@ -1,8 +1,8 @@
 """`Connection`: one accepted TCP/TLS client, the thin adapter between a session and asyncio streams.
 
 Besides the idle timeout (no bytes at all), a connection enforces a deadline for
-progress: once a frame has begun (the protocol's engine holds part of it, see
-`partial`), the client must finish it within --frame-timeout seconds of our waiting
+progress: once a frame has begun (the reader says so: `read(mid_frame=True)`, which the
+session passes from its engine's `mid_frame`), the client must finish it within --frame-timeout seconds of our waiting
 for its bytes, however many single bytes trickle in meanwhile (slowloris). Time the
 session spends not reading (back-pressure from the device) is not the client's fault
 and does not count.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import Any
 
 from logjam.errors import RemoteProtocolError
 from logjam.meta import now_ms
@@ -26,10 +26,6 @@ class FrameTimeout(RemoteProtocolError):
     """A frame (or handshake, or append) the client began was not finished within --frame-timeout."""
 
     reason = "frame_timeout"
-
-
-def _never() -> bool:
-    return False
 
 
 def tls_details(writer: asyncio.StreamWriter) -> dict[str, Any] | None:
@@ -72,8 +68,6 @@ class Connection:
         self.tls = tls_details(writer)
         self.opened_at = time.monotonic()
         self._reset: ConnectionResetError | None = None
-        # The session sets this to "does the engine hold part of a frame?" (engine.buffered).
-        self.partial: Callable[[], bool] = _never
         self._partial_waited = 0.0  # seconds spent waiting on the client inside the current frame
         self._idle_since: float | None = None  # set while waiting in read() between frames
         self.last_write = self.opened_at
@@ -97,12 +91,13 @@ class Connection:
         """The process is shutting down: finish what is in flight and accept nothing new."""
         return self._stopping.is_set()
 
-    async def read(self, n: int = 65536) -> bytes:
-        """Up to `n` bytes; b"" at EOF or once the process is stopping."""
+    async def read(self, n: int = 65536, *, mid_frame: bool = False) -> bytes:
+        """Up to `n` bytes; b"" at EOF or once the process is stopping. `mid_frame`: the
+        engine holds part of a frame, so --frame-timeout bounds this wait."""
         if self._reset is not None:
             raise self._reset
         start = time.monotonic()
-        partial = self.partial()
+        partial = mid_frame
         timeout = self._idle_timeout
         frame_bound = False  # the frame deadline, not the idle timeout, ends this wait
         if not partial:

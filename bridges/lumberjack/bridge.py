@@ -33,7 +33,6 @@ from bridges.host import (
     Host,
     IdleTimeout,
     KeepaliveTimer,
-    Pipeline,
     Positions,
 )
 from bridges.lumberjack.engine import (
@@ -49,6 +48,7 @@ from bridges.lumberjack.engine import (
     WindowFrame,
 )
 from bridges.host.config import HostConfig, Knobs
+from bridges.host.session import PipelineSession
 from logjam.errors import LocalProtocolError, ProtocolError
 from runtime.config import from_flags
 
@@ -89,31 +89,32 @@ class _Acks:
         self.silent_after = silent_after
 
 
-class Session:
+class Session(PipelineSession[_Acks]):
     """One client connection."""
+
+    # Bytes are read in up to 64 KiB but fed in small slices, checking the bounds before
+    # each: well-compressed input holds thousands of events per read, and decoded events
+    # cost far more memory than the compressed bytes waiting here.
+    feed_slice = FEED_SLICE
 
     def __init__(self, bridge: "Bridge", conn: Connection) -> None:
         config: LumberjackConfig = bridge.config
-        self.host: Host = bridge.host
-        self.conn = conn
-        self.engine = LumberjackServer(bridge.host.config.max_frame_size, config.max_decompressed_size)
-        conn.partial = lambda: self.engine.buffered > 0
-        self.max_batch = max(1, min(bridge.host.config.batch_size, config.max_pending_events))
+        host = bridge.host
+        super().__init__(
+            host, conn, LumberjackServer(host.config.max_frame_size, config.max_decompressed_size),
+            name="lumberjack", depth=host.config.pipeline_depth,
+            max_pending=config.max_pending_events, shared=bridge.budget,
+            # Lumberjack has no error reply: the client keeps the events and sends them
+            # again once the cause is fixed.
+            consequence="closing without ack (check --app-env/--topic)",
+        )
+        self.max_batch = max(1, min(host.config.batch_size, config.max_pending_events))
         # Decoded, not yet in a batch, in arrival order; `queued_items` is their weight.
         # Batches are cut only when the pipeline can take one, so they grow while the
         # device is busy, and their decoded events are dropped once mapped.
         self.queue: deque[Item] = deque()
         self.queued_items = 0
-        self.pipeline: Pipeline[_Acks] = Pipeline(
-            bridge.host, f"lumberjack {conn.peer}", accepted=self._accepted, refused=self._refused,
-            depth=bridge.host.config.pipeline_depth, max_pending=config.max_pending_events, shared=bridge.budget,
-            # Lumberjack has no error reply: the client keeps the events and sends them
-            # again once the cause is fixed.
-            consequence="closing without ack (check --app-env/--topic)",
-        )
-        self.keepalive = KeepaliveTimer(conn, bridge.host.config.keepalive_interval, self._still_working)
-        self.error: BaseException | None = None
-        self.inflated_seen = 0
+        self.keepalive = KeepaliveTimer(conn, host.config.keepalive_interval, self._still_working)
         # Inside a window of 2^32-1 the client has said it never waits for acks (stashward).
         # Like Logstash, which acks a full window, we send none there: such a client never
         # reads, and closing a socket with unread data turns its FIN into a reset that
@@ -123,8 +124,12 @@ class Session:
 
     async def run(self) -> None:
         keepalive = self.keepalive.start(f"lumberjack keepalive {self.conn.peer}")
+        error: BaseException | None = None
         try:
-            await self._read()
+            try:
+                await self.read_loop()
+            except (ProtocolError, IdleTimeout, ConnectionError, OSError) as e:
+                error = e
             self._launch_ready()
             await self.pipeline.finish()  # what was read is forwarded and acked before the close
         finally:
@@ -132,51 +137,32 @@ class Session:
             await asyncio.gather(keepalive, return_exceptions=True)
             await self.pipeline.close()
         # A device rejection was logged and counted where it happened; the rest is the host's.
-        error = self.error or self.pipeline.failure
+        error = error or self.failure
         if error is not None and not isinstance(error, DeviceRejected):
             raise error
 
-    async def _read(self) -> None:
-        # Bytes are read in up to 64 KiB but fed in small slices, checking the bounds before
-        # each: well-compressed input holds thousands of events per read, and decoded events
-        # cost far more memory than the compressed bytes waiting here.
-        pending = memoryview(b"")
-        pipeline = self.pipeline
-        try:
-            while not self.conn.stopping:
-                # Batches are cut before waiting, for the client or for room, not after every
-                # slice: the events of a whole read go out together.
-                if self.queue and (not pending or not pipeline.has_room):
-                    self._launch_ready()
-                await pipeline.room()
-                if pipeline.failed:
-                    return
-                if not pending:
-                    try:
-                        data = await self.conn.read()
-                    except IdleTimeout:
-                        if pipeline.pending:  # the client is waiting for us, not idle
-                            continue
-                        raise
-                    if not data:
-                        return
-                    pending = memoryview(data)
-                chunk, pending = pending[:FEED_SLICE], pending[FEED_SLICE:]
-                events = self.engine.feed(chunk)
-                if events:
-                    self._enqueue(events)
-                if self.engine.inflated_total != self.inflated_seen:
-                    pipeline.charge_inflated(self.engine.inflated_total - self.inflated_seen)
-                    self.inflated_seen = self.engine.inflated_total
-        except (ProtocolError, IdleTimeout, ConnectionError, OSError) as e:
-            self.error = e
+    def done(self) -> bool:
+        return self.conn.stopping
 
-    def _enqueue(self, events: list[Item]) -> None:
+    def waiting(self) -> bool:
+        return bool(self.pipeline.pending)  # the client is waiting for us, not idle
+
+    async def before_feed(self) -> None:
+        # Batches are cut before waiting, for the client or for room, not after every
+        # slice: the events of a whole read go out together.
+        if self.queue and (not self.unfed or not self.pipeline.has_room):
+            self._launch_ready()
+        await self.pipeline.room()
+
+    async def after_read(self) -> None:
+        """Acks are written as the device accepts batches, not drained here."""
+
+    async def on_events(self, events: list[Item]) -> None:
         self.queue.extend(events)
         weight = sum(map(_weight, events))
         windows = sum(1 for e in events if e.__class__ is WindowFrame)
         self.queued_items += weight
-        self.pipeline.take(weight)
+        self.take(weight)
         if weight > windows:
             self.host.metrics.events_received.inc(weight - windows)
 
@@ -185,15 +171,11 @@ class Session:
         while self.queue and self.pipeline.can_launch(min(self.max_batch, self.queued_items)):
             self._launch()
 
-    def _accepted(self, plan: _Acks) -> None:
+    def accepted(self, plan: _Acks) -> None:
         for ack in plan.acks:
             self._write(self.engine.send(ack))
         self.silent = plan.silent_after
         self._launch_ready()
-
-    def _refused(self, _plan: _Acks, error: BaseException) -> None:
-        self.error = error
-        self.conn.stop_reading()  # ends a read that waits for the client
 
     def _launch(self) -> None:
         """Move the next batch, up to --batch-size events, from the queue to the device."""
@@ -279,7 +261,7 @@ class Session:
             window = oldest.first_window
         elif self.queue:
             window = self.queue[0].window
-        elif self.engine.buffered:
+        elif self.engine.mid_frame:
             window = self.engine.window
         else:
             return None

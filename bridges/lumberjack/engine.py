@@ -35,7 +35,9 @@ from bridges.lumberjack.scan import scanner
 from logjam.errors import (
     DecompressedTooLarge,
     FrameTooLarge,
+    HeldErrors,
     LocalProtocolError,
+    ProtocolError,
     RemoteProtocolError,
 )
 
@@ -195,7 +197,7 @@ def _text(raw: bytes) -> str | bytes:
         return raw
 
 
-class LumberjackServer:
+class LumberjackServer(HeldErrors):
     """The receiving side of one Lumberjack connection."""
 
     def __init__(
@@ -216,20 +218,19 @@ class LumberjackServer:
         self.last_ack_window = -1
         self._buf = bytearray()
         self._pairs: _PairsState | None = None
-        self._failed: RemoteProtocolError | None = None
+        self._error: ProtocolError | None = None
         self.inflated_total = 0  # bytes C frames inflated to, over the connection's life
 
     # -- input
 
     @property
-    def buffered(self) -> int:
-        """Bytes of an incomplete frame held back (0 between frames)."""
-        return len(self._buf) + (self._pairs.size if self._pairs else 0)
+    def mid_frame(self) -> bool:
+        """Part of a frame has arrived, not all of it (the host's --frame-timeout runs)."""
+        return bool(self._buf) or bool(self._pairs and self._pairs.size)
 
     def feed(self, data: bytes) -> list[Event]:
         """Consume bytes from the peer; return the complete events they finish."""
-        if self._failed is not None:
-            raise LumberjackError(f"connection already failed: {self._failed}", reason=self._failed.reason)
+        self._raise_held()
         out: list[Event] = []
         try:
             if data:
@@ -243,14 +244,13 @@ class LumberjackServer:
             if pos:
                 del buf[:pos]
         except RemoteProtocolError as e:
-            # The traceback holds the frames that held the inflated payload (up to the
-            # limit): drop it, or the stored error keeps that memory until the cycle
-            # collector runs, which the bridge has told to run rarely.
-            e.__traceback__ = None
-            self._failed = e
+            # A compressed frame is all or nothing: none of this call's events are given.
+            # `_hold` drops the traceback, which holds the frames that held the inflated
+            # payload (up to the limit): else the held error keeps that memory until the
+            # cycle collector runs, which the bridge has told to run rarely.
             self._buf = bytearray()
             self._pairs = None
-            raise
+            self._hold([], e)
         return out
 
     def _version(self, v: int, outer: bool) -> None:

@@ -187,8 +187,8 @@ class Bridge(BridgeProtocol):
     # -- HTTP on the host's server
 
     async def serve(self, conn: Connection) -> None:
-        await HttpSession(conn, self.export, limit=self.host.config.max_frame_size,
-                          retry_after=self.config.retry_after, count_error=self.host.metrics.protocol_error).run()
+        await HttpSession(self.host, conn, self.export, limit=self.host.config.max_frame_size,
+                          retry_after=self.config.retry_after).run()
 
     # -- gRPC beside it
 

@@ -417,7 +417,7 @@ class OtlpServer(HeldErrors):
         self.must_close = False  # answered and to be closed; nothing more is read
 
     @property
-    def mid_request(self) -> bool:
+    def mid_frame(self) -> bool:
         """A request has begun and is not complete (the adapter's --frame-timeout)."""
         return self.h.their_state is h11.SEND_BODY or (self.h.their_state is h11.IDLE and bool(self.h.trailing_data[0]))
 

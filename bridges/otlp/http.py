@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
-from bridges.host import Connection
+from bridges.host import Connection, Host
+from bridges.host.session import EngineSession
 from bridges.otlp import engine
 from logjam.errors import LocalProtocolError
 
@@ -24,36 +25,32 @@ from logjam.errors import LocalProtocolError
 Export = Callable[..., Awaitable[engine.Outcome]]
 
 
-class HttpSession:
-    """One client connection: request, answer, next request."""
+class HttpSession(EngineSession):
+    """One client connection: request, answer, next request. It answers each request before
+    reading the next, so it forwards without the host's `Pipeline` (Bridge.export waits)."""
 
-    def __init__(self, conn: Connection, export: Export, *, limit: int, retry_after: float,
-                 count_error: Callable[[str], Any]) -> None:
-        self.conn = conn
+    def __init__(self, host: Host, conn: Connection, export: Export, *, limit: int, retry_after: float) -> None:
+        super().__init__(host, conn, engine.OtlpServer(limit, retry_after))
         self.export = export
-        self.count_error = count_error
-        self.engine = engine.OtlpServer(limit, retry_after)
-        # Inside a request the client must finish it within --frame-timeout (slowloris).
-        conn.partial = lambda: self.engine.mid_request
+        self.count_error: Callable[[str], Any] = host.metrics.protocol_error
+
+    def done(self) -> bool:
+        return self.engine.must_close
+
+    def on_eof(self) -> None:
+        self.engine.feed_eof()
+        self.engine.feed(b"")  # a request left unfinished raises here
+
+    async def on_events(self, events: list[engine.ExportRequest | engine.Refusal]) -> None:
+        for event in events:
+            await self._answer(event)
+            if self.engine.must_close:
+                break
 
     async def run(self) -> None:
         server = self.engine
         try:
-            while not server.must_close:
-                data = await self.conn.read()
-                if not data:
-                    server.feed_eof()
-                    server.feed(b"")  # a request left unfinished raises here
-                    return
-                events = server.feed(data)
-                while events and not server.must_close:
-                    for event in events:
-                        await self._answer(event)
-                        if server.must_close:
-                            break
-                    # The next request the client sent meanwhile, or an error held behind this one.
-                    events = server.feed(b"") if not server.must_close else []
-                await self.conn.drain()
+            await self.read_loop()
         except engine.BadRequest as e:
             try:
                 self.conn.write(server.send(engine.Refusal(400, str(e), True)))

@@ -26,10 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, Host, Positions, forward
+from bridges.host import Batches, BridgeProtocol, Connection, FrameTimeout, Host, Positions, forward
 from bridges.host.admission import raise_open_file_limit
 from bridges.host.config import HostConfig
 from bridges.host.files import RETRY_EVERY, StoreHealth
+from bridges.host.session import EngineSession
 from bridges.rustlog import engine as e
 from bridges.rustlog.log import (
     BadPartitionCount,
@@ -296,29 +297,10 @@ class Bridge(BridgeProtocol):
     # -- the session
 
     async def serve(self, conn: Connection) -> None:
-        engine = e.RustlogServer(self.host.config.max_frame_size)
-        conn.partial = lambda: engine.mid_frame
         self.stats.connections_total += 1
         self.stats.connections_active += 1
         try:
-            while True:
-                data = await conn.read()
-                if not data:
-                    return
-                try:
-                    events = engine.feed(data)
-                    while events:
-                        for event in events:
-                            conn.write(engine.send(await self._handle(event, conn)))
-                        await conn.drain()
-                        events = engine.feed(b"")
-                except RemoteProtocolError as err:
-                    conn.write(engine.fatal_reply(err))
-                    try:
-                        await conn.drain()
-                    except ConnectionError:
-                        pass
-                    raise
+            await _Session(self, conn).run()
         finally:
             self.stats.connections_active -= 1
 
@@ -486,3 +468,34 @@ class Bridge(BridgeProtocol):
         self.stats.fetch.observe(time.perf_counter() - started)
         next_offset = records[-1].offset + 1 if records else offset
         return e.FetchResponse(tuple(e.FetchedRecord(r.payload, r.offset, r.timestamp) for r in records), next_offset)
+
+
+class _Session(EngineSession):
+    """One client: each request is answered, in order, before the next is read."""
+
+    def __init__(self, bridge: Bridge, conn: Connection) -> None:
+        super().__init__(bridge.host, conn, e.RustlogServer(bridge.host.config.max_frame_size))
+        self.bridge = bridge
+
+    async def run(self) -> None:
+        try:
+            await self.read_loop()
+        except FrameTimeout:
+            raise  # the client stopped sending: nothing to answer
+        except RemoteProtocolError as err:
+            # The engine's fatal errors: one best-effort Error frame, then the close.
+            self.conn.write(self.engine.fatal_reply(err))
+            try:
+                await self.conn.drain()
+            except ConnectionError:
+                pass
+            raise
+
+    async def on_events(self, events: list[e.Request | e.BadRequest]) -> None:
+        conn, engine, handle = self.conn, self.engine, self.bridge._handle
+        for event in events:
+            conn.write(engine.send(await handle(event, conn)))
+        await conn.drain()
+
+    async def after_read(self) -> None:
+        """Each answer was drained as it went out."""

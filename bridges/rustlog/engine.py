@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from logjam.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
+from logjam.errors import FrameTooLarge, HeldErrors, LocalProtocolError, ProtocolError, RemoteProtocolError
 
 # The vocabulary and the codecs live in messages.py and codec.py; importing them here keeps
 # `bridges.rustlog.engine` the one name the adapters, tools and tests use.
@@ -36,14 +36,14 @@ from bridges.rustlog.messages import *  # noqa: F403
 # ---------------------------------------------------------------- the two halves
 
 
-class RustlogServer:
+class RustlogServer(HeldErrors):
     """The broker side: `feed` yields requests (or BadRequest); `send` answers the oldest one."""
 
     def __init__(self, max_frame: int = MAX_FRAME_SIZE) -> None:
         self._framer = _Framer(max_frame)
         self._unanswered: deque[Dialect] = deque()
         self._last = Dialect.BINARY
-        self._error: RemoteProtocolError | None = None
+        self._error: ProtocolError | None = None
 
     @property
     def mid_frame(self) -> bool:
@@ -57,8 +57,7 @@ class RustlogServer:
         next call (`feed(b"")` once those requests are answered), so that a client's
         good requests are served before its bad frame closes the connection.
         """
-        if self._error is not None:
-            raise self._error
+        self._raise_held()
         events: list[Request | BadRequest] = []
         payloads, error = self._framer.feed(data)
         for payload in payloads:
@@ -76,11 +75,7 @@ class RustlogServer:
                 break
             self._unanswered.append(dialect)
             events.append(event)
-        if error is not None:
-            self._error = error
-            if not events:
-                raise error
-        return events
+        return self._hold(events, error)
 
     @property
     def unanswered(self) -> int:

@@ -37,7 +37,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, KeepaliveTimer, Pipeline, Positions, forward
+from bridges.host import Batches, BridgeProtocol, Connection, DeviceRejected, Host, KeepaliveTimer, Positions, forward
+from bridges.host.session import PipelineSession
 from bridges.host.config import HostConfig, Knobs
 from bridges.host.files import RETRY_EVERY, StoreHealth
 from bridges.segment import engine as wire
@@ -189,24 +190,21 @@ class _Answer:
         self.append = append
 
 
-class Session:
+class Session(PipelineSession[_Answer]):
     """One client connection: requests in order, acks in order, keepalives while waiting."""
 
     def __init__(self, bridge: Bridge, conn: Connection) -> None:
-        self.bridge = bridge
-        self.store = bridge.store
-        self.host = bridge.host
-        self.conn = conn
-        self.engine = wire.SegmentServer(min(bridge.host.config.max_frame_size, wire.MAX_COMMAND_SIZE))
-        conn.partial = lambda: self.engine.mid_frame
+        host = bridge.host
         # Replies leave in request order. The pipeline's units are append bytes not yet
         # accepted by the device: they bound this connection's memory.
-        self.pipeline: Pipeline[_Answer] = Pipeline(
-            bridge.host, f"segment {conn.peer}", accepted=self._answer, refused=self._refused,
-            depth=bridge.host.config.pipeline_depth, max_pending=bridge.config.max_pending_bytes,
+        super().__init__(
+            host, conn, wire.SegmentServer(min(host.config.max_frame_size, wire.MAX_COMMAND_SIZE)),
+            name="segment", depth=host.config.pipeline_depth, max_pending=bridge.config.max_pending_bytes,
             # Stored but refused by the device: say so, and let the writer reconnect.
             consequence="answering ErrorMessage and closing",
         )
+        self.bridge = bridge
+        self.store = bridge.store
         self.keepalive = KeepaliveTimer(conn, bridge.host.config.keepalive_interval, self._still_working)
         self.acked: dict[uuid.UUID, int] = {}
         self.version = str(wire.WIRE_VERSION)
@@ -228,20 +226,7 @@ class Session:
         error: BaseException | None = None
         try:
             try:
-                while not self.ending:
-                    data = await self.conn.read()
-                    if not data:
-                        break
-                    requests = self.engine.feed(data)
-                    while requests and not self.ending:
-                        for request in requests:
-                            await self._dispatch(request)
-                            if self.ending:
-                                break
-                        # An error the engine held back behind good requests is raised here.
-                        requests = self.engine.feed(b"") if not self.ending else []
-                    if not self.closed:
-                        await self.conn.drain()  # a client that does not read its replies is not read either
+                await self.read_loop()
             except wire.EventNumberWentBackwards as e:
                 await self.in_line([wire.InvalidEventNumber(e.writer_id, e.request_id, "", e.event_number)], True)
                 error = e
@@ -260,12 +245,25 @@ class Session:
         if error is not None:
             raise error
 
-    def _answer(self, answer: _Answer) -> None:
+    def done(self) -> bool:
+        return self.ending
+
+    async def on_events(self, events: list[wire.Request]) -> None:
+        for request in events:
+            await self._dispatch(request)
+            if self.ending:
+                break
+
+    async def after_read(self) -> None:
+        if not self.closed:
+            await self.conn.drain()  # a client that does not read its replies is not read either
+
+    def accepted(self, answer: _Answer) -> None:
         self.write(answer.replies)
         if answer.close and not self.closed:
             self._close()
 
-    def _refused(self, answer: _Answer, error: BaseException) -> None:
+    def refused(self, answer: _Answer, error: BaseException) -> None:
         if isinstance(error, DeviceRejected) and answer.append is not None:
             a = answer.append
             self.write([wire.ErrorMessage(a.request_id, a.segment, str(error), UNSPECIFIED)])
@@ -424,7 +422,7 @@ class Session:
         self.acked[a.writer_id] = a.last_event_number
         answer = _Answer([wire.DataAppended(a.writer_id, a.last_event_number, previous, a.request_id, rec.end)], append=a)
         pipeline = self.pipeline
-        pipeline.take(len(a.data))
+        self.take(len(a.data))
         await pipeline.slot()
         pipeline.launch(answer, work=self._publish(seg, rec, msgs), units=len(a.data), events=a.num_events)
         await pipeline.room()  # read no more while too much waits on the device

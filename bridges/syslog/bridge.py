@@ -28,10 +28,11 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from bridges.host import Batches, BridgeProtocol, Connection, Host, IdleTimeout, Pipeline, forward
+from bridges.host import Batches, BridgeProtocol, Connection, Host, forward
 from bridges.host.config import HostConfig, Knobs
 from bridges.host.datagram import listen_datagrams
 from bridges.host.server import split_listen
+from bridges.host.session import PipelineSession
 from bridges.syslog.engine import DEFAULT_MAX_FRAME, Frame, SyslogServer, datagram
 from bridges.syslog.parse import parse
 from bridges.syslog.relp import Close, Open, RelpServer, Response, ServerClose, Syslog, open_answer
@@ -132,29 +133,23 @@ class Bridge(BridgeProtocol):
             await self.udp.close()
 
 
-class _Session:
+class _Session(PipelineSession[Any]):
     """One syslog stream (TCP or TLS): frames become messages; there is nothing to acknowledge."""
 
     version = "rfc6587"
+    consequence = "closing the connection (plain syslog: those messages are lost)"
 
     def __init__(self, bridge: Bridge, conn: Connection) -> None:
-        self.conn = conn
+        host = bridge.host
+        super().__init__(host, conn, self.make_engine(host.config.max_frame_size), name="syslog",
+                         depth=host.config.pipeline_depth, consequence=self.consequence)
         self.bridge = bridge
-        self.mapper = bridge.host.mapper
-        self.metrics = bridge.host.metrics
-        self.batch_size = bridge.host.config.batch_size
-        self.engine = self.make_engine(bridge.host.config.max_frame_size)
-        conn.partial = lambda: self.engine.mid_frame
+        self.mapper = host.mapper
+        self.metrics = host.metrics
+        self.batch_size = host.config.batch_size
         self.batch: Batches = self.mapper.batches()
         self.plan: list[int] = []  # what the batch being built earns (RELP: its TXNRs)
-        self.failure: BaseException | None = None
-        self.pipeline: Pipeline[Any] = Pipeline(
-            bridge.host, f"syslog {conn.peer}", accepted=self.accepted, refused=self._refused,
-            depth=bridge.host.config.pipeline_depth, consequence=self.consequence,
-        )
         self.base = conn.metadata(self.version)
-
-    consequence = "closing the connection (plain syslog: those messages are lost)"
 
     def make_engine(self, max_frame: int) -> Any:
         return SyslogServer(max_frame)
@@ -162,14 +157,9 @@ class _Session:
     def accepted(self, plan: Any) -> None:
         """Plain syslog has no acks."""
 
-    def _refused(self, _plan: Any, error: BaseException) -> None:
-        if self.failure is None:
-            self.failure = error
-            self.conn.stop_reading()
-
     async def run(self) -> None:
         try:
-            await self._read_loop()
+            await self.read_loop()
             await self.flush()
             await self.pipeline.finish()
             if self.failure is not None:
@@ -182,32 +172,13 @@ class _Session:
     def goodbye(self) -> None:
         """What the session says before the host closes it: nothing, in plain syslog."""
 
-    def waiting_for_acks(self) -> bool:
-        return False
+    async def on_events(self, events: list[Any]) -> None:
+        for ev in events:
+            await self.on_event(ev)
 
-    async def _read_loop(self) -> None:
-        conn, engine = self.conn, self.engine
-        while not self.done():
-            if self.failure is not None:
-                raise self.failure
-            try:
-                data = await conn.read(65536)
-            except IdleTimeout:
-                if self.waiting_for_acks():
-                    continue
-                raise
-            if not data:
-                return
-            events = engine.feed(data)
-            while events:
-                for ev in events:
-                    await self.on_event(ev)
-                events = engine.feed(b"")
-            await self.flush()
-            await conn.drain()
-
-    def done(self) -> bool:
-        return False
+    async def after_read(self) -> None:
+        await self.flush()
+        await self.conn.drain()
 
     async def on_event(self, ev: Frame) -> None:
         self.add(ev.raw, {**self.base, "framing": ev.framing})
@@ -227,7 +198,7 @@ class _Session:
         n = len(batch)
         self.metrics.events_received.inc(n)
         pipeline = self.pipeline
-        pipeline.take(n)
+        self.take(n)
         await pipeline.slot()
         if pipeline.failed:
             return
@@ -245,7 +216,7 @@ class _RelpSession(_Session):
     def make_engine(self, max_frame: int) -> Any:
         return RelpServer(max_frame)
 
-    def waiting_for_acks(self) -> bool:
+    def waiting(self) -> bool:
         return self.engine.unanswered > 0
 
     def done(self) -> bool:
