@@ -114,6 +114,18 @@ class Shipper(threading.Thread):
             self.error = e
 
 
+def ship(shippers: list[Shipper], seconds: float, stop: threading.Event) -> None:
+    """Run the shippers for `seconds`, then stop them and wait for their last acks; a failed one ends the run."""
+    for s in shippers:
+        s.start()
+    time.sleep(seconds)
+    stop.set()
+    for s in shippers:
+        s.join(60)
+        if s.error:
+            raise SystemExit(f"shipper failed: {s.error!r}")
+
+
 def plaintext_config() -> Path:
     """supervisord.conf with CURVE off on every ZeroMQ socket (beside it: paths are relative to %(here)s)."""
     lines = []
@@ -212,14 +224,7 @@ def load_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> dict:
     # --rate: each connection sends a window every connections * WINDOW / rate seconds.
     pace = args.connections * WINDOW / args.rate if args.rate else 0.0
     shippers = [Shipper(port, pools[c], WINDOW, stop, pace=pace) for c in range(args.connections)]
-    for s in shippers:
-        s.start()
-    time.sleep(args.seconds)
-    stop.set()
-    for s in shippers:
-        s.join(60)
-        if s.error:
-            raise SystemExit(f"shipper failed: {s.error!r}")
+    ship(shippers, args.seconds, stop)
     rows_at_end, t_end = mesh.rows(), time.perf_counter()
     cpu1 = cpu(pids)
     acked = sum(s.acked for s in shippers)

@@ -57,6 +57,7 @@ from devices import native
 from devices.batch import TupleBatch
 from devices.config import DeviceConfig
 from devices.counters import Counters
+from devices.fair import Fairness
 from devices.hold import Held, JournalHealth
 from devices.journal import Journal, JournalWriteError, new_journal_id
 from devices.native import NativeBatch
@@ -123,6 +124,7 @@ class Device:
         self._replay_stop = threading.Event()
         self.journal_id = ""
         self.lag: ImporterLag | None = None
+        self.fair = Fairness(self.counters, config.max_importer_lag)
         self.ipc_dir: Path | None = None  # set by open(): where the ipc endpoints are, if any
 
     def open(self) -> "Device":
@@ -276,12 +278,13 @@ class Device:
 
     # -- input -------------------------------------------------------------------
 
-    def _drain_python(self, sock: zmq.Socket, source: str) -> int:
+    def _drain_python(self, sock: zmq.Socket, source: str, fair: Fairness | None = None) -> int:
         """Take up to BATCH messages from ROUTER or PULL, check them, commit the good ones, then answer requests.
 
         PULL takes [app-env, topic, body] (a legacy client without meta) or [..., meta];
         ROUTER takes [identity, "", app-env, topic, body, meta] (a request, answered 202 or
-        400, or a ping) or the same without the empty frame (not answered).
+        400, or a ping) or the same without the empty frame (not answered). With `fair`,
+        the loud streams' messages and the replies queued behind them are parked instead.
         """
         routed = source == "router"
         recv = _recv
@@ -291,9 +294,8 @@ class Device:
         heads = HEADS
         compress_to = self._compress
         batch = TupleBatch()
-        add = batch.append
         replies: list[tuple[bytes, bytes, bytes | None]] = []
-        answer = replies.append
+        add, answer = (batch.append, replies.append) if fair is None else (fair.adder(batch), fair.answerer(replies))
         n = 0
         pings = 0
         rid = b""
@@ -482,24 +484,21 @@ class Device:
         tick_every = min(1.0, max(0.01, self.config.journal_fsync_interval_ms / 1000))
         next_tick = now + tick_every if self.journal is not None else float("inf")
         monotonic = time.monotonic
-        drain_pull, drain_router = self._drains  # type: ignore[misc]
-        lag = self.lag
-        assert lag is not None
         with sockets.eterm_is_clean():
             self.heartbeat()  # the journal id, before anything else is published or journaled
             while not stop.is_set():
                 busy = 0
                 now = monotonic()
-                if self._held is None and lag.admit(now):
-                    busy = drain_pull()
-                    if self._held is None:
-                        busy += drain_router()
-                elif self._held is None:
-                    # Importers are behind: inputs stay unread, so clients see a slow device.
-                    time.sleep(0.02)
+                if self._held is None:
+                    busy = self._serve(now)
+                    if busy < 0:
+                        # Importers are behind: inputs stay unread, so clients see a slow device.
+                        busy = 0
+                        time.sleep(0.02)
                 now = monotonic()
                 if now >= next_stats:
                     self.publish_stats()
+                    self.fair.tick()
                     next_stats = max(next_stats + 1.0, now + 0.5)
                 if now >= next_tick:
                     self._tick()
@@ -523,6 +522,48 @@ class Device:
                     poller.poll(max(1, min(200, int(wait * 1000) + 1)))
             self._final_drain()
 
+    def _serve(self, now: float) -> int:
+        """Read the inputs; past the fair limit park the loud streams (past the hard one, until under it).
+
+        -1: nothing was read because importers are too far behind (the caller waits a little):
+        past the hard limit with no loud stream to park, as before devices/fair.py."""
+        fair, lag = self.fair, self.lag
+        admit = lag.admit(now)  # type: ignore[union-attr]
+        if fair.pressing(lag.worst):  # type: ignore[union-attr]
+            # Past the hard limit the loud streams stay parked, as every stream's input stayed unread before.
+            if admit and fair.overdue(now):
+                self._unpark()
+                if self._held is not None:
+                    return 1
+            if fair.full():
+                return -1
+            before = len(fair.parked)
+            busy = self._drain_python(self.pull, "pull", fair)
+            if self._held is None:
+                busy += self._drain_python(self.router, "router", fair)
+            fair.parking(before)
+            return busy
+        if not admit:
+            return -1
+        if fair.parked or fair.replies:
+            self._unpark()
+            if self._held is not None:
+                return 1
+        drain_pull, drain_router = self._drains  # type: ignore[misc]
+        busy = drain_pull()
+        if self._held is None:
+            busy += drain_router()
+        return busy
+
+    def _unpark(self) -> None:
+        """Commit the parked messages (in arrival order, before anything newer), then send the parked replies."""
+        batch, replies = self.fair.release()
+        then = (lambda: self._reply(replies)) if replies else None
+        if batch:
+            self._commit(batch, then)
+        elif then is not None:
+            then()
+
     def _tick(self) -> None:
         """The journal's timer; a failed fsync there is a failed write too (counted, logged once)."""
         try:
@@ -536,6 +577,8 @@ class Device:
     def _final_drain(self, budget_s: float = 1.0) -> None:
         """On shutdown, publish what already sits in our input queues (bounded in time)."""
         deadline = time.monotonic() + budget_s
+        if self._held is None:
+            self._unpark()  # never acknowledged, but already here: publish them rather than make their senders resend
         drain_pull, drain_router = self._drains  # type: ignore[misc]
         while self._retry_held() and time.monotonic() < deadline:
             busy = drain_pull() + drain_router()
@@ -566,7 +609,8 @@ class Device:
     def snapshot(self) -> dict[str, Any]:
         """The counters, the sequence, the journal and the importers' lag: what metrics and logs read."""
         return {"journal_id": self.journal_id, "seq": self.seq, **self.counters.snapshot(),
-                "journal": self._journal_snapshot(), "importers": self._importers_snapshot()}
+                "journal": self._journal_snapshot(), "importers": self._importers_snapshot(),
+                "fair": self.fair.snapshot()}
 
     def _importers_snapshot(self) -> dict[str, Any]:
         lag = self.lag

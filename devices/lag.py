@@ -56,6 +56,7 @@ class ImporterLag:
         self._seqs: list[int] = []
         self._times: list[float] = []
         self.holding = False
+        self.worst = 0.0  # the largest lag of an in-sync importer at the last admit() (devices/fair.py)
         self.held_seconds = 0.0
         self._held_from: float | None = None
 
@@ -100,8 +101,12 @@ class ImporterLag:
                 log.info("importer %s stopped reporting; not waiting for it", name)
                 del self._importers[name]
             oldest = min((imp.seq for imp in self._importers.values()), default=None)
+            worst = 0.0
             for name, imp in self._importers.items():
                 hold |= self._judge(name, imp, now)
+                if imp.in_sync:
+                    worst = max(worst, self.lag_of(imp.seq, now))
+            self.worst = worst
         self._trim(oldest)
         self._account(hold, now)
         return not hold

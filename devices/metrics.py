@@ -69,6 +69,14 @@ class DeviceCollector(Collector):
                                 value=int(importers["holding"]))
         yield CounterMetricFamily("logjam_device_input_held_seconds",
                                   "Seconds input waited for importers (--max-importer-lag)", value=importers["held_seconds"])
+        fair = snap["fair"]
+        yield GaugeMetricFamily("logjam_device_fair_parked", "Messages of loud streams parked while importers are behind "
+                                "(neither published nor acknowledged yet; devices/fair.py)", value=fair["parked"])
+        yield CounterMetricFamily("logjam_device_fair_parked_messages", "Messages parked since start", value=fair["parked_total"])
+        yield CounterMetricFamily("logjam_device_fair_parked_seconds", "Seconds the device parked loud streams",
+                                  value=fair["parked_seconds"])
+        yield GaugeMetricFamily("logjam_device_fair_longest_park_seconds",
+                                "The longest a parked message (and its acknowledgement) waited", value=fair["longest"])
         yield from self._curve()
         journal = snap["journal"]
         if journal is not None:

@@ -1,0 +1,271 @@
+"""Fairness: one loud stream must not take a quiet stream's freshness (issue 35).
+
+It starts the mesh as `make up` runs it (supervisord.conf, 2 devices, 2 importers, CURVE on;
+`benchmarks/e2e.py`'s `Mesh`) on spare ports and a temporary data dir, then:
+1. quiet alone: `quiet-prod` sends --quiet-rate ev/s as a Logjam agent (DEALER to device 0's
+   ROUTER) for --baseline-seconds; its lag is sampled;
+2. flood + quiet: --connections Lumberjack connections (app-env `lumberjack-default`, the
+   loud stream) send as fast as the bridge acknowledges them, over both devices, for
+   --flood-seconds, while `quiet-prod` goes on; its lag is sampled;
+3. the flood alone (the quiet stream stopped) for --flood-seconds, after everything drained.
+
+The quiet stream's lag is the age of its newest queryable event: about once a second the
+largest event number of `quiet-prod` in `logjam.messages` is read, and lag = the time the
+query started minus the time that event was sent. It prints p50 and worst, before and during
+the flood, and the flood's landed rate (rows queryable within the phase, per second) with
+and without the quiet stream, against the targets: quiet p50 <= 5 s, worst <= 10 s, and the
+flood lands >= 80 % of what it lands alone. Lost and duplicated events are checked for both
+streams (acknowledged against rows and distinct ids).
+Usage: python benchmarks/fairness.py [--flood-seconds 90] [--quiet-rate 50] [--connections 4]
+       [--baseline-seconds 20] [--skip-alone]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.e2e import WINDOW, Mesh, Shipper, ship, windows  # noqa: E402
+from logjam.producer import Producer  # noqa: E402
+from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
+from tools.mesh import device_endpoint, device_port  # noqa: E402
+
+QUIET = "quiet-prod"
+LOUD = "lumberjack-default"  # the Lumberjack bridge's app-env in make up's mesh
+TARGETS = {"p50": 5.0, "worst": 10.0, "share": 0.8}
+
+
+@dataclass
+class Lags:
+    """(time, lag) samples of the quiet stream, taken while `phase` is set."""
+
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def summary(self, phase: str) -> tuple[float, float, int]:
+        got = sorted(self.samples.get(phase, []))
+        if not got:
+            return float("nan"), float("nan"), 0
+        return got[len(got) // 2], got[-1], len(got)
+
+
+class Quiet(threading.Thread):
+    """`quiet-prod` at `rate` ev/s to one device's ROUTER; event n carries {"n": n}; send times kept."""
+
+    def __init__(self, endpoint: str, rate: float, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.endpoint, self.rate, self.stop = endpoint, rate, stop
+        self.sent_at: list[float] = []
+        self.accepted = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            producer = Producer(self.endpoint, timeout=120.0)
+            next_at = time.perf_counter()
+            while not self.stop.is_set():
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+                next_at += 1.0 / self.rate
+                n = len(self.sent_at)
+                self.sent_at.append(time.perf_counter())
+                producer.submit(QUIET, "logs.quiet", {"n": n, "message": f"quiet event {n}"})
+            self.accepted = producer.flush().accepted
+            producer.close()
+        except BaseException as e:  # reported by the main thread
+            self.error = e
+
+
+class Sampler(threading.Thread):
+    """About once a second: the newest queryable quiet event's age, filed under the current phase."""
+
+    def __init__(self, mesh: Mesh, quiet: Quiet, lags: Lags, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.mesh, self.quiet, self.lags, self.stop = mesh, quiet, lags, stop
+        self.phase = ""
+
+    def newest(self) -> int | None:
+        row = self.mesh.spark.sql(f"SELECT max(variant_get(doc, '$.n', 'bigint')) FROM logjam.messages "
+                                  f"WHERE app_env = '{QUIET}'").collect()[0][0]
+        return None if row is None else int(row)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            try:
+                n = self.newest()
+            except Exception as e:  # a query failing under load is a missed sample, not a result
+                print(f"  (lag query failed: {e})", flush=True)
+                n = None
+            phase = self.phase
+            if phase and n is not None and n < len(self.quiet.sent_at):
+                self.lags.samples.setdefault(phase, []).append(started - self.quiet.sent_at[n])
+            self.stop.wait(max(0.0, 1.0 - (time.perf_counter() - started)))
+
+
+# Where the quiet stream's lag goes: importer 0's Spark jobs (count, seconds, rows) and the seconds
+# device 0 held its input for the importers (--max-importer-lag), as counters read around a phase.
+WATCH = ("logjam_importer_write_seconds_count", "logjam_importer_write_seconds_sum", "logjam_importer_batch_rows_sum",
+         "logjam_device_input_held_seconds_total", "logjam_device_fair_parked_seconds_total",
+         "logjam_device_fair_longest_park_seconds")
+
+
+def scrape(mesh: Mesh, k: int = 0) -> dict[str, float]:
+    """The WATCH counters of importer k and device k (their /metrics)."""
+    out: dict[str, float] = {}
+    for port in (int(mesh.env["LOGJAM_IMPORTER_METRICS_PORT"]) + k, device_port(mesh.env, "LOGJAM_DEVICE_METRICS_PORT", k)):
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            name = line.split("{")[0].split(" ")[0]
+            if name in WATCH:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def describe_jobs(before: list[dict[str, float]], after: list[dict[str, float]], seconds: float) -> str:
+    lines = []
+    for k, (b, a) in enumerate(zip(before, after)):
+        d = {name: a.get(name, 0.0) - b.get(name, 0.0) for name in WATCH}
+        jobs = max(d["logjam_importer_write_seconds_count"], 1.0)
+        lines.append(f"importer {k}: {d['logjam_importer_write_seconds_count']:.0f} Spark jobs, "
+                     f"{d['logjam_importer_write_seconds_sum'] / jobs:.2f} s and "
+                     f"{d['logjam_importer_batch_rows_sum'] / jobs:,.0f} rows each; device {k} past the hard lag limit "
+                     f"{d['logjam_device_input_held_seconds_total']:.1f} s, parked the loud stream "
+                     f"{d['logjam_device_fair_parked_seconds_total']:.1f} s of {seconds:.0f} s (longest park so far "
+                     f"{a.get('logjam_device_fair_longest_park_seconds', 0.0):.1f} s)")
+    return "\n    ".join(lines)
+
+
+def quiet_rows(mesh: Mesh) -> tuple[int, int]:
+    row = mesh.spark.sql(f"SELECT count(*), count(DISTINCT variant_get(doc, '$.n', 'bigint')) FROM logjam.messages "
+                         f"WHERE app_env = '{QUIET}'").collect()[0]
+    return int(row[0]), int(row[1])
+
+
+def flood(mesh: Mesh, port: int, args: argparse.Namespace, pools: list[list[bytes]]) -> dict:
+    """The loud stream as fast as acknowledged for --flood-seconds; then wait until it drained."""
+    stop = threading.Event()
+    rows0, t0, m0 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)]
+    shippers = [Shipper(port, pools[c], WINDOW, stop) for c in range(args.connections)]
+    ship(shippers, args.flood_seconds, stop)
+    rows_at_end, t_end, m1 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)]
+    acked = sum(s.acked for s in shippers)
+    deadline = time.monotonic() + 300
+    while mesh.rows() < rows0 + acked and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return {"acked": acked, "elapsed": t_end - t0, "landed": rows_at_end - rows0,
+            "drain": time.perf_counter() - max(s.last_ack for s in shippers), "jobs": describe_jobs(m0, m1, t_end - t0)}
+
+
+@dataclass
+class Result:
+    lags: Lags
+    shared: dict
+    alone: dict | None
+    quiet: tuple[int, int, int]  # acknowledged, rows, distinct
+    loud: tuple[int, int, int]
+
+    def lost_or_doubled(self) -> int:
+        return sum(max(0, acked - distinct) + rows - distinct for acked, rows, distinct in (self.quiet, self.loud))
+
+
+def measure(mesh: Mesh, args: argparse.Namespace) -> Result:
+    """Quiet alone, then flood + quiet, then (unless --skip-alone) the flood alone; wait until all landed."""
+    port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
+    pools = [windows(c, 16) for c in range(args.connections)]
+    stop, lags = threading.Event(), Lags()
+    quiet = Quiet(device_endpoint(mesh.env, "router", 0), args.quiet_rate, stop)
+    sampler = Sampler(mesh, quiet, lags, stop)
+    quiet.start()
+    sampler.start()
+    wait_for(lambda: sampler.newest() is not None, timeout=120, interval=1, what="the first quiet row")
+    sampler.phase = "before"
+    time.sleep(args.baseline_seconds)
+    sampler.phase = "during"
+    print("flood + quiet ...", flush=True)
+    shared = flood(mesh, port, args, pools)
+    sampler.phase = ""
+    stop.set()
+    quiet.join(180)
+    sampler.join(30)
+    if quiet.error:
+        raise RuntimeError(f"quiet sender failed: {quiet.error!r}")
+    alone = None
+    if not args.skip_alone:
+        print("flood alone ...", flush=True)
+        alone = flood(mesh, port, args, pools)
+    deadline = time.monotonic() + 120
+    while quiet_rows(mesh)[1] < quiet.accepted and time.monotonic() < deadline:
+        time.sleep(1)
+    loud = mesh.spark.sql(f"SELECT count(*), count(DISTINCT event_id) FROM logjam.messages "
+                          f"WHERE app_env = '{LOUD}'").collect()[0]
+    loud_acked = shared["acked"] + (alone["acked"] if alone else 0)
+    return Result(lags, shared, alone, (quiet.accepted, *quiet_rows(mesh)), (loud_acked, int(loud[0]), int(loud[1])))
+
+
+def report(r: Result, args: argparse.Namespace) -> None:
+    print(f"fairness benchmark: 2 devices, 2 importers; {QUIET} at {args.quiet_rate:.0f} ev/s to device 0's "
+          f"ROUTER; {LOUD} flooding over {args.connections} Lumberjack connections for {args.flood_seconds:.0f} s")
+    for phase in ("before", "during"):
+        p50, worst, n = r.lags.summary(phase)
+        print(f"  quiet lag {phase:6} the flood: p50 {p50:5.2f} s, worst {worst:5.2f} s ({n} samples)"
+              + (f"  (targets p50 <= {TARGETS['p50']:.0f} s: {TARGETS['p50'] / p50:.2f}x, worst <= "
+                 f"{TARGETS['worst']:.0f} s: {TARGETS['worst'] / worst:.2f}x)" if phase == "during" else ""))
+    shared, alone = r.shared, r.alone
+    rate_shared = shared["landed"] / shared["elapsed"]
+    print(f"  flood with the quiet stream: {shared['acked'] / shared['elapsed']:9,.0f} ev/s acknowledged, "
+          f"{rate_shared:9,.0f} ev/s landed in the phase (drained {shared['drain']:.1f} s after the last ack)")
+    print(f"    {shared['jobs']}")
+    if alone is not None:
+        rate_alone = alone["landed"] / alone["elapsed"]
+        share = rate_shared / max(rate_alone, 1e-9)
+        print(f"  flood alone:                 {alone['acked'] / alone['elapsed']:9,.0f} ev/s acknowledged, "
+              f"{rate_alone:9,.0f} ev/s landed in the phase (drained {alone['drain']:.1f} s after the last ack)")
+        print(f"    {alone['jobs']}")
+        print(f"  flood with quiet / alone: {share:.2f} (target >= {TARGETS['share']:.2f}: "
+              f"{share / TARGETS['share']:.2f}x)")
+    for name, (acked, rows, distinct) in ((QUIET, r.quiet), (LOUD, r.loud)):
+        print(f"  {name}: {acked} acknowledged, {rows} rows, lost {max(0, acked - distinct)}, "
+              f"duplicated {rows - distinct}")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--flood-seconds", type=float, default=90)
+    ap.add_argument("--quiet-rate", type=float, default=50)
+    ap.add_argument("--connections", type=int, default=4)
+    ap.add_argument("--baseline-seconds", type=float, default=20)
+    ap.add_argument("--skip-alone", action="store_true", help="no flood-alone phase (no landed-rate comparison)")
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
+    base = Path(tempfile.mkdtemp(prefix="logjam-bench-fair-"))
+    started = time.monotonic()
+    mesh = Mesh(base / "data", 2, 2)
+    try:
+        print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
+        result = measure(mesh, args)
+        report(result, args)
+        print(f"  total run time {time.monotonic() - started:.0f} s")
+        return 0 if result.lost_or_doubled() == 0 else 1
+    finally:
+        mesh.shutdown()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    # Spark Connect's atexit hook would call the server stopped above and retry for minutes.
+    exit_skipping_atexit(main())

@@ -1,0 +1,35 @@
+"""One loud stream does not take a quiet one's freshness (issue 35), through the mesh `make up` runs.
+
+The scenario of benchmarks/fairness.py with smaller numbers: `quiet-prod` at 20 ev/s to device
+0's ROUTER while two Lumberjack connections flood both devices (through the bridge) for 40 s,
+long enough for the importers to fall behind by more than the device's fair threshold (5 s)
+so that it parks the flood. The quiet stream's newest queryable event must stay within 5 s at
+p50 and 10 s at worst, and nothing acknowledged is lost or doubled in either stream.
+(Before devices/fair.py the same run measured ~10 s at p50: the quiet events waited behind
+the flood.) The flood's landed rate against the flood alone is the benchmark's to measure.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.e2e import Mesh
+from benchmarks.fairness import TARGETS, measure, parser, report
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(900)]
+
+
+def test_a_quiet_stream_stays_fresh_while_another_floods_the_mesh(tmp_path) -> None:
+    args = parser().parse_args(["--flood-seconds", "40", "--quiet-rate", "20", "--connections", "2",
+                                "--baseline-seconds", "5", "--skip-alone"])
+    mesh = Mesh(tmp_path / "data", 2, 2)
+    try:
+        result = measure(mesh, args)
+        report(result, args)
+    finally:
+        mesh.shutdown()
+    p50, worst, samples = result.lags.summary("during")
+    assert samples >= 10, f"only {samples} lag samples during the flood"
+    assert result.shared["acked"] > 0 and result.quiet[0] > 0
+    assert result.lost_or_doubled() == 0, (result.quiet, result.loud)
+    assert p50 <= TARGETS["p50"] and worst <= TARGETS["worst"], f"quiet lag during the flood: p50 {p50:.1f} s, worst {worst:.1f} s"
