@@ -57,18 +57,7 @@ class TableWriter:
         self.spill = Spill(spill_dir) if spill_dir is not None else None
         self.planner = Planner(self.target, self.spill)
         self._loaded = False
-
-    @property
-    def root(self) -> str:
-        return self.target.root
-
-    @property
-    def map(self) -> PartitionMap:
-        return self.target.map
-
-    @property
-    def doc_encoder(self) -> Any:
-        return self.target.doc_encoder
+        self.root, self.map, self.doc_encoder = self.target.root, self.target.map, self.target.doc_encoder
 
     def probe_staging(self, spark: Any) -> bool:
         return self.target.probe_staging(spark)
