@@ -187,6 +187,14 @@ class Mesh:
         return pids
 
     def shutdown(self) -> None:
+        # Our Connect client first, while its server is up: left open, pyspark's exit hook would
+        # call the stopped server and retry for minutes before the process could exit.
+        spark, self.spark = getattr(self, "spark", None), None
+        if spark is not None:
+            try:
+                spark.stop()
+            except Exception as e:  # a server already gone: nothing to release
+                print(f"closing the Spark session: {e}", file=sys.stderr)
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(120)
