@@ -43,7 +43,7 @@ from table.session import (INGEST_POOL, is_connect, open_session, quiesce_previo
 from importer.config import ImporterConfig
 from importer.split import StreamFilter
 from table.compaction_protocol import settle_root
-from importer.write import BackgroundWriter, TableWriter, WriteFailed
+from importer.write import BackgroundWriter, TableWriter, WriteFailed, WriteListener
 from logjam import sockets
 from logjam.curve import ClientKey
 from logjam.subscriber import Subscriber
@@ -55,7 +55,7 @@ log = logging.getLogger("logjam-importer")
 REPORT_EVERY = 0.5
 
 
-class Worker:
+class Worker(WriteListener):
     def __init__(self, config: ImporterConfig, stop: threading.Event, metrics: ImporterMetrics,
                  curve: ClientKey | None = None) -> None:
         self.config = config

@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -76,27 +76,21 @@ class TableWriter:
         self.plan(spark, table).run(spark)
 
 
-class WriteListener(Protocol):
-    """What the write stage tells the worker (the framework owns progress: it persists after `committed`)."""
+class WriteListener:
+    """What the write stage tells the worker (the framework owns progress: it persists after
+    `committed`). Each hook does nothing unless overridden."""
 
-    def written(self, batch: Batch, seconds: float) -> None: ...
-    def write_failed(self, error: BaseException) -> None: ...
-    def committed(self, batch: Batch) -> None: ...
-    def quarantined(self, batch: Batch, pairs: frozenset[tuple[str, str]]) -> None: ...
-
-
-class _Quiet:
     def written(self, batch: Batch, seconds: float) -> None:
-        pass
+        """A batch was committed, in `seconds` of attempts."""
 
     def write_failed(self, error: BaseException) -> None:
-        pass
+        """An attempt failed; it will be retried."""
 
     def committed(self, batch: Batch) -> None:
-        pass
+        """This batch and every earlier one are in the table (called in the writer's thread)."""
 
     def quarantined(self, batch: Batch, pairs: frozenset[tuple[str, str]]) -> None:
-        pass
+        """Rows of these (app_env, date) pairs went to the quarantine partition."""
 
 
 class BackgroundWriter:
@@ -116,7 +110,7 @@ class BackgroundWriter:
         self._connect = connect
         self.table_writer = table_writer
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=1)
-        self._listener: WriteListener = listener or _Quiet()
+        self._listener = listener or WriteListener()
         self.failed = False
         self._stop = stop or threading.Event()
         self._closing = threading.Event()

@@ -16,6 +16,12 @@ from logjam.meta import Compression, Meta, now_ms
 HEARTBEAT = "heartbeat"
 
 
+def ping_request(app_env: str = "logjam-ping", seq: int = 0) -> list[bytes]:
+    """The frames of a ping request on a DEALER (empty delimiter first); a device answers
+    ["ping", "200 OK", fqdn] (or a 400 when it cannot read it)."""
+    return [b"", b"ping", app_env.encode(), b"{}", Meta.fresh(Compression.NONE, seq).pack()]
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """`[app-env, topic, body, meta]`. `body` is the frame as sent, possibly compressed."""

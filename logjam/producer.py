@@ -17,8 +17,8 @@ import zmq
 from logjam import sockets
 from logjam.constants import ACCEPTED, PONG
 from logjam.curve import ClientKey, connect
-from logjam.message import Message
-from logjam.meta import Compression, Meta
+from logjam.message import Message, ping_request
+from logjam.meta import Compression
 
 # Ruby and Java clients keep sequence numbers in a signed 64-bit integer, and so does
 # Spark; wrapping at 2**63 - 1 keeps every consumer's arithmetic exact.
@@ -115,10 +115,9 @@ class Producer:
     def ping(self, app_env: str = "logjam-ping", timeout: float | None = None) -> str:
         """Ping the device and return its fqdn."""
         self._require_dealer("ping")
-        meta = Meta.fresh(Compression.NONE, self._next_seq()).pack()
         self._pong = None
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        self._send([b"", b"ping", app_env.encode(), b"{}", meta], deadline)
+        self._send(ping_request(app_env, self._next_seq()), deadline)
         while self._pong is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

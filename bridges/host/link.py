@@ -59,8 +59,7 @@ from zmq.utils.monitor import parse_monitor_message
 from bridges.host.native_link import ACCEPTED, OK, UNEXPECTED, NativeWire, PyWire, wire
 from logjam.curve import ClientKey, connect
 from logjam.errors import DeviceRejected
-from logjam.message import Message, MessageBatch
-from logjam.meta import Compression, Meta
+from logjam.message import Message, MessageBatch, ping_request
 
 __all__ = ["ACCEPTED", "Affinity", "DeviceLink", "DeviceRejected"]
 
@@ -242,8 +241,7 @@ class _Endpoint:
             # Idle, or a ping lost with a connection: ask (again). Replies carry no id on the data
             # socket, so the ping has its own.
             try:
-                self.probe.send_multipart([b"", b"ping", b"logjam-ping", b"{}", Meta.fresh(Compression.NONE, 0).pack()],
-                                          zmq.NOBLOCK)
+                self.probe.send_multipart(ping_request(), zmq.NOBLOCK)
                 self.pinged_at = now
                 if self.ping_at is None:
                     self.ping_at = self.progress_at = now
