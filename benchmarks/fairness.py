@@ -7,7 +7,8 @@ It starts the mesh as `make up` runs it (supervisord.conf, 2 devices, 2 importer
 2. flood + quiet: --connections Lumberjack connections (app-env `lumberjack-default`, the
    loud stream) send as fast as the bridge acknowledges them, over both devices, for
    --flood-seconds, while `quiet-prod` goes on; its lag is sampled;
-3. the flood alone (the quiet stream stopped) for --flood-seconds, after everything drained.
+3. the flood alone (the quiet stream stopped) for --flood-seconds, after everything drained;
+   the lag query goes on, unfiled, so that both flood phases carry the same measuring load.
 
 The quiet stream's lag is the age of its newest queryable event: about once a second the
 largest event number of `quiet-prod` in `logjam.messages` is read, and lag = the time the
@@ -23,6 +24,7 @@ Usage: python benchmarks/fairness.py [--flood-seconds 90] [--quiet-rate 50] [--c
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -34,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.e2e import WINDOW, Mesh, Shipper, ship, windows  # noqa: E402
+from benchmarks.e2e import WINDOW, Mesh, Shipper, cpu, ship, windows  # noqa: E402
 from logjam.producer import Producer  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
@@ -156,16 +158,19 @@ def quiet_rows(mesh: Mesh) -> tuple[int, int]:
 def flood(mesh: Mesh, port: int, args: argparse.Namespace, pools: list[list[bytes]]) -> dict:
     """The loud stream as fast as acknowledged for --flood-seconds; then wait until it drained."""
     stop = threading.Event()
-    rows0, t0, m0 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)]
+    pids = {**mesh.pids(), "this benchmark": [os.getpid()]}
+    rows0, t0, m0, cpu0 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)], cpu(pids)
     shippers = [Shipper(port, pools[c], WINDOW, stop) for c in range(args.connections)]
     ship(shippers, args.flood_seconds, stop)
-    rows_at_end, t_end, m1 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)]
+    rows_at_end, t_end, m1, cpu1 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)], cpu(pids)
+    cores = {name: (cpu1[name] - cpu0[name]) / (t_end - t0) for name in cpu1}
     acked = sum(s.acked for s in shippers)
     deadline = time.monotonic() + 300
     while mesh.rows() < rows0 + acked and time.monotonic() < deadline:
         time.sleep(0.5)
     return {"acked": acked, "elapsed": t_end - t0, "landed": rows_at_end - rows0,
-            "drain": time.perf_counter() - max(s.last_ack for s in shippers), "jobs": describe_jobs(m0, m1, t_end - t0)}
+            "drain": time.perf_counter() - max(s.last_ack for s in shippers), "jobs": describe_jobs(m0, m1, t_end - t0),
+            "cores": ", ".join(f"{name} {c:.2f}" for name, c in sorted(cores.items(), key=lambda kv: -kv[1]) if c >= 0.01)}
 
 
 @dataclass
@@ -184,9 +189,11 @@ def measure(mesh: Mesh, args: argparse.Namespace) -> Result:
     """Quiet alone, then flood + quiet, then (unless --skip-alone) the flood alone; wait until all landed."""
     port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
     pools = [windows(c, 16) for c in range(args.connections)]
-    stop, lags = threading.Event(), Lags()
+    stop, sampled, lags = threading.Event(), threading.Event(), Lags()
     quiet = Quiet(device_endpoint(mesh.env, "router", 0), args.quiet_rate, stop)
-    sampler = Sampler(mesh, quiet, lags, stop)
+    # The lag query runs through the flood-alone phase too (its samples unfiled), so that both
+    # phases carry the same measuring load on Spark: ~0.2 cores of the two, measured.
+    sampler = Sampler(mesh, quiet, lags, sampled)
     quiet.start()
     sampler.start()
     wait_for(lambda: sampler.newest() is not None, timeout=120, interval=1, what="the first quiet row")
@@ -198,13 +205,14 @@ def measure(mesh: Mesh, args: argparse.Namespace) -> Result:
     sampler.phase = ""
     stop.set()
     quiet.join(180)
-    sampler.join(30)
     if quiet.error:
         raise RuntimeError(f"quiet sender failed: {quiet.error!r}")
     alone = None
     if not args.skip_alone:
         print("flood alone ...", flush=True)
         alone = flood(mesh, port, args, pools)
+    sampled.set()
+    sampler.join(30)
     deadline = time.monotonic() + 120
     while quiet_rows(mesh)[1] < quiet.accepted and time.monotonic() < deadline:
         time.sleep(1)
@@ -226,13 +234,13 @@ def report(r: Result, args: argparse.Namespace) -> None:
     rate_shared = shared["landed"] / shared["elapsed"]
     print(f"  flood with the quiet stream: {shared['acked'] / shared['elapsed']:9,.0f} ev/s acknowledged, "
           f"{rate_shared:9,.0f} ev/s landed in the phase (drained {shared['drain']:.1f} s after the last ack)")
-    print(f"    {shared['jobs']}")
+    print(f"    {shared['jobs']}\n    cores: {shared['cores']}")
     if alone is not None:
         rate_alone = alone["landed"] / alone["elapsed"]
         share = rate_shared / max(rate_alone, 1e-9)
         print(f"  flood alone:                 {alone['acked'] / alone['elapsed']:9,.0f} ev/s acknowledged, "
               f"{rate_alone:9,.0f} ev/s landed in the phase (drained {alone['drain']:.1f} s after the last ack)")
-        print(f"    {alone['jobs']}")
+        print(f"    {alone['jobs']}\n    cores: {alone['cores']}")
         print(f"  flood with quiet / alone: {share:.2f} (target >= {TARGETS['share']:.2f}: "
               f"{share / TARGETS['share']:.2f}x)")
     for name, (acked, rows, distinct) in ((QUIET, r.quiet), (LOUD, r.loud)):

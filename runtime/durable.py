@@ -53,6 +53,15 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """fsync a file written by someone else's writer (a Parquet file pyarrow wrote), so its bytes survive a crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def replace_file(path: str | os.PathLike[str], data: bytes | str, *, fsync: str = "always") -> None:
     """Replace `path` with `data` atomically: write `<name>.tmp`, fsync it, rename it, fsync the directory.
 

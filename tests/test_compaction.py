@@ -296,10 +296,14 @@ def test_todays_partition_is_compacted_in_levels_while_written_and_read(spark_se
     assert t.count(day=today) == (landed[0], landed[0])
     bad = [s for s in seen if s[1] != s[2] or s[1] < s[0]]
     assert len(seen) >= 5 and not bad, f"a reader saw rows missing or doubled: {bad[:5]}"
+    # The writer lands a file per write (milliseconds each) while a pass runs; one pass after
+    # the writes leaves fewer level-0 files than the fan-in, however many came.
+    merged += maintenance_pass(compactor, t.database, config).compacted
     live = live_files(t.pdir(today))
     levels = [level_of(p.name) for p in live]
     assert max(levels) >= 1 and all(v <= 2 for v in levels), levels
-    assert levels.count(0) < 3 + 8, "level-0 files were merged"
+    assert levels.count(0) < 3, "level-0 files were merged"
+    assert t.count(day=today) == (landed[0], landed[0])
     compactor.stop()
 
 

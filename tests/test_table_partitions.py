@@ -237,14 +237,16 @@ def test_a_burst_of_new_streams_waits_in_the_spill_and_lands_once_across_a_resta
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.parametrize("writes", [[], ["--no-staging"]], ids=["placed", "spark"])
 def test_a_full_warehouse_disk_is_named_in_the_log_and_healthz_and_nothing_is_lost(device, spark_server,
-                                                                                  tmp_path) -> None:
+                                                                                  tmp_path, writes) -> None:
+    """Both ways rows reach the disk: files the importer places (importer/place.py), and Spark's job."""
     from tests.disk_support import fill, small_tmpfs
 
     with small_tmpfs(tmp_path / "disk", "64m") as disk:
         warehouse = disk / "wh"
         imp = Importer(device, spark_server.url, "--flush-interval", "0.5", "--write-timeout", "30",
-                       "--no-staging", warehouse=warehouse, state_dir=tmp_path / "state")
+                       *writes, warehouse=warehouse, state_dir=tmp_path / "state")
         try:
             imp.wait_ready(device)
             df = table(spark_server, warehouse)
