@@ -44,22 +44,17 @@ def write_all(fd: int, parts: Sequence[Any] | bytes | memoryview, offset: int | 
     return total
 
 
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """fsync a directory, so that a file created, renamed or removed in it survives a crash."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def fsync_file(path: str | os.PathLike[str]) -> None:
-    """fsync a file written by someone else's writer (a Parquet file pyarrow wrote), so its bytes survive a crash."""
+    """fsync a file someone else's writer wrote (a Parquet file pyarrow wrote), or a directory,
+    so that its bytes, or a file created, renamed or removed in it, survive a crash."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+fsync_dir = fsync_file  # a directory is fsynced the same way; the name says what a caller means
 
 
 def replace_file(path: str | os.PathLike[str], data: bytes | str, *, fsync: str = "always") -> None:
