@@ -2,13 +2,19 @@
 
 It starts the mesh as `make up` runs it (supervisord.conf, 2 devices, 2 importers, CURVE on;
 `benchmarks/e2e.py`'s `Mesh`) on spare ports and a temporary data dir, then:
-1. quiet alone: `quiet-prod` sends --quiet-rate ev/s as a Logjam agent (DEALER to device 0's
+0. warm-up: the loud stream floods for --warmup-seconds while `quiet-prod` sends, unmeasured,
+   so that no phase pays the JVM's first compilations or the first files of a day;
+1. the flood alone (A): --connections Lumberjack connections (app-env `lumberjack-default`,
+   the loud stream) send as fast as the bridge acknowledges them, over both devices, for
+   --flood-seconds, while `quiet-prod` is paused;
+2. quiet alone: `quiet-prod` sends --quiet-rate ev/s as a Logjam agent (DEALER to device 0's
    ROUTER) for --baseline-seconds; its lag is sampled;
-2. flood + quiet: --connections Lumberjack connections (app-env `lumberjack-default`, the
-   loud stream) send as fast as the bridge acknowledges them, over both devices, for
-   --flood-seconds, while `quiet-prod` goes on; its lag is sampled;
-3. the flood alone (the quiet stream stopped) for --flood-seconds, after everything drained;
-   the lag query goes on, unfiled, so that both flood phases carry the same measuring load.
+3. flood + quiet: the flood again while `quiet-prod` goes on; its lag is sampled;
+4. the flood alone (B), `quiet-prod` paused again.
+The flood-alone phases stand on both sides of the shared one, so that neither a warmer JVM
+nor a smaller table favours one side; the reference is the better of the two. The lag query
+runs through every phase (its samples unfiled outside 2 and 3), so that all flood phases
+carry the same measuring load. Every phase starts after the one before it drained.
 
 The quiet stream's lag is the age of its newest queryable event: about once a second the
 largest event number of `quiet-prod` in `logjam.messages` is read, and lag = the time the
@@ -18,7 +24,7 @@ and without the quiet stream, against the targets: quiet p50 <= 5 s, worst <= 10
 flood lands >= 80 % of what it lands alone. Lost and duplicated events are checked for both
 streams (acknowledged against rows and distinct ids).
 Usage: python benchmarks/fairness.py [--flood-seconds 90] [--quiet-rate 50] [--connections 4]
-       [--baseline-seconds 20] [--skip-alone]
+       [--baseline-seconds 20] [--warmup-seconds 20] [--skip-alone]
 """
 
 from __future__ import annotations
@@ -69,12 +75,17 @@ class Quiet(threading.Thread):
         self.sent_at: list[float] = []
         self.accepted = 0
         self.error: BaseException | None = None
+        self.paused = threading.Event()  # set: send nothing (the flood-alone phases)
 
     def run(self) -> None:
         try:
             producer = Producer(self.endpoint, timeout=120.0)
             next_at = time.perf_counter()
             while not self.stop.is_set():
+                if self.paused.is_set():
+                    self.stop.wait(0.05)
+                    next_at = time.perf_counter()
+                    continue
                 time.sleep(max(0.0, next_at - time.perf_counter()))
                 next_at += 1.0 / self.rate
                 n = len(self.sent_at)
@@ -155,13 +166,13 @@ def quiet_rows(mesh: Mesh) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def flood(mesh: Mesh, port: int, args: argparse.Namespace, pools: list[list[bytes]]) -> dict:
-    """The loud stream as fast as acknowledged for --flood-seconds; then wait until it drained."""
+def flood(mesh: Mesh, port: int, args: argparse.Namespace, pools: list[list[bytes]], seconds: float) -> dict:
+    """The loud stream as fast as acknowledged for `seconds`; then wait until it drained."""
     stop = threading.Event()
     pids = {**mesh.pids(), "this benchmark": [os.getpid()]}
     rows0, t0, m0, cpu0 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)], cpu(pids)
     shippers = [Shipper(port, pools[c], WINDOW, stop) for c in range(args.connections)]
-    ship(shippers, args.flood_seconds, stop)
+    ship(shippers, seconds, stop)
     rows_at_end, t_end, m1, cpu1 = mesh.rows(), time.perf_counter(), [scrape(mesh, 0), scrape(mesh, 1)], cpu(pids)
     cores = {name: (cpu1[name] - cpu0[name]) / (t_end - t0) for name in cpu1}
     acked = sum(s.acked for s in shippers)
@@ -177,40 +188,56 @@ def flood(mesh: Mesh, port: int, args: argparse.Namespace, pools: list[list[byte
 class Result:
     lags: Lags
     shared: dict
-    alone: dict | None
+    alone: list[dict]  # the flood-alone phases before and after the shared one
     quiet: tuple[int, int, int]  # acknowledged, rows, distinct
     loud: tuple[int, int, int]
 
     def lost_or_doubled(self) -> int:
         return sum(max(0, acked - distinct) + rows - distinct for acked, rows, distinct in (self.quiet, self.loud))
 
+    def reference(self) -> dict | None:
+        """The flood alone at its best: the phase that landed more."""
+        return max(self.alone, key=lambda a: a["landed"] / a["elapsed"], default=None)
+
 
 def measure(mesh: Mesh, args: argparse.Namespace) -> Result:
-    """Quiet alone, then flood + quiet, then (unless --skip-alone) the flood alone; wait until all landed."""
+    """Warm-up, flood alone, quiet alone, flood + quiet, flood alone (see the docstring); all landed."""
     port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
     pools = [windows(c, 16) for c in range(args.connections)]
     stop, sampled, lags = threading.Event(), threading.Event(), Lags()
     quiet = Quiet(device_endpoint(mesh.env, "router", 0), args.quiet_rate, stop)
-    # The lag query runs through the flood-alone phase too (its samples unfiled), so that both
-    # phases carry the same measuring load on Spark: ~0.2 cores of the two, measured.
     sampler = Sampler(mesh, quiet, lags, sampled)
     quiet.start()
     sampler.start()
     wait_for(lambda: sampler.newest() is not None, timeout=120, interval=1, what="the first quiet row")
-    sampler.phase = "before"
-    time.sleep(args.baseline_seconds)
-    sampler.phase = "during"
-    print("flood + quiet ...", flush=True)
-    shared = flood(mesh, port, args, pools)
+    runs: list[dict] = []
+    loud_acked = 0
+    for phase in ("warm-up", "alone", "before", "during", "alone"):
+        if phase in ("warm-up", "before", "during"):
+            if quiet.paused.is_set():  # its newest row aged while paused: sample from its first new row on
+                resumed = len(quiet.sent_at)
+                quiet.paused.clear()
+                wait_for(lambda: (sampler.newest() or -1) >= resumed, timeout=120, interval=0.5,
+                         what="the quiet stream's first row after its pause")
+        elif args.skip_alone:
+            continue
+        else:
+            quiet.paused.set()
+        print(f"{phase} ...", flush=True)
+        sampler.phase = phase if phase in ("before", "during") else ""
+        if phase == "before":
+            time.sleep(args.baseline_seconds)
+            continue
+        if phase == "warm-up" and not args.warmup_seconds:
+            continue
+        run = flood(mesh, port, args, pools, args.warmup_seconds if phase == "warm-up" else args.flood_seconds)
+        loud_acked += run["acked"]
+        runs.append({**run, "phase": phase})
     sampler.phase = ""
     stop.set()
     quiet.join(180)
     if quiet.error:
         raise RuntimeError(f"quiet sender failed: {quiet.error!r}")
-    alone = None
-    if not args.skip_alone:
-        print("flood alone ...", flush=True)
-        alone = flood(mesh, port, args, pools)
     sampled.set()
     sampler.join(30)
     deadline = time.monotonic() + 120
@@ -218,7 +245,8 @@ def measure(mesh: Mesh, args: argparse.Namespace) -> Result:
         time.sleep(1)
     loud = mesh.spark.sql(f"SELECT count(*), count(DISTINCT event_id) FROM logjam.messages "
                           f"WHERE app_env = '{LOUD}'").collect()[0]
-    loud_acked = shared["acked"] + (alone["acked"] if alone else 0)
+    shared = next(r for r in runs if r["phase"] == "during")
+    alone = [r for r in runs if r["phase"] == "alone"]
     return Result(lags, shared, alone, (quiet.accepted, *quiet_rows(mesh)), (loud_acked, int(loud[0]), int(loud[1])))
 
 
@@ -230,18 +258,18 @@ def report(r: Result, args: argparse.Namespace) -> None:
         print(f"  quiet lag {phase:6} the flood: p50 {p50:5.2f} s, worst {worst:5.2f} s ({n} samples)"
               + (f"  (targets p50 <= {TARGETS['p50']:.0f} s: {TARGETS['p50'] / p50:.2f}x, worst <= "
                  f"{TARGETS['worst']:.0f} s: {TARGETS['worst'] / worst:.2f}x)" if phase == "during" else ""))
-    shared, alone = r.shared, r.alone
-    rate_shared = shared["landed"] / shared["elapsed"]
-    print(f"  flood with the quiet stream: {shared['acked'] / shared['elapsed']:9,.0f} ev/s acknowledged, "
-          f"{rate_shared:9,.0f} ev/s landed in the phase (drained {shared['drain']:.1f} s after the last ack)")
-    print(f"    {shared['jobs']}\n    cores: {shared['cores']}")
-    if alone is not None:
-        rate_alone = alone["landed"] / alone["elapsed"]
-        share = rate_shared / max(rate_alone, 1e-9)
-        print(f"  flood alone:                 {alone['acked'] / alone['elapsed']:9,.0f} ev/s acknowledged, "
-              f"{rate_alone:9,.0f} ev/s landed in the phase (drained {alone['drain']:.1f} s after the last ack)")
-        print(f"    {alone['jobs']}\n    cores: {alone['cores']}")
-        print(f"  flood with quiet / alone: {share:.2f} (target >= {TARGETS['share']:.2f}: "
+    def line(title: str, run: dict) -> None:
+        print(f"  {title:28} {run['acked'] / run['elapsed']:9,.0f} ev/s acknowledged, "
+              f"{run['landed'] / run['elapsed']:9,.0f} ev/s landed in the phase (drained {run['drain']:.1f} s "
+              f"after the last ack)\n    {run['jobs']}\n    cores: {run['cores']}")
+
+    for k, run in enumerate(r.alone):
+        line(f"flood alone ({'AB'[k]}):", run)
+    line("flood with the quiet stream:", r.shared)
+    best = r.reference()
+    if best is not None:
+        share = (r.shared["landed"] / r.shared["elapsed"]) / max(best["landed"] / best["elapsed"], 1e-9)
+        print(f"  flood with quiet / the better flood alone: {share:.2f} (target >= {TARGETS['share']:.2f}: "
               f"{share / TARGETS['share']:.2f}x)")
     for name, (acked, rows, distinct) in ((QUIET, r.quiet), (LOUD, r.loud)):
         print(f"  {name}: {acked} acknowledged, {rows} rows, lost {max(0, acked - distinct)}, "
@@ -254,7 +282,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--quiet-rate", type=float, default=50)
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--baseline-seconds", type=float, default=20)
-    ap.add_argument("--skip-alone", action="store_true", help="no flood-alone phase (no landed-rate comparison)")
+    ap.add_argument("--warmup-seconds", type=float, default=20, help="an unmeasured flood first (0: none)")
+    ap.add_argument("--skip-alone", action="store_true", help="no flood-alone phases (no landed-rate comparison)")
     return ap
 
 
