@@ -33,11 +33,9 @@ import pyarrow.parquet as pq
 
 from runtime.durable import fsync_dir, fsync_file, replace_file
 from table.paths import partition_dir
-from table.schema import DICTIONARY_COLUMNS, PARTITION_COLUMNS
+from table.schema import ARROW_WRITE_OPTIONS, PARTITION_COLUMNS
 
 MOVES = ".moves"
-# Spark's ingest write options (table/schema.py WRITE_OPTIONS), in pyarrow's words.
-_FILE_OPTIONS = {"compression": "snappy", "use_dictionary": list(DICTIONARY_COLUMNS), "write_statistics": True}
 
 
 def runs(table: pa.Table) -> list[tuple[int, int]]:
@@ -63,7 +61,7 @@ def place(table: pa.Table, staging: Path, root: Path) -> int:
         value = table.column("app_env")[start].as_py()
         day = table.column("date")[start].as_py().isoformat()
         staged = staging / f"{token}-{n}.parquet"
-        pq.write_table(data.slice(start, stop - start), staged, **_FILE_OPTIONS)
+        pq.write_table(data.slice(start, stop - start), staged, **ARROW_WRITE_OPTIONS)
         fsync_file(staged)
         target = Path(partition_dir(str(root), value, day)) / f"part-{token}-{n}.snappy.parquet"
         moves.append((str(staged), str(target)))

@@ -21,12 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from logjam import native as _native
+from table.schema import DOC_ARROW_TYPE
 
 MODULE = "importer._native_variant"
 
-# What Spark reads as a VARIANT (unshredded): Parquet's Variant group of two binaries.
-DOC_TYPE = pa.struct([pa.field("value", pa.large_binary(), nullable=False),
-                      pa.field("metadata", pa.large_binary(), nullable=False)])
 
 
 class DocEncoder:
@@ -62,7 +60,7 @@ class DocEncoder:
         value = _binary(ffi, rows, batch.value_offsets, batch.value)
         metadata = _binary(ffi, rows, batch.meta_offsets, batch.meta)
         validity = pa.py_buffer(_copy(ffi, batch.valid, (rows + 7) // 8))
-        return pa.Array.from_buffers(DOC_TYPE, rows, [validity], null_count=rows - batch.made,
+        return pa.Array.from_buffers(DOC_ARROW_TYPE, rows, [validity], null_count=rows - batch.made,
                                      children=[value, metadata])
 
 

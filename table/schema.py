@@ -62,6 +62,14 @@ COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
 DOC_COLUMN = "doc"
 DOC_EXPR = "CASE WHEN trim(LEADING ' \\t\\r\\n' FROM body) LIKE '{%' THEN try_parse_json(body) END"
 DATA_COLUMNS: tuple[str, ...] = (*(c for c in COLUMNS if c not in PARTITION_COLUMNS), DOC_COLUMN)
+# `doc` as an importer writes it: Parquet's Variant group of two binaries, which Spark reads as
+# a VARIANT (unshredded) when the read schema says so.
+DOC_ARROW_TYPE = pa.struct([pa.field("value", pa.large_binary(), nullable=False),
+                            pa.field("metadata", pa.large_binary(), nullable=False)])
+# What a file an importer places holds (importer/place.py), and so what an open day's merge
+# of such files without Spark reads and writes (warehouse/arrow_merge.py).
+FILE_SCHEMA = pa.schema([f for f in ARROW_SCHEMA if f.name not in PARTITION_COLUMNS]
+                        + [pa.field(DOC_COLUMN, DOC_ARROW_TYPE)])
 
 _SPARK_TYPES = {
     pa.string(): "STRING",
@@ -85,6 +93,12 @@ WRITE_OPTIONS: dict[str, str] = {
     **{f"parquet.enable.dictionary#{c}": "true" for c in DICTIONARY_COLUMNS},
 }
 COMPACT_OPTIONS: dict[str, str] = {"compression": "zstd", "parquet.enable.dictionary": "true"}
+# The same choices in pyarrow's words: an importer's placed file (WRITE_OPTIONS), and an open
+# day's merge without Spark, zstd with the same dictionaries (measured on e2e's rows: 80 bytes
+# a row at 3.3 us of CPU, against 84 bytes and 3.6 us with dictionaries on every column).
+ARROW_WRITE_OPTIONS: dict[str, Any] = {"compression": "snappy", "use_dictionary": list(DICTIONARY_COLUMNS),
+                                       "write_statistics": True}
+ARROW_MERGE_OPTIONS: dict[str, Any] = {**ARROW_WRITE_OPTIONS, "compression": "zstd"}
 
 
 def with_doc(df: Any) -> Any:

@@ -6,8 +6,10 @@ merged is the tier policy's choice (warehouse/tiers.py): a bounded number of rew
 row, a bounded number of files per partition. One compaction pass (warehouse/maintenance.py,
 `_compact_all`):
 1. plans one merge per partition that needs one, after settling what a killed run left;
-2. has Spark read each merge's files and write them again, zstd with dictionaries: the
-   merges that become one file each share one Spark job (the job's fixed cost is paid once
+2. writes each merge: while the day is open, the files importers place are merged here by
+   pyarrow, without Spark (warehouse/arrow_merge.py); the rest (a day's closing merge, which
+   shreds `doc`, and files Spark wrote) Spark reads and writes again, zstd with dictionaries:
+   the merges that become one file each share one Spark job (the job's fixed cost is paid once
    per pass, not per partition); a merge into several target-size files has a job of its own.
    Row counts in the Parquet footers must match, or nothing is swapped;
 3. per partition, under the importer root's lock (table/partition_files.py), builds
@@ -53,6 +55,7 @@ from table.partition_files import (
     strays,
 )
 from table.schema import COMPACT_OPTIONS, DATA_COLUMNS, spark_read_ddl
+from warehouse.arrow_merge import merge_files, mergeable
 from warehouse.tiers import FileInfo, Pick, TierPolicy, leveled_name
 
 log = logging.getLogger(__name__)
@@ -124,6 +127,7 @@ class Merge:
     sources: tuple[Path, ...]
     gen: int
     rows: int
+    closed: bool  # the day's closing merge or later: Spark writes it, shredding `doc`
 
     @property
     def out(self) -> Path:
@@ -149,15 +153,28 @@ def plan(spark: Any, database: str, part: PartitionRef, policy: TierPolicy, *, c
         return None
     gen = max([marker.gen if marker else 0, *_generations(part.dir)]) + 1
     sources = tuple(current / n for n in pick.names)
-    return Merge(part, marker, pick, sources, gen, _rows(list(sources)))
+    return Merge(part, marker, pick, sources, gen, _rows(list(sources)), closed)
 
 
-def write_merges(spark: Any, merges: list[Merge], scratch: Path) -> None:
-    """Have Spark write every merge's output into its `_compacted-<gen>/` dir.
+def write_merges(spark: Any, merges: list[Merge], scratch: Path) -> int:
+    """Write every merge's output into its `_compacted-<gen>/` dir; returns how many Spark wrote.
 
-    Merges into one file share one job: each partition's rows are tagged, hashed to one task
-    by the tag, and written under `<scratch>/_k=<tag>/`, whence they move to their partition.
+    An open day's merge of files importers placed is written here by pyarrow; the others by
+    Spark, where merges into one file share one job: each partition's rows are tagged, hashed
+    to one task by the tag, and written under `<scratch>/_k=<tag>/`, whence they move to their
+    partition.
     """
+    by_spark = []
+    for merge in merges:
+        if not merge.closed and mergeable(merge.sources):
+            merge_files(merge.sources, merge.out, merge.pick.level, merge.pick.files)
+        else:
+            by_spark.append(merge)
+    _spark_merges(spark, by_spark, scratch)
+    return len(by_spark)
+
+
+def _spark_merges(spark: Any, merges: list[Merge], scratch: Path) -> None:
     for merge in merges:
         if merge.pick.files > 1:
             df = _read(spark, merge).coalesce(merge.pick.files)

@@ -227,8 +227,7 @@ def _compact_all(spark: Any, database: str, config: MaintenanceConfig, location:
                 merges.append(merge)
         merges = throttle.admit(merges) if throttle is not None else merges
         planned = time.monotonic()
-        if merges:
-            write_merges(spark, merges, table_dir / SCRATCH)
+        by_spark = write_merges(spark, merges, table_dir / SCRATCH) if merges else 0
         written = time.monotonic()
         held = metrics.lock_hold.observe if metrics is not None else (lambda seconds: None)
         for merge, done in swap_all(spark, database, merges, config.compact_grace, held):
@@ -243,9 +242,9 @@ def _compact_all(spark: Any, database: str, config: MaintenanceConfig, location:
                     done.files_before, done.files_after, merge.pick.level, done.rows,
                     done.bytes_before / 2**20, done.bytes_after / 2**20)
         if merges:
-            log.info("compaction pass: %d merges (%d failed) in %.1fs (plan %.1fs, Spark %.1fs, swaps %.1fs)",
-                     result.compacted, result.failed, time.monotonic() - started, planned - started,
-                     written - planned, time.monotonic() - written)
+            log.info("compaction pass: %d merges (%d by Spark, %d failed) in %.1fs (plan %.1fs, writes %.1fs, "
+                     "swaps %.1fs)", result.compacted, by_spark, result.failed, time.monotonic() - started,
+                     planned - started, written - planned, time.monotonic() - written)
     if metrics:
         metrics.compaction_runs.inc()
         metrics.compacted.inc(result.compacted)
