@@ -210,30 +210,37 @@ def measure(mesh: Mesh, args: argparse.Namespace) -> Result:
     quiet.start()
     sampler.start()
     wait_for(lambda: sampler.newest() is not None, timeout=120, interval=1, what="the first quiet row")
-    runs: list[dict] = []
-    loud_acked = 0
-    for phase in ("warm-up", "alone", "before", "during", "alone"):
-        if phase in ("warm-up", "before", "during"):
-            if quiet.paused.is_set():  # its newest row aged while paused: sample from its first new row on
-                resumed = len(quiet.sent_at)
-                quiet.paused.clear()
-                wait_for(lambda: (sampler.newest() or -1) >= resumed, timeout=120, interval=0.5,
-                         what="the quiet stream's first row after its pause")
-        elif args.skip_alone:
-            continue
-        else:
-            quiet.paused.set()
-        print(f"{phase} ...", flush=True)
-        sampler.phase = phase if phase in ("before", "during") else ""
-        if phase == "before":
-            time.sleep(args.baseline_seconds)
-            continue
-        if phase == "warm-up" and not args.warmup_seconds:
-            continue
-        run = flood(mesh, port, args, pools, args.warmup_seconds if phase == "warm-up" else args.flood_seconds)
-        loud_acked += run["acked"]
-        runs.append({**run, "phase": phase})
+    floods: list[dict] = []
+
+    def flood_phase(name: str, seconds: float) -> dict:
+        print(f"{name} ...", flush=True)
+        floods.append(flood(mesh, port, args, pools, seconds))
+        return floods[-1]
+
+    def flood_alone() -> dict:
+        quiet.paused.set()
+        return flood_phase("alone", args.flood_seconds)
+
+    def resume_quiet() -> None:
+        """Its newest row aged while paused: sample from its first new row on."""
+        resumed = len(quiet.sent_at)
+        quiet.paused.clear()
+        wait_for(lambda: (sampler.newest() or -1) >= resumed, timeout=120, interval=0.5,
+                 what="the quiet stream's first row after its pause")
+
+    if args.warmup_seconds:
+        flood_phase("warm-up", args.warmup_seconds)
+    alone = [] if args.skip_alone else [flood_alone()]
+    if alone:
+        resume_quiet()
+    print("before ...", flush=True)
+    sampler.phase = "before"
+    time.sleep(args.baseline_seconds)
+    sampler.phase = "during"
+    shared = flood_phase("during", args.flood_seconds)
     sampler.phase = ""
+    if not args.skip_alone:
+        alone.append(flood_alone())
     stop.set()
     quiet.join(180)
     if quiet.error:
@@ -245,8 +252,7 @@ def measure(mesh: Mesh, args: argparse.Namespace) -> Result:
         time.sleep(1)
     loud = mesh.spark.sql(f"SELECT count(*), count(DISTINCT event_id) FROM logjam.messages "
                           f"WHERE app_env = '{LOUD}'").collect()[0]
-    shared = next(r for r in runs if r["phase"] == "during")
-    alone = [r for r in runs if r["phase"] == "alone"]
+    loud_acked = sum(run["acked"] for run in floods)
     return Result(lags, shared, alone, (quiet.accepted, *quiet_rows(mesh)), (loud_acked, int(loud[0]), int(loud[1])))
 
 

@@ -26,7 +26,6 @@ from table.schema import DOC_ARROW_TYPE
 MODULE = "importer._native_variant"
 
 
-
 class DocEncoder:
     """Encodes a staged table's bodies as `doc`, a batch at a time; one per writer thread."""
 
