@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -89,30 +90,42 @@ def test_compaction_swaps_atomically_under_a_reader_and_follows_late_writes(spar
 
     reader = SparkSession.builder.remote(spark_server.url).create()
     seen: list[tuple[int, int]] = []
+    failed: list[BaseException] = []
     stop = threading.Event()
 
     def read() -> None:
-        while not stop.is_set():
-            seen.append(t.count(spark=reader))
+        try:
+            while not stop.is_set():
+                seen.append(t.count(spark=reader))
+        except BaseException as e:  # reported below: a query that lost its files is what grace prevents
+            failed.append(e)
 
+    # The replaced files stay GRACE seconds, longer than one of the reader's queries takes
+    # from listing the files to reading them (about a second on a loaded CI machine).
+    grace = 15.0
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: len(seen) >= 2, timeout=60, what="the reader's first counts")
-        out = t.compact("--compact-grace", "0")
+        wait_for(lambda: len(seen) >= 2 or failed, timeout=60, what="the reader's first counts")
+        out = t.compact("--compact-grace", str(grace))
+        swapped = time.time()
         assert "compacted 1 partitions" in out.stdout
         n = len(seen)
-        wait_for(lambda: len(seen) >= n + 2, timeout=60, what="counts after the swap")
+        wait_for(lambda: len(seen) >= n + 2 or failed, timeout=60, what="counts after the swap")
     finally:
         stop.set()
         thread.join(60)
         reader.stop()
+    assert not failed, f"a reader's query failed across the swap: {failed[0]!r}"
     assert set(seen) == {expected}, f"a reader saw rows missing or doubled: {sorted(set(seen))}"
 
     marker = read_marker(t.pdir())
     assert marker is not None and marker.state == "done"
     assert len(data_files(t.pdir() / marker.location)) == 1
-    assert data_files(t.pdir()) == [], "grace 0: the replaced files are gone"
+    assert len(data_files(t.pdir())) == 12, "the replaced files are kept for the grace period"
+    time.sleep(max(0.0, swapped + grace + 0.5 - time.time()))  # the grace period itself is what is tested
+    assert "compacted 0 partitions" in t.compact().stdout
+    assert data_files(t.pdir()) == [], "past the grace period, a pass deletes the replaced files"
     # Late rows for the compacted day are queryable as soon as their writes return.
     t.land(7)
     t.land(3)

@@ -54,13 +54,17 @@ class Importer:
         return total
 
     def wait_ready(self, device, timeout: float = 60) -> None:
-        """Until this importer has received something: probes prove the SUB subscription is live."""
+        """Until this importer has received a probe: it proves the SUB subscription is live, and the
+        probe's row is in a batch ahead of anything sent after (a device heartbeat, which is also
+        counted as received, proves only the first)."""
         with Producer(device.pull, mode="push", linger_ms=0) as probe:
             def received() -> bool:
                 if self.proc.poll() is not None:
                     raise AssertionError(f"logjam-importer exited early:\n{self.output()}")
                 probe.send(PROBE_APP_ENV, "logs.probe", {"probe": True})
-                return self.metric("logjam_importer_messages_received_total") > 0
+                # A worker that does not own the probe's stream skips it.
+                return (self.metric("logjam_importer_rows_total", app_env=PROBE_APP_ENV)
+                        + self.metric("logjam_importer_messages_skipped_total")) > 0
             wait_for(received, timeout=timeout, interval=0.1, what="the importer to receive")
 
     def stop(self) -> int:
