@@ -44,6 +44,7 @@ class Sender(threading.Thread):
         self.sent: list[bytes] = []
         self.acked: list[bytes] = []
         self.halt = threading.Event()
+        self.peer_gone = threading.Event()  # the device has exited: read what it sent, then stop waiting
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -55,6 +56,8 @@ class Sender(threading.Thread):
                     deadline = deadline or time.monotonic() + 60
                     if time.monotonic() > deadline:
                         return
+                if self.peer_gone.is_set() and not s.poll(500):
+                    return
                 while not self.halt.is_set() and len(self.sent) - len(self.acked) < self.window:
                     body = json.dumps({"tag": self.tag, "i": len(self.sent), "pad": "x" * self.pad}).encode()
                     s.send_multipart([b"", b"shop-test", b"logs.full", body, meta()])
@@ -245,7 +248,9 @@ def test_sigterm_while_holding_exits_0_and_nothing_acknowledged_is_lost(tmp_path
         acked = list(sender.acked)
         assert stop(dev.proc) == 0
         sender.halt.set()
+        sender.peer_gone.set()
         sender.join(90)
+        assert not sender.is_alive() and sender.error is None, sender.error
     finally:
         sender.halt.set()
         published.close()
