@@ -123,7 +123,10 @@ def collect(sub: Subscriber, app_env: str, n: int, timeout: float = 60.0) -> lis
         got.extend((m, m.json()) for m in sub.recv_batch(max_items=5000, timeout=0.2) if _ours(m, app_env))
         return len(got) >= n
 
-    wait_for(enough, timeout=timeout, interval=0, what=f"{n} messages (have {len(got)})")
+    try:
+        wait_for(enough, timeout=timeout, interval=0, what=f"{n} messages")
+    except AssertionError as e:
+        raise AssertionError(f"{e} (have {len(got)})") from None
     return got
 
 

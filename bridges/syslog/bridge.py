@@ -44,7 +44,9 @@ from runtime.config import from_flags
 log = logging.getLogger("logjam-bridge.syslog")
 
 UDP_FLUSH_EVENTS = 256
-UDP_MAX_BATCHES = 64  # UDP batches at the device at once; beyond, datagrams are dropped (counted)
+# UDP batches at the device at once. Beyond that, datagrams gather in one waiting batch of
+# at most UDP_FLUSH_EVENTS, sent when a batch at the device is done; past it they are dropped (counted).
+UDP_MAX_BATCHES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,9 +285,10 @@ class _Datagrams:
         frame = datagram(data)
         if frame is None:
             return
-        if len(self.tasks) >= UDP_MAX_BATCHES:
+        if self.batch.n >= UDP_FLUSH_EVENTS and self.full:
             self.dropped.inc()
             return
+        self.host.metrics.events_received.inc()
         received = now_ms()
         meta = {"protocol": "syslog", "protocol_version": "rfc5426", "peer": peer, "received_at": received,
                 "framing": frame.framing}
@@ -297,13 +300,19 @@ class _Datagrams:
             self.scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
+    @property
+    def full(self) -> bool:
+        """As many batches are at the device as UDP may have there."""
+        return len(self.tasks) >= UDP_MAX_BATCHES
+
     def flush(self) -> None:
         self.scheduled = False
-        if not self.batch:
+        # asyncio reads one datagram per turn of the loop, so a burst would otherwise become a
+        # batch per datagram: while the link is full, the burst gathers in one batch instead.
+        if not self.batch or self.full:
             return
         batch, self.batch = self.batch, self.mapper.batches()
         n = len(batch)
-        self.host.metrics.events_received.inc(n)
         task = asyncio.ensure_future(forward(self.host, batch, "syslog udp"))
         self.tasks.add(task)
 
@@ -311,12 +320,20 @@ class _Datagrams:
             self.tasks.discard(t)
             if not t.cancelled() and t.exception() is None and t.result() == 0:
                 self.host.metrics.events_acked.inc(n)
+            if self.batch and not self.scheduled:  # what gathered while the link was full
+                self.scheduled = True
+                asyncio.get_running_loop().call_soon(self.flush)
 
         task.add_done_callback(done)
 
     async def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+        deadline = asyncio.get_running_loop().time() + 10
         self.flush()
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=10)
+        while self.tasks:  # a batch that waited for the link is sent as the others finish
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            await asyncio.wait(list(self.tasks), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            self.flush()
