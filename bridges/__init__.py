@@ -1,5 +1,5 @@
 """Bridges: TCP/TLS servers that turn other shippers' protocols into Logjam messages.
 
 `bridges.host` is the shared server, device link, mapping and metrics; each protocol
-package (lumberjack, courier, segment, rustlog) adds a sans-IO engine and its session.
+package (lumberjack, courier, segment, rustlog, otlp, syslog) adds a sans-IO engine and its session.
 """

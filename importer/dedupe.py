@@ -68,7 +68,3 @@ class RecentKeys:
 
     def __len__(self) -> int:
         return len(self._keys)
-
-    def oldest_first(self) -> list[str]:
-        """The remembered keys from the oldest to the newest (for tests and diagnostics)."""
-        return self._ring[self._next:] + self._ring[:self._next]

@@ -86,8 +86,6 @@ sub_drain = _builder("logjam._native_sub", "sub_drain.h", ["sub_drain.c"], zmq=T
 variant = _builder("importer._native_variant", "variant.h", ["variant.c"], zmq=False)
 decode = _builder("importer._native_decode", "decode.h", ["decode.c"], zmq=False)
 
-BUILDERS = ("device", "link", "scan", "sub_drain", "variant", "decode")
-
 if __name__ == "__main__":
     # `python native/build.py` writes lj_constants.h, for compiling or linting the C by hand.
     print(write_constants_header())

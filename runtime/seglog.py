@@ -144,18 +144,6 @@ def walk(framing: Framing, read: Callable[[int, int], bytes], position: int, pos
         position = following
 
 
-def valid_length(path: str | os.PathLike[str], framing: Framing) -> int:
-    """The bytes of one segment file (named `<first position, 20 digits><suffix>`) that hold
-    whole frames, read on its own: what recovery would keep of it as the last segment."""
-    path = Path(path)
-    valid = 0
-    with open(path, "rb") as f:
-        read = lambda n, offset: os.pread(f.fileno(), n, offset)  # noqa: E731
-        for *_, valid in walk(framing, read, int(path.name[:20]), 0, os.fstat(f.fileno()).st_size):
-            pass
-    return valid
-
-
 class AppendFile:
     """One append-only file: `size` is its valid length; writes go there, whole or not at all."""
 

@@ -27,7 +27,6 @@ import pyarrow.compute as pc
 
 DAY_US = 86_400_000_000
 MAX_DAYS_HENCE = 1
-MARK_COLUMN = "created_out_of_window"
 
 _NULL_MARK = pa.scalar(None, pa.bool_())
 _MARK = pa.scalar(True)

@@ -5,18 +5,23 @@ allowed the test is skipped with the reason. `fill` leaves a given number of byt
 free by writing a filler file that the test later deletes to give the space back.
 `limit_file_size` lowers a running process's file-size limit: Python ignores SIGXFSZ,
 so its writes past the limit fail with EFBIG, and raising the limit again ends that.
+`torn_bytes` says what a failed write left behind in a device journal.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import shutil
 import subprocess
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from devices.journal import SUFFIX, Journal
 
 
 @contextmanager
@@ -53,3 +58,16 @@ def limit_file_size(pid: int, limit: int | None) -> None:
     """Set the process's RLIMIT_FSIZE soft limit (None: back to the hard limit)."""
     _, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
     resource.prlimit(pid, resource.RLIMIT_FSIZE, (hard if limit is None else limit, hard))
+
+
+def torn_bytes(journal_dir: Path) -> dict[str, int]:
+    """The bytes a device starting on this journal would cut from each segment (torn or corrupt
+    batches; none of them was acknowledged): the journal is copied aside and opened there, as a
+    device opens it, so the original, perhaps still in use, is left as it is. `{}`: none."""
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / "journal"
+        shutil.copytree(journal_dir, copy)
+        before = {p.name: p.stat().st_size for p in copy.glob(f"*{SUFFIX}")}
+        Journal(copy).close()
+        after = {p.name: p.stat().st_size for p in copy.glob(f"*{SUFFIX}")}
+    return {name: size - after.get(name, 0) for name, size in before.items() if after.get(name, 0) != size}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +19,8 @@ from importer.config import DEFAULT_SUB, ImporterConfig
 from logjam import defaults
 from runtime.config import parse_config
 from runtime.curve import ServerCurve
+from tests.helpers import REPO
+from tools.mesh import DEFAULTS
 from tools.send import SendConfig, build_parser as send_parser
 from tools.sql import SqlConfig, build_parser as sql_parser
 from tools.tail import TailConfig, build_parser as tail_parser
@@ -181,3 +184,15 @@ def test_bridge_refusals_are_usage_errors() -> None:
         with pytest.raises(SystemExit) as e:
             bridge(protocol, argv)
         assert e.value.code == 2, (protocol, argv)
+
+
+def test_supervisord_conf_header_lists_every_mesh_default() -> None:
+    """The header comment of supervisord.conf names every variable tools/mesh.py gives a default, with
+    that default, and no other."""
+    header = (REPO / "supervisord.conf").read_text().split("\n[", 1)[0]
+    listed = dict(re.findall(r"\b(LOGJAM_\w+)=(\S+)", header))
+
+    def normal(key: str, value: str) -> str | Path:
+        return Path(value) if key == "LOGJAM_DATA_DIR" else value
+
+    assert {k: normal(k, v) for k, v in listed.items()} == {k: normal(k, v) for k, v in DEFAULTS.items()}

@@ -14,6 +14,11 @@ from logjam.meta import Compression
 NOW_US = 1_763_700_000_123_456
 
 
+def remembered(keys: RecentKeys, candidates: str = "abcdefghijtuvwxyz") -> set[str]:
+    """Which of `candidates` `keys` remembers, asked through `in` (which neither adds nor refreshes)."""
+    return {k for k in candidates if k in keys}
+
+
 def test_a_key_is_new_once_then_a_duplicate() -> None:
     keys = RecentKeys(3)
     assert not keys.seen("a")
@@ -27,20 +32,28 @@ def test_the_bound_is_respected_and_the_oldest_key_is_forgotten_first() -> None:
     for k in "abc":
         assert not keys.seen(k)
     assert not keys.seen("d")  # evicts a, the oldest
-    assert len(keys) == 3 and keys.oldest_first() == ["b", "c", "d"]
+    assert len(keys) == 3 and remembered(keys) == {"b", "c", "d"}
     assert "a" not in keys
     # A repeat does not refresh a key: eviction follows first sight, like the order rows were written.
     assert keys.seen("b")
     assert not keys.seen("e")  # evicts b
-    assert keys.oldest_first() == ["c", "d", "e"]
+    assert remembered(keys) == {"c", "d", "e"}
     assert not keys.seen("a")  # forgotten, so new again (a duplicate older than the bound lands twice)
-    assert keys.oldest_first() == ["d", "e", "a"] and len(keys) == 3
+    assert remembered(keys) == {"d", "e", "a"} and len(keys) == 3
+    assert not keys.seen("f")  # evicts c, then d, then e: first sight order, a's return last
+    assert not keys.seen("g")
+    assert not keys.seen("h")
+    assert remembered(keys) == {"f", "g", "h"}
 
 
 def test_extend_loads_oldest_first_and_skips_repeats() -> None:
     keys = RecentKeys(4)
     assert keys.extend(["x", "y", "x", "z", "w", "v"]) == 5
-    assert keys.oldest_first() == ["y", "z", "w", "v"]
+    assert remembered(keys) == {"y", "z", "w", "v"}
+    # New keys push them out in the order they were loaded: y is the oldest, v the newest.
+    for new, left in [("a", {"z", "w", "v"}), ("b", {"w", "v"}), ("c", {"v"}), ("d", set())]:
+        assert not keys.seen(new)
+        assert remembered(keys) - {"a", "b", "c", "d"} == left
 
 
 @settings(max_examples=200, deadline=None)
@@ -55,7 +68,8 @@ def test_behaves_like_a_fifo_window_of_distinct_keys(capacity: int, stream: list
             window.append(k)
             if len(window) > capacity:
                 window.pop(0)
-        assert keys.oldest_first() == window and len(keys) == len(window) <= capacity
+        # The same keys at every step is the same order: the order shows only in which key goes next.
+        assert remembered(keys) == set(window) and len(keys) == len(window) <= capacity
 
 
 def test_capacity_must_be_positive() -> None:

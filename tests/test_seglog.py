@@ -20,7 +20,7 @@ from bridges.segment.store import SegmentStore, dir_name
 from devices.journal import Journal
 from logjam.meta import Meta
 from runtime.durable import replace_file
-from runtime.seglog import AppendFile, Framing, SegmentedLog, valid_length
+from runtime.seglog import AppendFile, Framing, SegmentedLog
 
 PAYLOAD_CRC = Framing(">IIQI", length=0, crc=1, span=lambda f: (f[2], f[2] + f[3]))
 WHOLE_CRC = Framing(">IIQQ", crc=0, length=1, covers_header=True, span=lambda f: (f[2], f[2] + 1))
@@ -46,15 +46,24 @@ def test_frames_are_read_back_up_to_the_first_torn_or_corrupt_one(tmp_path: Path
     assert len(list(framing.frames(lambda n, o: bytes(bad)[o : o + n], 0, len(bad)))) == 1
 
 
-def test_valid_length_stops_at_a_torn_frame_and_at_a_gap_in_positions(tmp_path: Path) -> None:
+def test_recovery_cuts_the_last_segment_at_a_torn_frame_and_at_a_gap_in_positions(tmp_path: Path) -> None:
     frames = [PAYLOAD_CRC.encode(b"ab", first, 2) + b"ab" for first in (5, 7, 9)]
-    path = tmp_path / f"{5:020d}.journal"
-    path.write_bytes(b"".join(frames) + frames[0][:-1])
-    assert valid_length(path, PAYLOAD_CRC) == 3 * len(frames[0])
-    path.write_bytes(frames[0] + frames[2])  # positions 5-6, then 9: the second does not continue
-    assert valid_length(path, PAYLOAD_CRC) == len(frames[0])
-    (tmp_path / f"{6:020d}.journal").write_bytes(frames[0])  # the name says the segment starts at 6
-    assert valid_length(tmp_path / f"{6:020d}.journal", PAYLOAD_CRC) == 0
+
+    def recovered(name: str, base: int, raw: bytes) -> tuple[int, int, int]:
+        """(the log's size, its next position, the segment file's size) after opening a log of one segment."""
+        path = tmp_path / name / f"{base:020d}.journal"
+        path.parent.mkdir()
+        path.write_bytes(raw)
+        log = SegmentedLog(path.parent, PAYLOAD_CRC, suffix=".journal", segment_bytes=1 << 20, index_every=1024)
+        log.close()
+        return log.size, log.next, path.stat().st_size
+
+    whole = len(frames[0])
+    assert recovered("torn", 5, b"".join(frames) + frames[0][:-1]) == (3 * whole, 11, 3 * whole)
+    # Positions 5-6, then 9: the second does not continue.
+    assert recovered("gap", 5, frames[0] + frames[2]) == (whole, 7, whole)
+    # The name says the segment starts at 6.
+    assert recovered("misnamed", 6, frames[0]) == (0, 6, 0)
 
 
 @pytest.mark.timeout(60)

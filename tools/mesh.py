@@ -89,7 +89,7 @@ def device_port(env: dict[str, str], key: str, k: int) -> int:
 
 
 def device_data_dir(env: dict[str, str], k: int) -> Path:
-    """Device K's --data-dir as supervisord.conf gives it (devices/cli.py adds -K for K > 0)."""
+    """Device K's --data-dir as supervisord.conf gives it (devices/config.py adds -K for K > 0)."""
     return Path(env["LOGJAM_DATA_DIR"], "device" if k == 0 else f"device-{k}")
 
 

@@ -4,7 +4,7 @@ Bytes from the client go through the sans-IO `CourierServer`; each event becomes
 Logjam message (the event object as is, plus `@metadata` with the payload's nonce
 and the event's index) and is published to the device in pipelined batches.
 
-Acknowledgement follows the delivery rule of the bridge contract: an ACKN for a
+Acknowledgement follows the delivery rule every bridge follows: an ACKN for a
 payload never covers an event the device has not accepted. The host's `Pipeline` settles
 batches in the order they were sent, so a payload's count only ever grows over a prefix
 of its events, and only the oldest unfinished payload is ever acknowledged, so ACKNs go

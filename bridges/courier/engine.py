@@ -4,7 +4,7 @@ No sockets here. `CourierServer.feed(bytes)` turns what a client sent into event
 `CourierServer.send(reply)` turns a reply into bytes. `CourierClient` is the mirror
 image, used by the tests and by anything that wants to ship to a Courier server.
 
-Wire format (courier-protocol.md plus interop-notes.md, which real clients follow):
+Wire format (the Log Courier protocol as real clients speak it, docs/protocols/courier.md):
 every message is `[4 ASCII type bytes][u32 length][body]`, big-endian.
 
 - HELO / VERS: a handshake body of up to 32 bytes (flags, major, minor, patch,

@@ -1,6 +1,6 @@
 """The asyncio TCP/TLS server that runs one `BridgeProtocol` until SIGTERM.
 
-Shutdown order follows the bridge contract: stop accepting, stop reading from
+Shutdown order is the same for every bridge: stop accepting, stop reading from
 clients, let sessions finish what they already forwarded (acking it), close the
 clients, then close the protocol's stores and the device link. SIGHUP reloads the TLS
 files (bridges/host/tls.py); `--metrics-port` serves /metrics and /healthz (device link up).

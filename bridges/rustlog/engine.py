@@ -3,8 +3,8 @@
 Framing is shared: a 4-byte big-endian length, then the payload. The length is
 checked against the maximum before anything is buffered for the payload, and a
 zero length ends the connection. The payload's first byte picks the dialect:
-`{` is the JSON dialect of rustlog-protocol.md, anything else is the binary
-dialect the reference broker (kafka-lite) actually speaks (interop-notes.md).
+`{` is the JSON dialect of the RustLog protocol document, anything else is the binary
+dialect the reference broker (kafka-lite) actually speaks (docs/protocols/rustlog.md).
 Every request is answered in the dialect it came in.
 
 Errors split the way the spec says. Malformed JSON, invalid UTF-8 in a JSON

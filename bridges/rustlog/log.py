@@ -85,7 +85,7 @@ class PartitionLog:
     def size_bytes(self) -> int:
         return self._log.size
 
-    # -- the forwarded watermark (see docs/protocols/rustlog.md, "Crash between log and device")
+    # -- the forwarded watermark (see docs/protocols/rustlog.md, "Crash between the log and the device")
 
     def _read_watermark(self) -> int:
         try:

@@ -23,9 +23,10 @@ store is slow, not failing, when its storage is). `StoreHealth` logs it once.
 
 A kill between the device's 202 and the watermark write makes step 3 forward that
 append a second time: at the device, delivery across a crash is at-least-once in
-that window, and each message's @metadata (segment, segment_offset) is a unique key
-to drop the copy. In the segment itself there are never duplicates: writer state is
-stored with the data and a writer resending old event numbers is refused.
+that window, and both copies carry the same `@metadata._id`
+(`segment:<store id>:<segment>@<segment_offset>`), by which an importer that sees both
+drops the second (docs/reliability.md). In the segment itself there are never duplicates:
+writer state is stored with the data and a writer resending old event numbers is refused.
 """
 
 from __future__ import annotations

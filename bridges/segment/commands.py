@@ -6,8 +6,8 @@ A command is a frozen dataclass with a `CODE` (Pravega's WireCommandType) and a
 schema's names must be the dataclass's fields in order, and `_register` checks that
 when this module is imported, so a schema cannot drift from its class.
 
-Field layouts were checked against Pravega's own protocol definitions; interop-notes.md
-("Segment append") records where real clients differ from the spec.
+Field layouts were checked against Pravega's own protocol definitions; docs/protocols/segment.md
+("Which protocol") says why this is the protocol real clients speak, not the early design note.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ events (appends already reassembled into whole events); `SegmentServer.send(repl
 turns a reply into bytes. `SegmentClient` is the mirror image, used by the tests and
 the benchmark, and able to build both append forms real clients send.
 
-Wire format (interop-notes.md, "Segment append"; field layouts checked against
-Pravega's own protocol definitions):
+Wire format (docs/protocols/segment.md; field layouts checked against Pravega's own
+protocol definitions):
 
 - Every command is `[i32 type][i32 body length][body]`, big-endian. A command is at
   most 16 MiB - 1 bytes including its 8-byte header; the length is checked against

@@ -3,7 +3,8 @@
 One process serves one stream transport on `--listen`: plain syslog (RFC 6587, octet
 counting or LF framing, told apart per message; TLS, RFC 5425, when --tls-cert is given), or
 RELP with `--relp`. `--udp-listen` adds a UDP socket (RFC 5426) beside it. `make up` runs
-three of them (plain TCP with UDP, TLS, RELP); docs/protocols/syslog.md has the mapping.
+two of them (plain TCP with UDP, and RELP; TLS is added by hand, since the mesh has no server
+certificate to give it); docs/protocols/syslog.md has the mapping.
 
 What a sender can lose follows from its transport:
 - plain syslog over TCP or TLS has no acknowledgement: the bridge forwards what it reads,

@@ -5,7 +5,7 @@ syslog message; `datagram(bytes)` is the same for one UDP datagram. The message 
 frame is read by parse.py, which never fails: only the framing can be broken.
 
 Over a stream there are two framings, and the first byte of each message tells them apart
-(interop-notes.md; rsyslog's imtcp does the same): a digit begins octet counting
+(as rsyslog's imtcp does; docs/protocols/syslog.md): a digit begins octet counting
 (`MSG-LEN SP MSG`, RFC 6587 3.4.1, the only framing of TLS, RFC 5425), anything else is
 non-transparent framing, where LF ends the message (3.4.2). So a connection is detected
 from its first message and may even switch (a relay merging two senders).

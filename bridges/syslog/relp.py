@@ -1,6 +1,6 @@
 """Sans-IO RELP (rsyslog's Reliable Event Logging Protocol): server and client halves.
 
-A frame is `TXNR SP COMMAND SP DATALEN [SP DATA] LF` (librelp's doc/relp.md; interop-notes.md).
+A frame is `TXNR SP COMMAND SP DATALEN [SP DATA] LF` (librelp's doc/relp.md; docs/protocols/syslog.md).
 The client opens with `open` (its offers), sends one syslog message per `syslog` frame and
 ends with `close`; the server answers each with an `rsp` of the same TXNR, in the order the
 commands came, `200 OK` or `500 <reason>`. librelp keeps up to 128 frames unanswered and
@@ -28,7 +28,6 @@ DEFAULT_MAX_FRAME = 128 * 1024 + 64  # librelp's own bound on one frame's data, 
 MAX_TXNR = 999_999_999
 TXNR_DIGITS = 9
 COMMAND_MAX = 32
-HEADER_MAX = TXNR_DIGITS + 1 + COMMAND_MAX + 1 + 9 + 1  # up to the SP after DATALEN
 RELP_VERSION = "0"
 SOFTWARE = "logjam-mesh"
 
