@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from table.catalog import ensure_table  # noqa: E402
-from table.compaction_protocol import local_partitions  # noqa: E402
+from table.protocol import local_partitions  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
 from table.schema import DOC_COLUMN  # noqa: E402
 from importer.write import TableWriter  # noqa: E402

@@ -35,8 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.e2e import Mesh  # noqa: E402
-from table.compaction_protocol import local_partitions  # noqa: E402
-from table.partition_files import live_files  # noqa: E402
+from table.protocol import local_partitions  # noqa: E402
+from table.protocol import live_files  # noqa: E402
 from warehouse.tiers import level_of  # noqa: E402
 from logjam.curve import ClientKey  # noqa: E402
 from logjam.producer import Producer  # noqa: E402

@@ -1,11 +1,11 @@
 """The batch stage: group commit. Decoded rows accumulate until the writer is free, bounded by bytes.
 
 At low load a batch is cut `--flush-interval` after its first row, so a row is queryable
-about that long (plus one Spark job) after it arrived. Under load the writer is busy for
-a whole Spark job; meanwhile rows keep accumulating, and the next job takes everything
+about that long (plus one commit) after it arrived. Under load the writer is busy for
+a whole commit; meanwhile rows keep accumulating, and the next commit takes everything
 that arrived since the last one. Batch size thus follows the load with no tuning, and
-the fixed cost of a Spark job (about a second here) is paid once per batch, not per
-`--batch-rows`. `--batch-bytes` bounds a batch (and so the importer's memory and the
+a commit's fixed cost (a file per partition, its fsyncs and renames; a whole job for a
+remote Spark) is paid once per batch, not per `--batch-rows`. `--batch-bytes` bounds a batch (and so the importer's memory and the
 length of a job); a full batch waits for the writer, and while it waits the importer
 stops receiving (the SUB socket fills, and what its high-water mark drops comes back
 through replay).

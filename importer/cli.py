@@ -5,7 +5,7 @@ devices it owns (every N-th `--sub` endpoint from position I) and lands every st
 carry; its resume point is the table's last row for each of those devices, whichever
 importer wrote it. Without `--own-devices` it keeps the streams whose app-env CRC32 is I
 modulo N, subscribing to everything and filtering after receipt so that its gap tracking
-sees every sequence number. Rows go under `importer=<I>` of the `<database>.messages` table. Batches are group-committed: one Spark job takes everything that arrived
+sees every sequence number. Rows go under `importer=<I>` of the `<database>.messages` table. Batches are group-committed: one commit takes everything that arrived
 while the previous one ran, bounded by `--batch-bytes`; at low load a row waits about
 `--flush-interval`. SIGTERM flushes the current batch and exits 0.
 
@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="partitions one worker makes per date; further new streams that day go to app_env "
                         f"'{OVERFLOW}' with their name in original_app_env (default {DEFAULT_MAX_NEW_APP_ENVS})")
     p.add_argument("--no-staging", action="store_true",
-                   help="send batches inside the Spark request instead of staging them as Parquet files")
+                   help="commit through Spark: rows sent inside the Spark request, one job a batch, for a Spark "
+                        "server that does not share this importer's filesystem (chosen by itself when its probe "
+                        "file cannot be read back; default: place the importer's own Parquet files)")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve Prometheus /metrics and /healthz on this port (default off)")
     p.add_argument("--metrics-port-offset", type=int, default=0, metavar="N",

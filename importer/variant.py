@@ -1,16 +1,18 @@
 """The `doc` column made by the importer: each body that is a JSON object, as a Spark VARIANT.
 
 Spark reads a Parquet group of two binaries, `value` and `metadata`, as a VARIANT when the
-read schema says VARIANT. So an importer that stages its rows (importer/write.py) stages
-`doc` in that shape, encoded by native/variant.c, and Spark's write copies it instead of
-parsing every body. Parsing was half of what `doc` cost Spark's write at ingest (3 of 6 us
-per row, measured; docs/schema.md), and Spark's CPU is what the whole mesh shares.
+read schema says VARIANT. So the importer encodes `doc` in that shape itself, and when it
+places its own files (importer/place.py) `doc` is always encoded here, never by Spark.
+Parsing was half of what `doc` cost Spark's write at ingest (3 of 6 us per row, measured;
+docs/schema.md), and Spark's CPU is what the whole mesh shares.
 
-Without the C module (`LOGJAM_NATIVE=off`, or no compiler) `DocEncoder.load()` is None, and
-Spark makes `doc` in the write's plan (`table.schema.with_doc`), as it does for an importer
-that cannot stage (a remote Spark). Both make the same VARIANT: native/variant.c follows
-Spark's parse_json byte for byte (tests/test_variant.py), and tests/test_doc.py lands rows
-both ways.
+The encoder always exists: `DocEncoder.load()` gives the C one (native/variant.c) when the
+module is built and `LOGJAM_NATIVE` allows it, else its Python twin (importer/variant_py.py)
+under `LOGJAM_NATIVE=off` or without a compiler. The twin is slower (about 20 us a row against
+1 on ten-field log lines), not different: tests/test_variant.py compares the C with Spark's
+parse_json byte for byte and the twin with the C, and tests/test_doc.py lands rows through
+the importer's writer either way. Where the C departs from Spark, the twin departs with it
+(importer/variant_py.py says where).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from importer.variant_py import PyDocEncoder
 from logjam import native as _native
 from table.schema import DOC_ARROW_TYPE
 
@@ -27,7 +30,7 @@ MODULE = "importer._native_variant"
 
 
 class DocEncoder:
-    """Encodes a staged table's bodies as `doc`, a batch at a time; one per writer thread."""
+    """Encodes a batch's bodies as `doc` in C, a batch at a time; one per writer thread (it keeps buffers)."""
 
     def __init__(self, built: tuple[Any, Any]) -> None:
         self._ffi, self._lib = built
@@ -36,10 +39,12 @@ class DocEncoder:
             raise MemoryError("lj_variant_new")
 
     @classmethod
-    def load(cls) -> DocEncoder | None:
-        """An encoder, or None when the C module is switched off or missing (Spark parses instead)."""
+    def load(cls) -> DocEncoder | PyDocEncoder:
+        """The C encoder, or its Python twin when the C module is switched off or missing; never None.
+
+        Under LOGJAM_NATIVE=require a missing module raises `NativeUnavailable` (logjam/native.py)."""
         built = _native.load(MODULE)
-        return cls(built) if built is not None else None
+        return cls(built) if built is not None else PyDocEncoder()
 
     def column(self, table: pa.Table) -> pa.StructArray:
         """`doc` for every row of `table`: NULL where the body is not one JSON object.

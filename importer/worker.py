@@ -5,7 +5,8 @@
 - decode: `importer.decode.BatchBuilder` (a row per message, dedupe by `@metadata._id`), made in
   C a drained chunk at a time by `importer.decode_native.NativeBatchBuilder` when LOGJAM_NATIVE allows;
 - batch: `importer.batch.GroupCommit` (group commit, bounded by bytes);
-- write: `importer.write.BackgroundWriter` running `TableWriter` (a Spark job per batch, in a thread);
+- write: `importer.write.BackgroundWriter` running `TableWriter` (a commit per batch, in a thread: the
+  importer's own Parquet files placed by the table's commit protocol, or a Spark job for a remote Spark);
 - checkpoint: `importer.checkpoint.Checkpoints` (persisted after each commit).
 
 `Worker.start` connects to Spark, makes sure the table exists and finds where to resume;
@@ -42,7 +43,7 @@ from table.session import (INGEST_POOL, is_connect, open_session, quiesce_previo
                               wait_for_connect_server)
 from importer.config import ImporterConfig
 from importer.split import StreamFilter
-from table.compaction_protocol import settle_root
+from table.protocol import settle_root
 from importer.write import BackgroundWriter, TableWriter, WriteFailed, WriteListener
 from logjam import sockets
 from logjam.curve import ClientKey
@@ -123,7 +124,7 @@ class Worker(WriteListener):
         staged = self.table_writer.probe_staging(spark)
         log.info("spark %s ready in %.1fs; writing %s.messages under %s (%s)", config.spark,
                  time.monotonic() - started, config.database, self.table_writer.root,
-                 "batches staged as Parquet" if staged else "batches sent inside the Spark request")
+                 "placing its own Parquet files" if staged else "rows sent inside the Spark request, one job a batch")
         self.spark = spark
         # Rows a compaction's swap or our own last run left outside the catalog's location
         # must be visible before max(seq) is read from the table.

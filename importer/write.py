@@ -1,10 +1,10 @@
-"""The write stage: batches become Spark jobs, written in a thread of their own, in order, retried until they commit.
+"""The write stage: batches become commits, written in a thread of their own, in order, retried until they land.
 
 The stage has three parts, a module each:
 - planning (importer/plan.py): a batch becomes a `Commit`, within the budget of new
   partitions a job may register; the rest of a burst of new streams waits in the spill;
-- the commit (importer/commit.py): one Spark job with its rows, its share of the spill, the
-  check whether it already landed and the move into a compacted partition; `run(spark)` is
+- the commit (importer/commit.py): one batch with its rows, its token, its share of the spill
+  and how far it got (placed files, or a Spark job for a remote Spark); `run(spark)` is
   idempotent;
 - the retry thread (here): `BackgroundWriter` runs the commits in order while the main thread
   decodes the next batch, and only retries them.

@@ -57,6 +57,23 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
 fsync_dir = fsync_file  # a directory is fsynced the same way; the name says what a caller means
 
 
+def make_dirs(path: str | os.PathLike[str]) -> None:
+    """Make a directory and its missing parents, each made one durable in its parent: a file renamed into
+    it later is then not lost with the directory in a power loss."""
+    path = Path(path)
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+        fsync_dir(directory.parent)
+
+
 def replace_file(path: str | os.PathLike[str], data: bytes | str, *, fsync: str = "always") -> None:
     """Replace `path` with `data` atomically: write `<name>.tmp`, fsync it, rename it, fsync the directory.
 

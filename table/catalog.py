@@ -17,8 +17,8 @@ import logging
 import time
 from typing import Any, Iterable
 
-from table.compaction_protocol import adopt_compacted
-from runtime.durable import replace_file
+from table.protocol import adopt_compacted
+from runtime.durable import make_dirs, replace_file
 from table.paths import NAME_FILE, dir_value, local_path, partition_dir, unescape_partition_value
 from table.schema import (DEFAULT_DATABASE, TABLE_NAME, missing_columns, partition_clause, qualified, sql_string,
                           table_ddl)
@@ -144,7 +144,10 @@ class Partitions:
         path = local_path(location)
         if path is None:
             return
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            make_dirs(path)
+        except FileNotFoundError:  # retention removed the app_env dir between two mkdirs: once more
+            make_dirs(path)
         if dir_value(value) != value:
             name = path.parent / NAME_FILE
             if not name.exists():
@@ -153,8 +156,12 @@ class Partitions:
     def is_registered(self, spec: PartitionSpec) -> bool:
         return self._registered.get(spec, -1e18) + self.ttl >= time.monotonic()
 
-    def forget(self) -> None:
-        self._registered.clear()
+    def forget(self, specs: Iterable[PartitionSpec] | None = None) -> None:
+        """Register these specs (every one with None) again at their next use."""
+        if specs is None:
+            self._registered.clear()
+        for spec in specs or ():
+            self._registered.pop(spec, None)
 
 
 def registered_app_envs(spark: Any, database: str, importer: int) -> dict[str, set[str]]:

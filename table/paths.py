@@ -4,10 +4,11 @@ The default warehouse lies in the data root (logjam/defaults.py: `$LOGJAM_DATA_D
 `./data`).
 
 Inside the table's location every importer writes only below its own root,
-`importer=<I>/app_env=<app-env>/date=<YYYY-MM-DD>/`: one Spark job per root at a time,
-because two jobs appending under one output path share its `_temporary` directory and
-corrupt each other (SPARK-24238). Staged batches wait in `_staging/`, which Spark's
-readers skip like every name starting with `_`.
+`importer=<I>/app_env=<app-env>/date=<YYYY-MM-DD>/`, and under that root's lock
+(table/protocol.py): one writer per root at a time (two Spark jobs appending under one output
+path would also share its `_temporary` directory and corrupt each other, SPARK-24238).
+Batches being placed wait in `_staging/importer=<I>/`, which Spark's readers skip like every
+name starting with `_`.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def output_root(table_location: str, importer: int) -> str:
 
 
 def staging_dir(table_location: str, importer: int) -> str:
-    """Where an importer stages the Parquet file of a batch for Spark to read."""
+    """Where an importer stages the Parquet files of a batch before they are renamed into place."""
     return f"{table_location.rstrip('/')}/_staging/importer={importer}"
 
 

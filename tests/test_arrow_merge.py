@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from table import compaction_protocol
+from importer.write import TableWriter
+from table import protocol
 from table.partition_files import data_files
 from table.paths import local_path
 from table.schema import FILE_SCHEMA
@@ -93,11 +94,9 @@ def test_an_open_days_placed_files_merge_without_spark_and_the_rest_with_it(spar
     """Placed files: pyarrow; files Spark wrote, and a closed day: Spark. All rows and `doc` read back."""
     t = Table(spark_server, tmp_path / "wh")
     today = datetime.datetime.now(datetime.timezone.utc).date()
-    if t.writer.doc_encoder is None:
-        pytest.skip("without the C `doc` encoder (LOGJAM_NATIVE=off) importers do not place files")
     for _ in range(3):
         t.land(40, day=today)
-    part = next(p for p in compaction_protocol.local_partitions(t.location) if p.app_env == "shop-prod")
+    part = next(p for p in protocol.local_partitions(t.location) if p.app_env == "shop-prod")
     policy = TierPolicy(fanin=3)
     merge = compaction.plan(t.spark, t.database, part, policy, closed=False, grace=0)
     assert merge is not None and len(merge.sources) == 3
@@ -110,8 +109,8 @@ def test_an_open_days_placed_files_merge_without_spark_and_the_rest_with_it(spar
                        f"AND variant_get(doc, '$.message', 'string') = concat('m', seq)").collect()[0][0]
     assert docs == 120
 
-    # Rows Spark wrote (an importer without the C encoder) make the next open merge Spark's.
-    t.writer.target.doc_encoder = None
+    # Rows Spark wrote (an importer whose Spark does not share its filesystem) make the next open merge Spark's.
+    t.writer = TableWriter(t.database, 0, t.location, staging=False)
     for _ in range(3):
         t.land(40, day=today)
     merge = compaction.plan(t.spark, t.database, part, policy, closed=False, grace=0)

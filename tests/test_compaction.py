@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from table import compaction_protocol
+from table import protocol
 from warehouse import compaction
 from table.catalog import ensure_table
 from importer.decode import BatchBuilder
-from table.partition_files import data_files, read_marker
+from table.partition_files import data_files
+from table.protocol import read_marker
 from table.paths import local_path, partition_dir
 from importer.write import TableWriter
 from logjam.message import Message
@@ -150,7 +151,7 @@ def test_compaction_swaps_atomically_under_a_reader_and_follows_late_writes(spar
     assert len(data_files(t.pdir(today))) == 2
 
 
-def compact_now(t: Table, part: compaction_protocol.PartitionRef) -> list:
+def compact_now(t: Table, part: protocol.PartitionRef) -> list:
     """Compact one partition as a closed day, through the steps a maintenance pass takes."""
     merge = compaction.plan(t.spark, t.database, part, TierPolicy(), closed=True, grace=0)
     assert merge is not None
@@ -163,7 +164,7 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
     t = Table(spark_server, tmp_path / "wh")
     for _ in range(6):
         t.land(30)
-    part = next(p for p in compaction_protocol.local_partitions(t.location) if p.date == DAY.isoformat())
+    part = next(p for p in protocol.local_partitions(t.location) if p.date == DAY.isoformat())
 
     # 1. SIGKILL while Spark writes the compacted copy.
     proc = subprocess.Popen([command("logjam-sql"), "--spark", spark_server.url, "--warehouse", str(t.warehouse),
@@ -181,18 +182,18 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
     assert t.count() == (180, 180)
 
     # 2. Killed just after the catalog's location moved, before the marker said so.
-    real_set_location = compaction_protocol.set_location
+    real_set_location = protocol.set_location
 
     def swap_then_die(*args, **kwargs):
         real_set_location(*args, **kwargs)
         raise SystemExit("killed after the swap")
 
-    compaction_protocol.set_location = swap_then_die
+    protocol.set_location = swap_then_die
     try:
         with pytest.raises(SystemExit):
             compact_now(t, part)
     finally:
-        compaction_protocol.set_location = real_set_location
+        protocol.set_location = real_set_location
     assert read_marker(t.pdir()).state == "swapping"
     assert t.count() == (180, 180)
     # An importer's next write settles it and its rows are visible at once.
@@ -205,12 +206,12 @@ def test_a_killed_compaction_leaves_the_table_whole_and_the_next_run_finishes(sp
         raise SystemExit("killed before the swap")
 
     t.land(3)
-    compaction_protocol.set_location = die_before
+    protocol.set_location = die_before
     try:
         with pytest.raises(SystemExit):
             compact_now(t, part)
     finally:
-        compaction_protocol.set_location = real_set_location
+        protocol.set_location = real_set_location
     assert t.count() == (186, 186)
     t.compact("--compact-grace", "0")
     assert t.count() == (186, 186)
@@ -259,7 +260,7 @@ def test_todays_partition_is_compacted_in_levels_while_written_and_read(spark_se
 
     from warehouse.config import MaintenanceConfig
     from warehouse.maintenance import maintenance_pass
-    from table.partition_files import live_files
+    from table.protocol import live_files
     from warehouse.tiers import level_of
 
     t = Table(spark_server, tmp_path / "wh")
@@ -325,7 +326,7 @@ def test_swaps_hold_an_importers_lock_briefly_and_let_it_in_between_holds(spark_
     """Many partitions swapped in one pass: a writer waiting on the root's lock gets it within about a second."""
     import time
 
-    from table.partition_files import root_lock
+    from table.protocol import root_lock
 
     t = Table(spark_server, tmp_path / "wh")
     apps = [f"svc{i:02d}-prod" for i in range(48)]
@@ -336,7 +337,7 @@ def test_swaps_hold_an_importers_lock_briefly_and_let_it_in_between_holds(spark_
             b.add(Message.build(app, "logs", {"message": f"m{t.seq}"}, seq=t.seq, device=3,
                                 created_ms=created_ms(DAY)), created_ms(DAY) * 1000)
         t.writer.write(t.spark, b.build())
-    parts = [p for p in compaction_protocol.local_partitions(t.location) if p.date == DAY.isoformat()]
+    parts = [p for p in protocol.local_partitions(t.location) if p.date == DAY.isoformat()]
     merges = [compaction.plan(t.spark, t.database, p, TierPolicy(), closed=True) for p in parts]
     assert len(merges) == len(apps) and all(merges)
     compaction.write_merges(t.spark, merges, local_path(t.location) / compaction.SCRATCH)

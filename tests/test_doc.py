@@ -1,8 +1,8 @@
 """`doc`, the body as a VARIANT column, against a real `logjam-spark` with its JDBC endpoint.
 
-Rows are landed by the importer's own writer, which stages `doc` encoded by native/variant.c,
-or under LOGJAM_NATIVE=off leaves it to Spark's `try_parse_json` (marker `native`: `make test`
-runs both). Checked: `doc` is written (whole by the
+Rows are landed by the importer's own writer, with `doc` encoded by the importer: by
+native/variant.c, or under LOGJAM_NATIVE=off by its Python twin, importer/variant_py.py (marker
+`native`: `make test` runs both). Checked: `doc` is written (whole by the
 importer, shredded by compaction), NULL for a body that is not JSON and for files written before the column
 existed (a table of an older version gets it with ALTER TABLE), the same answers through
 Spark Connect, `logjam-sql` and JDBC (beeline) with both `doc:path` and `variant_get`, and
@@ -23,6 +23,7 @@ import pytest
 from logjam import native
 from table.catalog import ensure_table
 from importer.decode import BatchBuilder
+from importer.variant_py import PyDocEncoder
 from table.partition_files import data_files
 from table.paths import partition_dir
 from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, partition_clause, qualified, spark_read_ddl, table_ddl
@@ -85,7 +86,7 @@ def test_doc_is_the_parsed_body_queryable_every_way_and_kept_shredded_by_compact
     database = database_for(warehouse)
     location = ensure_table(spark, database, str(warehouse / "messages"))
     writer = TableWriter(database, 0, location)
-    assert writer.probe_staging(spark) and (writer.doc_encoder is None) == (native.mode() == "off")
+    assert writer.probe_staging(spark) and isinstance(writer.doc_encoder, PyDocEncoder) == (native.mode() == "off")
     writer.write(spark, batch([request(i) for i in range(1, 6)] + [b"plain text, not JSON", b' "a JSON string"'], 1))
     writer.write(spark, batch([request(i) for i in range(6, 11)], 8))
     t = qualified(database)

@@ -27,7 +27,7 @@ from importer.decode import BatchBuilder
 from importer.write import TableWriter
 from table.catalog import ensure_table
 from table.event_time import EventWindow
-from table.partition_files import live_files, read_marker
+from table.protocol import live_files, read_marker
 from table.paths import partition_dir
 from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, partition_clause, qualified, table_ddl, with_doc
 from tests.helpers import command, wait_for

@@ -1,5 +1,6 @@
 """importer/place.py: a batch becomes one Parquet file per partition, placed whole or not at all,
-also when the process is killed between its renames (a real child process, killed at the rename)."""
+also when the process is killed between its renames (a real child process, killed at each one).
+tests/test_commit_protocol.py kills a whole commit, registration and catalog included, at every step."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from importer.decode import BatchBuilder
-from importer.place import MOVES, place, recover, runs
+from importer.place import place, runs
+from table.protocol import MOVES, recover_placements
 from logjam.message import Message
 from table.paths import partition_dir
 
@@ -57,7 +59,9 @@ def test_runs_are_the_partitions_of_a_sorted_table() -> None:
 def test_one_file_per_partition_with_every_row_and_nothing_left_staged(tmp_path: Path) -> None:
     table = _rows({"a-prod": 7, "b-prod": 3})
     staging, root = tmp_path / "_staging", tmp_path / "importer=0"
-    assert place(table, staging, root) == 4
+    for key in {(a, d.isoformat()) for a in ("a-prod", "b-prod") for d in DAYS}:
+        Path(partition_dir(str(root), *key)).mkdir(parents=True)
+    assert place(table, staging, root, "t1") == 4
     placed = _placed(root)
     assert sorted(placed) == [(a, d.isoformat()) for a in ("a-prod", "b-prod") for d in DAYS]
     assert sorted(m for ms in placed.values() for m in ms) == sorted(table.column("message").to_pylist())
@@ -73,20 +77,22 @@ from pathlib import Path
 sys.path.insert(0, {root!r})
 import importer.place as place
 calls = [0]
-real = os.replace
-def replace(a, b):
-    calls[0] += 1
-    if calls[0] == {at}:
-        os.kill(os.getpid(), 9)
-    real(a, b)
-place.os.replace = replace
-place.place(pq.read_table({rows!r}), Path({staging!r}), Path({root_dir!r}))
+def counted(real):
+    def call(a, b):
+        calls[0] += 1
+        if calls[0] == {at}:
+            os.kill(os.getpid(), 9)
+        real(a, b)
+    return call
+os.replace, os.rename = counted(os.replace), counted(os.rename)
+place.place(pq.read_table({rows!r}), Path({staging!r}), Path({root_dir!r}), "tok",
+            lambda dirs: [d.mkdir(parents=True) for d in dirs])
 """
 
 
-@pytest.mark.parametrize("at", [1, 2, 3])
+@pytest.mark.parametrize("at", [1, 2, 3, 4, 5])
 def test_a_process_killed_between_renames_leaves_the_batch_whole_after_recover(tmp_path: Path, at: int) -> None:
-    """Killed at the at-th rename (1: writing the list of moves; 2, 3: between the partitions' renames)."""
+    """Killed at the at-th rename (1: writing the list of moves; 2-5: between the partitions' renames)."""
     table = _rows({"a-prod": 6, "b-prod": 2})
     rows = tmp_path / "rows.parquet"
     pq.write_table(table, rows)
@@ -96,19 +102,25 @@ def test_a_process_killed_between_renames_leaves_the_batch_whole_after_recover(t
     assert child.returncode == -9
     listed = list(staging.glob(f"*{MOVES}"))
     assert len(listed) == (0 if at == 1 else 1)
-    assert recover(staging) == len(listed)
+    assert recover_placements(staging, root) == len(listed)
     assert list(staging.iterdir()) == []
     messages = sorted(m for ms in _placed(root).values() for m in ms)
     if at == 1:  # the list was never written: nothing of the batch is in the table, replay brings it
         assert messages == []
     else:
         assert messages == sorted(table.column("message").to_pylist())
-    assert recover(staging) == 0  # and again: nothing more to do
+    assert recover_placements(staging, root) == 0  # and again: nothing more to do
 
 
-def test_a_partition_directory_missing_is_made(tmp_path: Path) -> None:
+def test_a_partition_directory_missing_is_handed_to_ensure_dirs_before_any_rename(tmp_path: Path) -> None:
+    """Placing never makes a partition's dir itself: a missing one was dropped by retention, and must be
+    registered again (the caller's `ensure_dirs`) or its rows would land where the catalog does not look."""
     table = _rows({"x-prod": 2})
     root = tmp_path / "importer=3"
-    place(table, tmp_path / "_staging", root)
-    assert Path(partition_dir(str(root), "x-prod", DAYS[0].isoformat())).is_dir()
+    asked: list[list[Path]] = []
+    with pytest.raises(FileNotFoundError):
+        place(table, tmp_path / "_staging", root, "t", asked.append)
+    assert asked == [[Path(partition_dir(str(root), "x-prod", d.isoformat())) for d in DAYS]]
+    place(table, tmp_path / "_staging", root, "t", lambda dirs: [d.mkdir(parents=True) for d in dirs])
     assert os.listdir(tmp_path / "_staging") == []
+    assert len(list(root.rglob("*.parquet"))) == 2

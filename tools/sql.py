@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import orjson
 
 from table.catalog import ensure_table
-from table.compaction_protocol import DEFAULT_GRACE_S
+from table.protocol import DEFAULT_GRACE_S
 from warehouse.config import MaintenanceConfig
 from warehouse.maintenance import maintenance_pass
 from table.paths import table_path

@@ -12,18 +12,21 @@ row, a bounded number of files per partition. One compaction pass (warehouse/mai
    the merges that become one file each share one Spark job (the job's fixed cost is paid once
    per pass, not per partition); a merge into several target-size files has a job of its own.
    Row counts in the Parquet footers must match, or nothing is swapped;
-3. per partition, under the importer root's lock (table/partition_files.py), builds
+3. per partition, under the importer root's lock, builds
    `<partition dir>/_compacted-<gen>/`: the merged files plus hard links to every file of the
    current location it did not merge (including files the importer added meanwhile), writes
    `_compaction.json` in state "swapping", sets the catalog's location of the partition to the
    new directory (the atomic swap: one metastore update), and marks it "done" (the swap and its
-   recovery are the compaction protocol, table/compaction_protocol.py, which writers follow too);
+   recovery are the table's commit protocol, table/protocol.py, which writers follow too);
 4. the replaced files and directories are deleted `grace` seconds later, so a query
    planned before the swap can still read them.
 Readers see either the old set of files or the new one, never a row missing or doubled.
-A compaction killed at any point leaves the table correct: a marker left "swapping" is
-settled by `recover` from the catalog (done if the location moved, rolled back otherwise),
-and `_compacted-<n>/` dirs no marker names are the remains of a killed run and are deleted.
+A compaction owns its `_compacted-<gen>/` from before it writes a byte: it holds the table's
+compaction lock (an flock, released when its process dies) from planning to swap, and only
+the holder of that lock deletes `_compacted-*` dirs no marker names (`protocol.reap`). A
+compaction killed at any point leaves the table correct: a marker left "swapping" is settled
+from the catalog (done if the location moved, rolled back otherwise) by whoever meets it
+first, and the next pass reaps its output.
 """
 
 from __future__ import annotations
@@ -43,17 +46,10 @@ import uuid
 
 import pyarrow.parquet as pq
 
-from table.compaction_protocol import DEFAULT_GRACE_S, PartitionRef, SwapTimes, recover, swap_in
-from table.partition_files import (
-    COMPACTED_PREFIX,
-    Marker,
-    data_files,
-    read_marker,
-    relocate_strays,
-    remove_tree,
-    root_lock,
-    strays,
-)
+from runtime.durable import fsync_dir, fsync_file
+from table import protocol
+from table.partition_files import data_files, remove_tree
+from table.protocol import COMPACTED_PREFIX, DEFAULT_GRACE_S, Marker, PartitionRef, SwapTimes, root_lock
 from table.schema import COMPACT_OPTIONS, DATA_COLUMNS, spark_read_ddl
 from warehouse.arrow_merge import merge_files, mergeable
 from warehouse.tiers import FileInfo, Pick, TierPolicy, leveled_name
@@ -136,13 +132,16 @@ class Merge:
 
 def plan(spark: Any, database: str, part: PartitionRef, policy: TierPolicy, *, closed: bool,
          grace: float = DEFAULT_GRACE_S) -> Merge | None:
-    """Settle what a killed run left, then the merge the tier policy wants for this partition (None: none)."""
-    recover(spark, database, part, grace)
-    marker = read_marker(part.dir)
-    if marker is not None and strays(part.dir, marker):  # an importer died between its write and the move
+    """Settle what killed runs left, then the merge the tier policy wants for this partition (None: none).
+
+    The caller holds the table's compaction lock, so no other compaction owns a `_compacted-*` dir."""
+    if protocol.is_dropping(part.dir):
+        return None  # retention finishes it
+    if protocol.needs_follow(part.dir):  # a dead swap, a torn marker, an importer's strays
         with root_lock(part.root):
-            relocate_strays(part.dir)
-    marker = read_marker(part.dir)
+            protocol.follow(spark, database, part, grace)
+    marker = protocol.read_marker(part.dir)
+    protocol.reap(part)  # after `follow`: the output of a swap it rolled back is unnamed now
     current = part.dir / marker.location if marker else part.dir
     sizes = {}
     for path in data_files(current):
@@ -209,7 +208,10 @@ def _union(frames: list[Any]) -> Any:
 def _adopt_output(src: Path, out: Path, level: int) -> None:
     """Give Spark's output files in `src` their level (warehouse/tiers.py) and move them into `out`."""
     for path in data_files(src):
-        os.rename(path, out / leveled_name(path.name, level))
+        target = out / leveled_name(path.name, level)
+        os.rename(path, target)
+        fsync_file(target)  # Spark fsyncs nothing: durable before the swap retires the sources
+    fsync_dir(out)
     for name in ("_SUCCESS",):
         (out / name).unlink(missing_ok=True)
 
@@ -272,7 +274,7 @@ def _hold(spark: Any, database: str, todo: deque[Checked], grace: float, budget:
             began = time.monotonic()
             try:
                 done.append((checked.merge, _swap_one(spark, database, checked, grace)))
-            except OSError as e:
+            except (OSError, protocol.SwapRefused, protocol.TornMarker) as e:
                 done.append((checked.merge, e))
             slowest = max(slowest, time.monotonic() - began)
             if time.monotonic() - held + slowest > budget:
@@ -290,8 +292,7 @@ def _hold(spark: Any, database: str, todo: deque[Checked], grace: float, budget:
 def _swap_one(spark: Any, database: str, checked: Checked, grace: float) -> Compacted:
     """With the root's lock held: swap a checked merge in."""
     merge = checked.merge
-    swap = swap_in(spark, database, merge.part, merge.marker, merge.out, {p.name for p in merge.sources},
-                   merge.gen, grace)
+    swap = protocol.swap_in(spark, database, merge.part, merge.out, {p.name for p in merge.sources}, merge.gen, grace)
     return Compacted(merge.part, len(merge.sources), checked.files_after, merge.rows, checked.bytes_before,
                      checked.bytes_after, swap)
 

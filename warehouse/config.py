@@ -14,7 +14,7 @@ from pathlib import Path
 
 from logjam.defaults import data_root
 from runtime.config import from_flags
-from table.compaction_protocol import DEFAULT_GRACE_S
+from table.protocol import DEFAULT_GRACE_S
 from table.paths import default_warehouse, normalise_warehouse
 from warehouse.tiers import FANIN, MAX_LEVEL, TARGET_BYTES
 

@@ -22,7 +22,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from table.catalog import table_location
-from table.compaction_protocol import local_partitions
+from table import protocol
+from table.protocol import live_files, local_partitions
 from warehouse.compaction import (
     SCRATCH,
     CompactionError,
@@ -34,7 +35,7 @@ from warehouse.compaction import (
 )
 from warehouse.config import MaintenanceConfig
 from warehouse.tiers import FANIN, MAX_LEVEL, TierPolicy, level_of
-from table.partition_files import delete_retired, live_files, remove_tree
+from table.partition_files import remove_tree
 from table.paths import local_path
 from warehouse.retention import expire
 from table.session import first_line
@@ -158,21 +159,36 @@ def maintenance_pass(spark: Any, database: str, config: MaintenanceConfig, metri
     if table_dir is None:
         log.warning("the table is at %s, not on a local disk: no compaction or retention here", location)
         return result
+    # Each step is tried on its own: a failed retention or merge must not postpone the deletions that free disk.
     if config.retention_days and retention:
-        gone = expire(spark, database, location, config.retention_days)
-        result.dropped, result.rows_dropped, result.freed = len(gone.partitions), gone.rows, gone.bytes
-        if metrics:
-            metrics.retention_partitions.inc(len(gone.partitions))
-            metrics.retention_rows.inc(gone.rows)
-            metrics.retention_bytes.inc(gone.bytes)
+        try:
+            gone = expire(spark, database, location, config.retention_days)
+        except Exception as e:  # noqa: BLE001 (Spark restarting, a query error: the next pass tries again)
+            log.error("retention failed: %s", first_line(e))
+        else:
+            result.dropped, result.rows_dropped, result.freed = len(gone.partitions), gone.rows, gone.bytes
+            if metrics:
+                metrics.retention_partitions.inc(len(gone.partitions))
+                metrics.retention_rows.inc(gone.rows)
+                metrics.retention_bytes.inc(gone.bytes)
     if compact:
-        _compact_all(spark, database, config, location, table_dir, result, metrics,
-                     config.compact_older_than if older_than is None else older_than, throttle)
+        try:
+            _compact_all(spark, database, config, location, table_dir, result, metrics,
+                         config.compact_older_than if older_than is None else older_than, throttle)
+        except Exception as e:  # noqa: BLE001 (a merge job's failure: its output is reaped by the next pass)
+            log.error("compaction pass failed: %s", first_line(e))
+            result.failed += 1
     with compaction_lock(table_dir) as mine:
         for part in local_partitions(location) if mine else ():
-            result.freed += delete_retired(part.dir)
+            try:
+                result.freed += protocol.delete_retired(spark, database, part)
+            except Exception as e:  # noqa: BLE001 (one partition's failure must not stop the others' cleanup)
+                _failed(result, part.dir, e)
     if metrics:
-        metrics.census(location)
+        try:
+            metrics.census(location)
+        except Exception as e:  # noqa: BLE001 (a partition removed mid-walk, a torn file: the next census counts)
+            log.warning("table census failed: %s", first_line(e))
     return result
 
 
@@ -220,7 +236,7 @@ def _compact_all(spark: Any, database: str, config: MaintenanceConfig, location:
             try:
                 merge = plan(spark, database, part, policy, closed=is_closed(part.date, older_than),
                              grace=config.compact_grace)
-            except (CompactionError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 (one partition's failure must not stop the pass)
                 _failed(result, part.dir, e)
                 continue
             if merge is not None:
@@ -293,4 +309,7 @@ def run_maintenance(spark: Any, database: str, config: MaintenanceConfig, stoppi
             if time.monotonic() >= next_pass:
                 break
             if metrics is not None and location is not None:
-                metrics.census(location)
+                try:
+                    metrics.census(location)
+                except Exception as e:  # noqa: BLE001 (a walk that met a partition being removed: the next one counts)
+                    log.warning("table census failed: %s", first_line(e))

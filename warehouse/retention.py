@@ -6,8 +6,11 @@ days before today (and today) stay; an older one goes only once every row in it 
 (`ingested_at`) before those days too, so no row is dropped sooner than the retention after it
 arrived: a partition that took late events stays until the retention has passed for the
 newest of them (at most twice the retention, as the importer files an event older than the
-retention under the day it arrived). What goes is dropped from the metastore first, so a query
-stops seeing it at once, and then its directory is deleted under the importer root's lock.
+retention under the day it arrived). What goes is decided again under the importer root's
+lock, marked dropping, dropped from the metastore (a query stops seeing it at once), and then
+its directory is deleted (table/protocol.py `drop`): an importer that registered the partition
+before finds its directory gone under the same lock and registers it anew, so no row lands in
+a directory the catalog no longer knows.
 The device journal's retention (`--journal-retention-bytes`) is separate: it bounds replay,
 this bounds the table.
 """
@@ -24,8 +27,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from table.compaction_protocol import PartitionRef, local_partitions
-from table.partition_files import live_files, remove_tree, root_lock
+from table import protocol
+from table.partition_files import importer_roots
+from table.paths import local_path
+from table.protocol import PartitionRef, live_files, local_partitions
 from table.schema import qualified
 
 log = logging.getLogger(__name__)
@@ -51,26 +56,24 @@ def expire(spark: Any, database: str, table_location: str, days: int, today: dat
     """Drop every partition older than `days` days; returns what went (rows counted from Parquet footers)."""
     keep_from = cutoff(days, today)
     result = Expired()
-    old = []
+    by_root: dict[Any, list[PartitionRef]] = {}
     for part in local_partitions(table_location):
         if part.date < keep_from:
-            newest = newest_arrival(live_files(part.dir))
-            (old if newest is None or newest.isoformat() < keep_from else result.held).append(part)
-    for i in range(0, len(old), _PER_STATEMENT):
-        chunk = old[i : i + _PER_STATEMENT]
-        spark.sql(f"ALTER TABLE {qualified(database)} DROP IF EXISTS " + ", ".join(p.clause for p in chunk))
-        for part in chunk:
-            rows = 0
-            for path in live_files(part.dir):
-                try:
-                    rows += pq.read_metadata(path).num_rows
-                except (OSError, ValueError):  # a torn or foreign file: count nothing for it
-                    continue
-            with root_lock(part.root):
-                freed = remove_tree(part.dir)
-            result.partitions.append(part)
-            result.rows += rows
-            result.bytes += freed
+            (by_root.setdefault(part.root, []) if _expired(part, keep_from) else result.held).append(part)
+    counted: dict[PartitionRef, int] = {}
+
+    def still_expired(part: PartitionRef) -> bool:  # under the root's lock: nothing lands meanwhile
+        counted[part] = _rows(live_files(part.dir))
+        return _expired(part, keep_from)
+
+    for parts in by_root.values():
+        for i in range(0, len(parts), _PER_STATEMENT):
+            for part in protocol.drop(spark, database, parts[i : i + _PER_STATEMENT], still_expired):
+                result.partitions.append(part)
+                result.rows += counted.get(part, 0)
+    table_dir = local_path(table_location)
+    for _, root in importer_roots(table_dir) if table_dir is not None else ():
+        result.bytes += protocol.reap_dropped(root)  # this pass's drops, and what killed ones left
     if result.partitions:
         days_gone = sorted({p.date for p in result.partitions})
         log.info("retention: dropped %d partitions older than %s (%d rows, %.1f MiB), dates %s..%s",
@@ -79,6 +82,21 @@ def expire(spark: Any, database: str, table_location: str, days: int, today: dat
         log.info("retention: kept %d partitions older than %s whose rows arrived since (late events), dates %s..%s",
                  len(result.held), keep_from, min(p.date for p in result.held), max(p.date for p in result.held))
     return result
+
+
+def _expired(part: PartitionRef, keep_from: str) -> bool:
+    newest = newest_arrival(live_files(part.dir))
+    return newest is None or newest.isoformat() < keep_from
+
+
+def _rows(files: list[Path]) -> int:
+    rows = 0
+    for path in files:
+        try:
+            rows += pq.read_metadata(path).num_rows
+        except (OSError, ValueError):  # a torn or foreign file: count nothing for it
+            continue
+    return rows
 
 
 def newest_arrival(files: list[Path]) -> datetime.date | None:
