@@ -141,12 +141,14 @@ def plaintext_config() -> Path:
 
 
 class Mesh:
-    def __init__(self, data: Path, devices: int, importers: int, curve: bool = True) -> None:
+    def __init__(self, data: Path, devices: int, importers: int, curve: bool = True,
+                 config: Path | None = None) -> None:
+        """`config`: a supervisord.conf to run instead of the repository's (benchmarks/chaos.py adds a flag)."""
         env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
         env.update(mesh_ports(devices, importers))
         env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1", LOGJAM_DEVICES=str(devices),
                    LOGJAM_IMPORTERS=str(importers), LOGJAM_DEVICE_PORT_STEP=str(PORT_STEP))
-        self.config = REPO / "supervisord.conf" if curve else plaintext_config()
+        self.config = config or (REPO / "supervisord.conf" if curve else plaintext_config())
         self.env = mesh_environment(self.config, env)
         if curve:
             ensure_keys(self.env)
