@@ -115,7 +115,7 @@ def _spec(tmp: Path, url: str, database: str, location: str, operation: str, **e
             "operation": operation, "steps_file": str(tmp / f"steps-{operation}-{time.monotonic_ns()}"), **extra}
 
 
-def run_child(spec: dict, timeout: float = 120) -> subprocess.Popen:
+def run_child(spec: dict) -> subprocess.Popen:
     code = _CHILD.format(root=str(ROOT), spec=spec)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

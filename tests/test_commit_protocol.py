@@ -20,7 +20,6 @@ from importer.decode import BatchBuilder
 from importer.write import TableWriter
 from logjam.message import Message
 from table.catalog import ensure_table
-from table.partition_files import data_files
 from table.paths import local_path, partition_dir
 from table import protocol
 from tests import crash_points as cp

@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 from runtime.durable import fsync_dir, fsync_file
 from table import protocol
 from table.partition_files import data_files, remove_tree
-from table.protocol import COMPACTED_PREFIX, DEFAULT_GRACE_S, Marker, PartitionRef, SwapTimes, root_lock
+from table.protocol import COMPACTED_PREFIX, DEFAULT_GRACE_S, PartitionRef, SwapTimes, root_lock
 from table.schema import COMPACT_OPTIONS, DATA_COLUMNS, spark_read_ddl
 from warehouse.arrow_merge import merge_files, mergeable
 from warehouse.tiers import FileInfo, Pick, TierPolicy, leveled_name
@@ -118,7 +118,6 @@ class Merge:
     """One planned merge: which files of a partition's current location become which generation."""
 
     part: PartitionRef
-    marker: Marker | None
     pick: Pick
     sources: tuple[Path, ...]
     gen: int
@@ -152,7 +151,7 @@ def plan(spark: Any, database: str, part: PartitionRef, policy: TierPolicy, *, c
         return None
     gen = max([marker.gen if marker else 0, *_generations(part.dir)]) + 1
     sources = tuple(current / n for n in pick.names)
-    return Merge(part, marker, pick, sources, gen, _rows(list(sources)), closed)
+    return Merge(part, pick, sources, gen, _rows(list(sources)), closed)
 
 
 def write_merges(spark: Any, merges: list[Merge], scratch: Path) -> int:

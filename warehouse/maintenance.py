@@ -26,7 +26,6 @@ from table import protocol
 from table.protocol import live_files, local_partitions
 from warehouse.compaction import (
     SCRATCH,
-    CompactionError,
     compaction_lock,
     is_closed,
     plan,

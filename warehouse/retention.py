@@ -31,7 +31,6 @@ from table import protocol
 from table.partition_files import importer_roots
 from table.paths import local_path
 from table.protocol import PartitionRef, live_files, local_partitions
-from table.schema import qualified
 
 log = logging.getLogger(__name__)
 
