@@ -71,6 +71,9 @@ def build_parser(cls: type[BridgeProtocol]) -> argparse.ArgumentParser:
     p.add_argument("--device-deadline", type=float, default=5.0, metavar="SECONDS",
                    help="a device that owes replies and answers none for this long is hung: it gets no new "
                         "batches until it answers (default %(default)s)")
+    p.add_argument("--homes-file", metavar="FILE",
+                   help="where the bridge remembers which device each recent batch went to, so that a client "
+                        "resending after a bridge restart reaches the same device (default: in memory only)")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus text on this port")
     add_knob_flags(p, cls.knobs)
     p.add_argument("-v", "--verbose", action="store_true")

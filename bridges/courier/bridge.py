@@ -225,7 +225,8 @@ class _Session(PipelineSession[tuple[_Payload, int]]):
         if pipeline.failed:
             return
         payload.open += 1
-        pipeline.launch((payload, n), batches=messages, units=n, events=n)
+        # A payload is resent whole, with its nonce, on a new connection: that homes it (bridges/host/homes.py).
+        pipeline.launch((payload, n), batches=messages, units=n, events=n, key=payload.nonce)
         await pipeline.room()
 
     def accepted(self, plan: tuple[_Payload, int]) -> None:

@@ -99,6 +99,7 @@ class HostConfig:
     batch_size: int | None = None
     keepalive_interval: float | None = None
     device_deadline: float = 5.0  # --device-deadline (bridges/host/link.py)
+    homes_file: str | None = None  # --homes-file (bridges/host/homes.py)
     # (old flag, new flag) for each old name given, to warn about once at start.
     deprecated: tuple[tuple[str, str], ...] = ()
 

@@ -39,6 +39,9 @@ hang stalls only the connections whose batches are on it, a connection's calls s
 one device: `affinity()` gives each connection a home, the device with the fewest homed
 connections when it starts; its calls go there while it is up and answering, and
 round-robin over the others while it is not (each such call is counted as rerouted).
+A client that resends on a new connection after the old one died (a bridge restart) is
+homed where the first copy went (`rehome()`, bridges/host/homes.py), so the copies still
+meet in one importer.
 Calls without an affinity go round-robin over the devices that are up and answering.
 docs/reliability.md "A hung device" has the consequences.
 """
@@ -56,6 +59,7 @@ from typing import Any, Callable, Sequence
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from bridges.host.homes import BatchHomes, device_tag
 from bridges.host.native_link import ACCEPTED, OK, UNEXPECTED, NativeWire, PyWire, wire
 from logjam.curve import ClientKey, connect
 from logjam.errors import DeviceRejected
@@ -105,6 +109,7 @@ class _Endpoint:
         self.ctx = ctx
         self.curve = curve
         self.endpoint = endpoint
+        self.tag = device_tag(endpoint)  # its name in the homes ring (bridges/host/homes.py)
         self.sndhwm = sndhwm
         self.loop = loop
         self.wire = wire_
@@ -326,21 +331,30 @@ class _Endpoint:
 class Affinity:
     """One connection's home device (`DeviceLink.affinity()`); give it to every publish() of the connection."""
 
-    __slots__ = ("home", "__weakref__")
+    __slots__ = ("home", "resend", "__weakref__")
 
     def __init__(self, home: _Endpoint) -> None:
         self.home = home
+        # Moved by rehome(): until the device answers a call of it, its calls wait for the home
+        # (not connected yet after our restart, or restarting itself) rather than go elsewhere.
+        self.resend = False
         home.homes.add(self)
 
     def release(self) -> None:
         """The connection ended: no longer counted at home (the weak set would, once it is collected)."""
         self.home.homes.discard(self)
 
+    def move(self, home: _Endpoint) -> None:
+        self.home.homes.discard(self)
+        self.home = home
+        self.resend = True
+        home.homes.add(self)
+
 
 class DeviceLink:
     def __init__(self, endpoints: Sequence[str], *, max_inflight: int = 20_000, sndhwm: int = 100_000,
                  native: bool = True, curve: ClientKey | None = None, deadline: float = DEFAULT_DEADLINE_S,
-                 on_reroute: Callable[[str], None] | None = None) -> None:
+                 on_reroute: Callable[[str], None] | None = None, batch_homes: BatchHomes | None = None) -> None:
         if not endpoints:
             raise ValueError("at least one device endpoint is required")
         self._endpoint_names = list(endpoints)
@@ -357,6 +371,7 @@ class DeviceLink:
         self._deadline = deadline  # --device-deadline
         self._watch: asyncio.TimerHandle | None = None
         self._on_reroute = on_reroute  # called with "hung" or "down" for each call sent away from its device
+        self.batch_homes = batch_homes if batch_homes is not None else BatchHomes(slots=4096)  # where recent batches went
 
     def start(self) -> None:
         """Open the sockets; call from inside the running event loop."""
@@ -427,9 +442,21 @@ class DeviceLink:
                 return Affinity(ep)
         return Affinity(candidates[0])
 
-    async def publish(self, batches: Sequence[MessageBatch] | Sequence[Message], affinity: Affinity | None = None) -> None:
+    def rehome(self, affinity: Affinity, key: bytes) -> bool:
+        """Home a new connection where the batch starting with `key` went, when one did: its
+        client is sending again what a dead connection left unacknowledged (bridges/host/homes.py)."""
+        tag = self.batch_homes.home_of(key)
+        home = next((ep for ep in self._endpoints if ep.tag == tag), None)
+        if home is None or home is affinity.home:
+            return False
+        affinity.move(home)
+        return True
+
+    async def publish(self, batches: Sequence[MessageBatch] | Sequence[Message], affinity: Affinity | None = None,
+                      key: bytes | None = None) -> None:
         """Return once the device accepted every message; raise DeviceRejected if it refused any.
-        With `affinity`, the messages go to its home device unless that one is down or hung."""
+        With `affinity`, the messages go to its home device unless that one is down or hung.
+        `key` fingerprints the batch's first event: where the batch goes is remembered under it."""
         if batches and isinstance(batches[0], Message):
             batches = MessageBatch.group(batches)  # type: ignore[arg-type]
         n = sum(len(b) for b in batches)
@@ -448,9 +475,13 @@ class DeviceLink:
             prepare = self._wire.prepare
             parts = [_Part(b, prepare(b), call) for b in batches if len(b)]  # type: ignore[arg-type]
             ep = self._pick(affinity)
+            if key is not None:
+                self.batch_homes.remember(key, ep.tag)
             ep.inflight += need
             ep.submit(parts)
             await call.future
+            if affinity is not None:
+                affinity.resend = False
         finally:
             self._inflight -= need
             if ep is not None:
@@ -465,11 +496,11 @@ class DeviceLink:
             self._room.notify_all()
 
     def _pick(self, affinity: Affinity | None) -> _Endpoint:
-        """The affinity's home while it is usable; without one, the endpoint whose turn it is while
-        usable. Else the next usable endpoint after that one (the call is counted as rerouted); when
+        """The affinity's home while it is usable (a resend's home unless it is hung: it waits for a
+        connection); without one, the endpoint whose turn it is while usable. Else the next usable endpoint after that one (the call is counted as rerouted); when
         none is usable, the home or the one whose turn it is: it may come back."""
         first = affinity.home if affinity is not None else next(self._next)
-        if first.usable:
+        if first.usable or (affinity is not None and affinity.resend and first.hung_since is None):
             return first
         eps = self._endpoints
         k = eps.index(first)

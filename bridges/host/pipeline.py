@@ -79,6 +79,7 @@ class Pipeline(Generic[P]):
         self.link = host.link
         # This connection's batches go to one device while it answers (bridges/host/link.py).
         self.affinity = host.link.affinity()
+        self.launched = False  # whether a batch went out yet (the first may move the affinity)
         self.metrics = host.metrics
         self.inflate = host.inflate
         self.who = who  # "<protocol> <peer>", for the log line of a refusal
@@ -169,11 +170,16 @@ class Pipeline(Generic[P]):
             await self._next_change()
 
     def launch(self, plan: P, *, batches: Batches | None = None, work: Awaitable[None] | None = None,
-               units: int = 0, events: int = 0) -> None:
+               units: int = 0, events: int = 0, key: bytes | None = None) -> None:
         """Send `batches` to the device (or run `work`, a protocol's own step that publishes); `plan`
-        settles after every batch launched before it. Neither: `plan` only keeps its place in line."""
+        settles after every batch launched before it. Neither: `plan` only keeps its place in line.
+        `key` fingerprints the batch's first event for a client that resends on a new connection
+        (bridges/host/homes.py): the connection's first batch goes where that event went before."""
         if work is None and batches is not None:
-            work = self.link.publish(batches.batches, self.affinity)
+            if key is not None and not self.launched:
+                self.link.rehome(self.affinity, key)
+            work = self.link.publish(batches.batches, self.affinity, key)
+        self.launched = True
         task = asyncio.ensure_future(work) if work is not None else _done()
         self.flights.append(_Flight(task, plan, units, events))
         self.events_in_flight += events

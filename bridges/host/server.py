@@ -18,6 +18,7 @@ from bridges.host.admission import Admission, RateLimitedLog, raise_open_file_li
 from bridges.host.budget import Budget
 from bridges.host.config import HostConfig
 from bridges.host.connection import Connection, IdleTimeout
+from bridges.host.homes import BatchHomes
 from bridges.host.link import DeviceLink
 from bridges.host.mapping import EventMapper
 from bridges.host.metrics import BridgeMetrics
@@ -44,7 +45,8 @@ class BridgeServer:
         self.config = config
         self.metrics = BridgeMetrics(protocol_cls.name)
         self.link = DeviceLink(config.device, max_inflight=config.max_inflight, curve=curve,
-                               deadline=config.device_deadline, on_reroute=self.metrics.rerouted)
+                               deadline=config.device_deadline, on_reroute=self.metrics.rerouted,
+                               batch_homes=BatchHomes(config.homes_file) if config.homes_file else None)
         mapper = EventMapper(
             app_env=config.app_env,
             topic=config.topic,

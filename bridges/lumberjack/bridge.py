@@ -48,6 +48,7 @@ from bridges.lumberjack.engine import (
     WindowFrame,
 )
 from bridges.host.config import HostConfig, Knobs
+from bridges.host.homes import client_key
 from bridges.host.session import PipelineSession
 from logjam import defaults
 from logjam.errors import LocalProtocolError, ProtocolError
@@ -202,7 +203,7 @@ class Session(PipelineSession[_Acks]):
         items = events + windows
         self.queued_items -= items
         plan = _Acks(self._plan(batch), batch[0].window, self.plan_silent)
-        self.pipeline.launch(plan, batches=self._messages(batch), units=items, events=events)
+        self.pipeline.launch(plan, batches=self._messages(batch), units=items, events=events, key=_first_key(batch))
 
     def _plan(self, batch: list[Item]) -> list[Ack]:
         """The acks for a batch: the last event of each window it touches (W 0 gets 0), none
@@ -267,6 +268,17 @@ class Session(PipelineSession[_Acks]):
         else:
             return None
         return self.engine.send(Keepalive(window))
+
+
+def _first_key(batch: list[Item]) -> bytes | None:
+    """The client's own key of the batch's first event, which a resend after a restart starts
+    with (acks end at batch boundaries): it homes the resend's connection (bridges/host/homes.py)."""
+    for item in batch:
+        if item.__class__ is JsonFrames:
+            return client_key(item.texts()[0])  # type: ignore[union-attr]
+        if item.__class__ is not WindowFrame:
+            return None  # v1 key/value data: no client key
+    return None
 
 
 @dataclass(frozen=True, slots=True)
