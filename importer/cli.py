@@ -24,6 +24,7 @@ from typing import Sequence
 from importer import decode_native, variant
 from importer.batch import DEFAULT_BATCH_BYTES
 from importer.dedupe import DEFAULT_CAPACITY
+from importer.failures import describe
 from importer.metrics import ImporterMetrics
 from table.partitioning import DEFAULT_MAX_NEW_APP_ENVS
 from table.paths import OVERFLOW
@@ -115,7 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from importer.health import worker_health
 
         metrics.serve(config.metrics_port, health=lambda: worker_health(worker))
-    status = worker.start()
+    try:
+        status = worker.start()
+    except Exception as e:  # Spark went away while we started: supervisord starts us again
+        log.error("cannot start: %s", describe(e))
+        log.debug("start failed", exc_info=True)
+        status = 1
     if status is None:
         status = worker.run()
     lifecycle.exit_skipping_atexit(status)

@@ -104,6 +104,10 @@ class TableTarget:
             rows = spark.read.parquet(f"file://{path}").collect()
             ok = len(rows) == 1 and rows[0][0] == token
         except Exception as e:  # an unreachable path fails in many ways on the server
+            if not _answers(spark):
+                # Spark went away meanwhile (a restart): no verdict on the filesystem. Choosing the
+                # Spark path now would slow this importer for its whole life; its start fails instead.
+                raise
             log.info("placing files in %s is not possible (%s); sending batches inside the Spark request",
                      self.staging, describe(e))
             ok = False
@@ -307,3 +311,12 @@ def quarantined(table: pa.Table, pairs: frozenset[tuple[str, str]]) -> pa.Table:
                              pa.array([QUARANTINE if m else a for a, m in zip(names, moved)], pa.string()))
     return table.set_column(table.schema.get_field_index("original_app_env"), "original_app_env",
                             pa.array([a if m else o for a, o, m in zip(names, original, moved)], pa.string()))
+
+
+def _answers(spark: Any) -> bool:
+    """Whether the Spark session still runs a query at all."""
+    try:
+        spark.sql("SELECT 1").collect()
+        return True
+    except Exception:
+        return False
