@@ -102,7 +102,7 @@ class RustlogMetrics:
         self.produce = _Latency()
         self.fetch = _Latency()
 
-    def metrics(self, log_: Log, health: StoreHealth) -> list[e.Metric]:
+    def metrics(self, log_: Log, health: StoreHealth) -> list[e.Metric | e.Summary]:
         m = e.Metric
         return [
             m("store_writable", "gauge", "1 while log writes succeed, 0 while they fail (a full disk)", int(health.writable)),
@@ -117,18 +117,16 @@ class RustlogMetrics:
             m("errors_total", "counter", "Error responses sent", self.errors),
             m("device_rejected_total", "counter", "Records the device answered 400", self.device_rejected),
             m("records_reforwarded_total", "counter", "Stored records forwarded again after a restart", self.records_reforwarded),
-            m("produce_latency_seconds_count", "counter", "Produce requests timed", self.produce.count),
-            m("produce_latency_seconds_sum", "counter", "Total Produce latency", self.produce.total),
+            e.Summary("produce_latency_seconds", "Produce latency", self.produce.count, self.produce.total),
             m("produce_latency_seconds_max", "gauge", "Slowest Produce", self.produce.max),
-            m("fetch_latency_seconds_count", "counter", "Fetch requests timed", self.fetch.count),
-            m("fetch_latency_seconds_sum", "counter", "Total Fetch latency", self.fetch.total),
+            e.Summary("fetch_latency_seconds", "Fetch latency", self.fetch.count, self.fetch.total),
             m("fetch_latency_seconds_max", "gauge", "Slowest Fetch", self.fetch.max),
             m("topics", "gauge", "Topics", len(log_.partitions)),
         ]
 
     def response(self, log_: Log, health: StoreHealth) -> e.MetricsResponse:
         metrics = self.metrics(log_, health)
-        values: dict[str, Any] = {x.name: x.value for x in metrics}
+        values: dict[str, Any] = e.metric_values(metrics)
         values["produce_latency_avg_seconds"] = self.produce.total / self.produce.count if self.produce.count else 0.0
         values["fetch_latency_avg_seconds"] = self.fetch.total / self.fetch.count if self.fetch.count else 0.0
         return e.MetricsResponse(values, e.render_prometheus(metrics))

@@ -1,27 +1,50 @@
-"""RustLog on the wire: framing, the JSON and binary dialects, and Prometheus text, as pure functions.
+"""RustLog on the wire: framing, one declarative schema per request and response, one codec.
 
-The engine halves (bridges/rustlog/engine.py) call these; nothing here keeps state but
-the framer's buffer.
+A `Schema` names a message class, its binary type byte, its JSON "type" and its fields in
+each dialect, with the types of fields.py; `encode`, `decode_request` and `decode_response`
+are the one encoder and decoder, and no message carries code of its own (the segment
+protocol's commands.py is the model). `_register` checks every schema against its class
+when this module is imported, so a schema cannot drift from the dataclass it builds.
+
+The engine halves (engine.py) call these; nothing here does I/O or keeps state but the
+framer's buffer. Server side, an invalid field is an `InvalidField` (the request is
+answered with an error and the connection goes on), while malformed JSON, invalid UTF-8
+in a JSON payload and bad framing are fatal. Client side, anything undecodable is a
+`MalformedResponse`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-from dataclasses import dataclass
-from typing import Any, Iterable
+import dataclasses
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import orjson
 
 from logjam.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
 
-from bridges.rustlog.messages import *  # noqa: F403 (the vocabulary every codec speaks)
-from bridges.rustlog.messages import _BRACE, _LEN, _TOPIC, _U16, _U32, _U64  # noqa: F401 (_BRACE: for the engine)
+from bridges.rustlog.fields import (
+    Absent, Array, BinaryField, BinaryStruct, ByteList, CountOf, ErrorCode, FetchedPayloads, Flag, InvalidField, JAny,
+    JArray, JBool, JErrorCode, JFetchedRecords, JInline, JInt, JOtherKeys, JRecords, JsonField, JStr, JStruct,
+    MetricsText, OptionalUInt64, Reader, Str, Topic, UInt16, UInt32, UInt32Clamped, UInt64,
+)
+from bridges.rustlog.messages import (
+    DEFAULT_FETCH_MAX_BYTES, MAX_RECORD_SIZE, MAX_RECORDS_PER_BATCH, U32, U64, CreateTopic, CreateTopicResponse,
+    DescribePartition, DescribePartitionResponse, DescribeTopic, DescribeTopicResponse, Dialect, EmptyFrame, Error,
+    ErrorReply, Fetch, FetchResponse, InvalidUtf8, ListTopics, ListTopicsResponse, MalformedJson, MalformedResponse,
+    MetricsFetch, MetricsResponse, OffsetCommit, OffsetCommitResponse, OffsetFetch, OffsetFetchResponse,
+    PartitionInfo, Ping, Pong, Produce, ProduceResponse, Request, Response, TopicInfo,
+)
+from bridges.rustlog.prometheus import parse_prometheus
+
+_LEN = struct.Struct(">I")
+BRACE = ord("{")  # the first byte of every JSON payload; any other first byte is a binary type
 
 # ---------------------------------------------------------------- framing
 
 
-class _Framer:
+class Framer:
     """Splits a byte stream into payloads; the length is checked before the payload is buffered."""
 
     __slots__ = ("max_frame", "_buf", "_pos", "_need")
@@ -85,100 +108,209 @@ class _Framer:
 
 
 def frame(payload: bytes) -> bytes:
+    """A payload with its 4-byte big-endian length."""
     return _LEN.pack(len(payload)) + payload
 
 
-# ---------------------------------------------------------------- validation shared by both dialects
+def dialect_of(first_byte: int) -> Dialect:
+    return Dialect.JSON if first_byte == BRACE else Dialect.BINARY
 
 
-class _Bad(Exception):
-    """Internal: a field is invalid; becomes a BadRequest event (never escapes feed)."""
+# ---------------------------------------------------------------- schemas
 
-    def __init__(self, message: str, kind: ErrorKind = ErrorKind.INVALID_REQUEST) -> None:
-        super().__init__(message)
-        self.kind = kind
+BinaryLayout = tuple[tuple[str | None, BinaryField], ...]  # None: a whole-message type (CountOf, MetricsText)
+JsonLayout = tuple[tuple[str, JsonField], ...]
 
 
-def _check_topic(topic: str) -> str:
-    if not _TOPIC.match(topic):
-        raise _Bad(f"invalid topic name {topic[:80]!r}: 1-255 characters from [A-Za-z0-9_-]")
-    return topic
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """One message in both dialects: the class it builds, its type byte and name, its fields.
+
+    A field missing from one dialect's layout takes the class's default when decoded.
+    """
+
+    cls: type
+    code: int
+    name: str
+    binary: BinaryLayout = ()
+    json: JsonLayout = ()
+    tag: bytes = field(init=False)  # the type byte, as bytes
+    with_dialect: bool = field(init=False)  # the class records the dialect a message came in
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tag", bytes([self.code]))
+        object.__setattr__(self, "with_dialect", "dialect" in {f.name for f in dataclasses.fields(self.cls)})
 
 
-def _check_records(records: tuple[bytes, ...]) -> tuple[bytes, ...]:
-    if len(records) > MAX_RECORDS_PER_BATCH:
-        raise _Bad(f"{len(records)} records in one batch; at most {MAX_RECORDS_PER_BATCH}")
-    for i, r in enumerate(records):
-        if len(r) > MAX_RECORD_SIZE:
-            raise _Bad(f"record {i} is {len(r)} bytes; at most {MAX_RECORD_SIZE}", ErrorKind.RECORD_TOO_LARGE)
-    return records
+_PARTITION = BinaryStruct(PartitionInfo, (("partition", UInt32), ("high_watermark", UInt64)))
+_J_PARTITION = JStruct(PartitionInfo, (
+    ("partition", JInt(U32)), ("high_watermark", JInt(U64)),
+    ("log_start_offset", JInt(U64, None, nullable=True)), ("segment_count", JInt(U64, None, nullable=True)),
+))
+_J_TOPIC = JStr(topic=True)
+_J_PARTITION_NO = JInt(U32)
+_BATCH = (MAX_RECORDS_PER_BATCH, MAX_RECORD_SIZE)  # records in a Produce, bytes in a record
+
+REQUESTS = (
+    Schema(Produce, 0x01, "Produce",
+           (("topic", Topic), ("partition", UInt32), ("records", ByteList(*_BATCH))),
+           (("topic", _J_TOPIC), ("partition", _J_PARTITION_NO), ("records", JRecords(*_BATCH)))),
+    Schema(Fetch, 0x02, "Fetch",
+           (("group_id", Str), ("topic", Topic), ("partition", UInt32), ("offset", UInt64),
+            ("max_bytes", UInt32Clamped)),
+           (("topic", _J_TOPIC), ("partition", _J_PARTITION_NO), ("offset", JInt(U64)),
+            ("max_bytes", JInt(U64, DEFAULT_FETCH_MAX_BYTES)), ("group_id", JStr("")))),
+    Schema(OffsetCommit, 0x03, "OffsetCommit",
+           (("group", Str), ("topic", Topic), ("partition", UInt32), ("offset", UInt64)),
+           (("group", JStr()), ("topic", _J_TOPIC), ("partition", _J_PARTITION_NO), ("offset", JInt(U64)))),
+    Schema(OffsetFetch, 0x04, "OffsetFetch",
+           (("group", Str), ("topic", Topic), ("partition", UInt32)),
+           (("group", JStr()), ("topic", _J_TOPIC), ("partition", _J_PARTITION_NO))),
+    Schema(CreateTopic, 0x05, "CreateTopic",
+           (("topic", Topic), ("partition_count", UInt32)),
+           (("topic", _J_TOPIC), ("partition_count", JInt(U32)))),
+    Schema(ListTopics, 0x06, "ListTopics"),
+    Schema(DescribeTopic, 0x07, "DescribeTopic", (("topic", Topic),), (("topic", _J_TOPIC),)),
+    Schema(DescribePartition, 0x08, "DescribePartition",
+           (("topic", Topic), ("partition", UInt32)),
+           (("topic", _J_TOPIC), ("partition", _J_PARTITION_NO))),
+    Schema(MetricsFetch, 0x09, "MetricsFetch"),
+    Schema(Ping, 0xFF, "Ping"),
+)
+
+# What a server sends; the client reads an Error as an ErrorReply (ERROR_REPLY below).
+RESPONSES = (
+    Schema(ProduceResponse, 0x01, "ProduceResponse",
+           (("base_offset", UInt64), ("record_count", UInt32)),
+           (("base_offset", JInt(U64)), ("record_count", JInt(U32)))),
+    Schema(FetchResponse, 0x02, "FetchResponse",
+           (("records", FetchedPayloads), ("next_offset", UInt64)),
+           (("records", JFetchedRecords), ("next_offset", JInt(U64)))),
+    Schema(OffsetCommitResponse, 0x03, "OffsetCommitResponse", (("success", Flag),), (("success", JBool()),)),
+    Schema(OffsetFetchResponse, 0x04, "OffsetFetchResponse",
+           (("offset", OptionalUInt64),), (("offset", JInt(U64, nullable=True)),)),
+    Schema(CreateTopicResponse, 0x05, "CreateTopicResponse",
+           (("success", Flag),), (("success", JBool()), ("partitions_created", JInt(U32, 0)))),
+    Schema(ListTopicsResponse, 0x06, "ListTopicsResponse",
+           (("topics", Array(BinaryStruct(TopicInfo, (("name", Str), ("partition_count", UInt32))))),),
+           (("topics", JArray(JStruct(TopicInfo, (("name", JStr()), ("partition_count", JInt(U32)))))),)),
+    Schema(DescribeTopicResponse, 0x07, "DescribeTopicResponse",
+           (("topic", Str), (None, CountOf("partitions")), ("partitions", Array(_PARTITION))),
+           (("topic", JStr()), ("partitions", JArray(_J_PARTITION)))),
+    Schema(DescribePartitionResponse, 0x08, "DescribePartitionResponse",
+           (("topic", Str), ("info", _PARTITION)),
+           (("topic", JStr()), ("info", JInline(_J_PARTITION)))),
+    Schema(MetricsResponse, 0x09, "MetricsFetchResponse",
+           ((None, MetricsText(parse_prometheus)),), (("values", JOtherKeys),)),
+    Schema(Pong, 0xFF, "Pong"),
+    Schema(Error, 0xFE, "Error",
+           (("kind", ErrorCode), ("message", Str)),
+           (("kind", JErrorCode), ("message", JStr()), ("details", JAny(None)))),
+)
+ERROR_REPLY = Schema(ErrorReply, 0xFE, "Error",
+                     (("code", UInt16), ("message", Str), ("details", Absent(None))),
+                     (("code", JInt(U64)), ("message", JStr()), ("details", JAny(None))))
 
 
-# ---------------------------------------------------------------- JSON dialect
+def _register(schemas: tuple[Schema, ...]) -> tuple[dict[int, Schema], dict[str, Schema]]:
+    """Type byte -> schema and JSON type -> schema, after checking each schema against its class.
+
+    Every name a layout lists must be a field of the class, and every field without a
+    default must come from each layout (the dialect is set by the decoder).
+    """
+    by_code: dict[int, Schema] = {}
+    by_name: dict[str, Schema] = {}
+    for s in schemas:
+        fields = {f.name: f for f in dataclasses.fields(s.cls)}
+        required = {
+            name for name, f in fields.items()
+            if name != "dialect" and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
+        for dialect, names in (("binary", _binary_names(s)), ("JSON", [name for name, _ in s.json])):
+            if not set(names) <= fields.keys() or not required <= set(names):
+                raise TypeError(f"the {dialect} layout of {s.cls.__name__} lists {names}; its fields: {list(fields)}")
+        if s.code in by_code or s.name in by_name:
+            raise TypeError(f"{s.cls.__name__}: type 0x{s.code:02X} or {s.name!r} is used twice")
+        by_code[s.code] = by_name[s.name] = s
+    return by_code, by_name
 
 
-def _j_str(obj: dict[str, Any], key: str, default: str | None = None) -> str:
-    value = obj.get(key, default)
-    if not isinstance(value, str):
-        raise _Bad(f"field {key!r} must be a string")
-    return value
+def _binary_names(s: Schema) -> list[str]:
+    names: list[str] = []
+    for name, f in s.binary:
+        names.extend(getattr(f, "provides", ()) if name is None else (name,))
+    return names
 
 
-def _j_int(obj: dict[str, Any], key: str, limit: int, default: int | None = None) -> int:
-    value = obj.get(key, default)
-    if type(value) is not int or not 0 <= value <= limit:
-        raise _Bad(f"field {key!r} must be an integer in 0..{limit}")
-    return value
+_REQUEST_CODES, _REQUEST_NAMES = _register(REQUESTS)
+_RESPONSE_CODES, _RESPONSE_NAMES = _register(RESPONSES)
+_REPLY_CODES, _REPLY_NAMES = _register((ERROR_REPLY,))
+_ENCODABLE = {s.cls: s for s in (*_REQUEST_CODES.values(), *_RESPONSE_CODES.values())}
+_RESPONSE_CODES.update(_REPLY_CODES)
+_RESPONSE_NAMES.update(_REPLY_NAMES)
+
+# ---------------------------------------------------------------- the one codec
 
 
-def _j_records(obj: dict[str, Any]) -> tuple[bytes, ...]:
-    value = obj.get("records")
-    if not isinstance(value, list):
-        raise _Bad("field 'records' must be an array of Base64 strings")
-    if len(value) > MAX_RECORDS_PER_BATCH:
-        raise _Bad(f"{len(value)} records in one batch; at most {MAX_RECORDS_PER_BATCH}")
-    out = []
-    b64 = base64.b64decode
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise _Bad(f"record {i} must be a Base64 string")
-        try:
-            out.append(b64(item, validate=True))
-        except (binascii.Error, ValueError):
-            raise _Bad(f"record {i} is not valid Base64") from None
-    return tuple(out)
+def encode(message: Request | Response, dialect: Dialect) -> bytes:
+    """One payload (without its frame) in `dialect`, from the message's schema."""
+    schema = _ENCODABLE.get(type(message))
+    if schema is None:
+        raise LocalProtocolError(f"not a RustLog request or response: {message!r}")
+    if dialect is Dialect.JSON:
+        obj: dict[str, Any] = {"type": schema.name}
+        for key, jf in schema.json:
+            jf.put(obj, key, getattr(message, key))
+        return orjson.dumps(obj)
+    out = [schema.tag]
+    for name, bf in schema.binary:
+        bf.write(message if name is None else getattr(message, name), out)
+    return b"".join(out)
 
 
-def _decode_json_request(obj: dict[str, Any]) -> Request:
-    kind = obj.get("type")
-    d = Dialect.JSON
-    if kind == "Produce":
-        return Produce(_check_topic(_j_str(obj, "topic")), _j_int(obj, "partition", U32), _check_records(_j_records(obj)), d)
-    if kind == "Fetch":
-        return Fetch(
-            _check_topic(_j_str(obj, "topic")), _j_int(obj, "partition", U32), _j_int(obj, "offset", U64),
-            _j_int(obj, "max_bytes", U64, DEFAULT_FETCH_MAX_BYTES), _j_str(obj, "group_id", ""), d,
-        )
-    if kind == "OffsetCommit":
-        return OffsetCommit(_j_str(obj, "group"), _check_topic(_j_str(obj, "topic")), _j_int(obj, "partition", U32), _j_int(obj, "offset", U64), d)
-    if kind == "OffsetFetch":
-        return OffsetFetch(_j_str(obj, "group"), _check_topic(_j_str(obj, "topic")), _j_int(obj, "partition", U32), d)
-    if kind == "CreateTopic":
-        return CreateTopic(_check_topic(_j_str(obj, "topic")), _j_int(obj, "partition_count", U32), d)
-    if kind == "ListTopics":
-        return ListTopics(d)
-    if kind == "DescribeTopic":
-        return DescribeTopic(_check_topic(_j_str(obj, "topic")), d)
-    if kind == "DescribePartition":
-        return DescribePartition(_check_topic(_j_str(obj, "topic")), _j_int(obj, "partition", U32), d)
-    if kind == "MetricsFetch":
-        return MetricsFetch(d)
-    if kind == "Ping":
-        return Ping(d)
-    raise _Bad(f"unknown request type {str(kind)[:80]!r}")
+def _decode(payload: bytes, by_code: Mapping[int, Schema], by_name: Mapping[str, Schema], what: str) -> Any:
+    """A message from the schema its type picks; raises InvalidField, MalformedJson or InvalidUtf8."""
+    kwargs: dict[str, Any] = {}
+    if payload[0] == BRACE:
+        obj = parse_json(payload)
+        kind = obj.get("type")
+        schema = by_name.get(kind) if isinstance(kind, str) else None
+        if schema is None:
+            raise InvalidField(f"unknown {what} type {str(kind)[:80]!r}")
+        for key, jf in schema.json:
+            kwargs[key] = jf.get(obj, key)
+        dialect = Dialect.JSON
+    else:
+        schema = by_code.get(payload[0])
+        if schema is None:
+            raise InvalidField(f"unknown {what} type 0x{payload[0]:02X}")
+        r = Reader(payload)
+        for name, bf in schema.binary:
+            if name is None:
+                kwargs.update(bf.read(r))
+            else:
+                kwargs[name] = bf.read(r)
+        r.end()
+        dialect = Dialect.BINARY
+    if schema.with_dialect:
+        kwargs["dialect"] = dialect
+    return schema.cls(**kwargs)
 
 
-def _parse_json(payload: bytes) -> dict[str, Any]:
+def decode_request(payload: bytes) -> Request:
+    """Server side: the request in one payload. An `InvalidField` is answered, not fatal."""
+    return _decode(payload, _REQUEST_CODES, _REQUEST_NAMES, "request")
+
+
+def decode_response(payload: bytes) -> Response | ErrorReply:
+    """Client side: the response in one payload; a `MalformedResponse` when it cannot be read."""
+    try:
+        return _decode(payload, _RESPONSE_CODES, _RESPONSE_NAMES, "response")
+    except InvalidField as e:
+        raise MalformedResponse(f"bad response: {e}") from None
+
+
+def parse_json(payload: bytes) -> dict[str, Any]:
     """The payload as a JSON object; fatal errors for bad UTF-8 or bad JSON."""
     try:
         obj = orjson.loads(payload)
@@ -191,356 +323,3 @@ def _parse_json(payload: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise MalformedJson("payload must be a JSON object")
     return obj
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _encode_json_response(resp: Response) -> bytes:
-    if isinstance(resp, ProduceResponse):
-        obj: dict[str, Any] = {"type": "ProduceResponse", "base_offset": resp.base_offset, "record_count": resp.record_count}
-    elif isinstance(resp, FetchResponse):
-        obj = {
-            "type": "FetchResponse",
-            "records": [
-                {"offset": r.offset, "timestamp": r.timestamp, "payload": _b64(r.payload)} for r in resp.records
-            ],
-            "next_offset": resp.next_offset,
-        }
-    elif isinstance(resp, OffsetCommitResponse):
-        obj = {"type": "OffsetCommitResponse", "success": resp.success}
-    elif isinstance(resp, OffsetFetchResponse):
-        obj = {"type": "OffsetFetchResponse", "offset": resp.offset}
-    elif isinstance(resp, CreateTopicResponse):
-        obj = {"type": "CreateTopicResponse", "success": resp.success, "partitions_created": resp.partitions_created}
-    elif isinstance(resp, ListTopicsResponse):
-        obj = {"type": "ListTopicsResponse", "topics": [{"name": t.name, "partition_count": t.partition_count} for t in resp.topics]}
-    elif isinstance(resp, DescribeTopicResponse):
-        obj = {"type": "DescribeTopicResponse", "topic": resp.topic, "partitions": [_j_partition(p) for p in resp.partitions]}
-    elif isinstance(resp, DescribePartitionResponse):
-        obj = {"type": "DescribePartitionResponse", "topic": resp.topic, **_j_partition(resp.info)}
-    elif isinstance(resp, MetricsResponse):
-        obj = {**resp.values, "type": "MetricsFetchResponse"}
-    elif isinstance(resp, Pong):
-        obj = {"type": "Pong"}
-    elif isinstance(resp, Error):
-        obj = {"type": "Error", "code": resp.kind.json_code, "message": resp.message, "details": resp.details}
-    else:
-        raise LocalProtocolError(f"not a RustLog response: {resp!r}")
-    return orjson.dumps(obj)
-
-
-def _j_partition(p: PartitionInfo) -> dict[str, Any]:
-    return {
-        "partition": p.partition, "high_watermark": p.high_watermark,
-        "log_start_offset": p.log_start_offset, "segment_count": p.segment_count,
-    }
-
-
-def _encode_json_request(req: Request) -> bytes:
-    if isinstance(req, Produce):
-        obj: dict[str, Any] = {"type": "Produce", "topic": req.topic, "partition": req.partition, "records": [_b64(r) for r in req.records]}
-    elif isinstance(req, Fetch):
-        obj = {"type": "Fetch", "group_id": req.group_id, "topic": req.topic, "partition": req.partition, "offset": req.offset, "max_bytes": req.max_bytes}
-    elif isinstance(req, OffsetCommit):
-        obj = {"type": "OffsetCommit", "group": req.group, "topic": req.topic, "partition": req.partition, "offset": req.offset}
-    elif isinstance(req, OffsetFetch):
-        obj = {"type": "OffsetFetch", "group": req.group, "topic": req.topic, "partition": req.partition}
-    elif isinstance(req, CreateTopic):
-        obj = {"type": "CreateTopic", "topic": req.topic, "partition_count": req.partition_count}
-    elif isinstance(req, DescribeTopic):
-        obj = {"type": "DescribeTopic", "topic": req.topic}
-    elif isinstance(req, DescribePartition):
-        obj = {"type": "DescribePartition", "topic": req.topic, "partition": req.partition}
-    elif isinstance(req, (ListTopics, MetricsFetch, Ping)):
-        obj = {"type": type(req).__name__}
-    else:
-        raise LocalProtocolError(f"not a RustLog request: {req!r}")
-    return orjson.dumps(obj)
-
-
-def _decode_json_response(obj: dict[str, Any]) -> Response | ErrorReply:
-    kind = obj.get("type")
-    try:
-        if kind == "ProduceResponse":
-            return ProduceResponse(obj["base_offset"], obj["record_count"])
-        if kind == "FetchResponse":
-            return FetchResponse(
-                tuple(FetchedRecord(base64.b64decode(r["payload"], validate=True), r["offset"], r["timestamp"]) for r in obj["records"]),
-                obj["next_offset"],
-            )
-        if kind == "OffsetCommitResponse":
-            return OffsetCommitResponse(bool(obj["success"]))
-        if kind == "OffsetFetchResponse":
-            return OffsetFetchResponse(obj["offset"])
-        if kind == "CreateTopicResponse":
-            return CreateTopicResponse(bool(obj["success"]), obj.get("partitions_created", 0))
-        if kind == "ListTopicsResponse":
-            return ListTopicsResponse(tuple(TopicInfo(t["name"], t["partition_count"]) for t in obj["topics"]))
-        if kind == "DescribeTopicResponse":
-            return DescribeTopicResponse(obj["topic"], tuple(_j_partition_in(p) for p in obj["partitions"]))
-        if kind == "DescribePartitionResponse":
-            return DescribePartitionResponse(obj["topic"], _j_partition_in(obj))
-        if kind == "MetricsFetchResponse":
-            return MetricsResponse({k: v for k, v in obj.items() if k != "type"})
-        if kind == "Pong":
-            return Pong()
-        if kind == "Error":
-            return ErrorReply(obj["code"], obj["message"], obj.get("details"), Dialect.JSON)
-    except (KeyError, TypeError, ValueError, binascii.Error) as e:
-        raise MalformedResponse(f"bad {kind} response: {e!r}") from None
-    raise MalformedResponse(f"unknown response type {kind!r}")
-
-
-def _j_partition_in(p: dict[str, Any]) -> PartitionInfo:
-    return PartitionInfo(p["partition"], p["high_watermark"], p.get("log_start_offset"), p.get("segment_count"))
-
-
-# ---------------------------------------------------------------- binary dialect
-
-REQ_PRODUCE, REQ_FETCH, REQ_COMMIT, REQ_OFFSET_FETCH, REQ_CREATE = 0x01, 0x02, 0x03, 0x04, 0x05
-REQ_LIST, REQ_DESCRIBE_TOPIC, REQ_DESCRIBE_PARTITION, REQ_METRICS, REQ_PING = 0x06, 0x07, 0x08, 0x09, 0xFF
-RESP_ERROR, RESP_PONG = 0xFE, 0xFF
-
-
-class _Reader:
-    """Cursor over a binary payload; running past the end is a decode error (`_Bad`)."""
-
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: bytes, pos: int = 1) -> None:
-        self.data = data
-        self.pos = pos
-
-    def _take(self, n: int) -> int:
-        start = self.pos
-        if start + n > len(self.data):
-            raise _Bad(f"truncated request: wanted {n} bytes at {start}, payload is {len(self.data)}")
-        self.pos = start + n
-        return start
-
-    def u8(self) -> int:
-        return self.data[self._take(1)]
-
-    def u16(self) -> int:
-        return _U16.unpack_from(self.data, self._take(2))[0]
-
-    def u32(self) -> int:
-        return _U32.unpack_from(self.data, self._take(4))[0]
-
-    def u64(self) -> int:
-        return _U64.unpack_from(self.data, self._take(8))[0]
-
-    def bytes_(self, n: int) -> bytes:
-        start = self._take(n)
-        return self.data[start:start + n]
-
-    def str_(self) -> str:
-        raw = self.bytes_(self.u16())
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            # The reference answers decode error 2 here and keeps the connection.
-            raise _Bad(f"string is not UTF-8: {e.reason}") from None
-
-    def byte_list(self, max_items: int, max_item: int) -> tuple[bytes, ...]:
-        count = self.u32()
-        if count > max_items:
-            raise _Bad(f"{count} records in one batch; at most {max_items}")
-        data, out = self.data, []
-        unpack = _U32.unpack_from
-        pos, end = self.pos, len(data)
-        for i in range(count):
-            if pos + 4 > end:
-                raise _Bad("truncated byte list")
-            n = unpack(data, pos)[0]
-            pos += 4
-            if n > max_item:
-                raise _Bad(f"record {i} is {n} bytes; at most {max_item}", ErrorKind.RECORD_TOO_LARGE)
-            if pos + n > end:
-                raise _Bad("truncated byte list")
-            out.append(data[pos:pos + n])
-            pos += n
-        self.pos = pos
-        return tuple(out)
-
-    def end(self) -> None:
-        if self.pos != len(self.data):
-            raise _Bad(f"{len(self.data) - self.pos} unexpected bytes after the request")
-
-
-def _decode_binary_request(payload: bytes) -> Request:
-    r = _Reader(payload)
-    code = payload[0]
-    d = Dialect.BINARY
-    req: Request
-    if code == REQ_PRODUCE:
-        req = Produce(_check_topic(r.str_()), r.u32(), r.byte_list(MAX_RECORDS_PER_BATCH, MAX_RECORD_SIZE), d)
-    elif code == REQ_FETCH:
-        group, topic, partition, offset, max_bytes = r.str_(), r.str_(), r.u32(), r.u64(), r.u32()
-        req = Fetch(_check_topic(topic), partition, offset, max_bytes, group, d)
-    elif code == REQ_COMMIT:
-        group, topic, partition, offset = r.str_(), r.str_(), r.u32(), r.u64()
-        req = OffsetCommit(group, _check_topic(topic), partition, offset, d)
-    elif code == REQ_OFFSET_FETCH:
-        group, topic, partition = r.str_(), r.str_(), r.u32()
-        req = OffsetFetch(group, _check_topic(topic), partition, d)
-    elif code == REQ_CREATE:
-        req = CreateTopic(_check_topic(r.str_()), r.u32(), d)
-    elif code == REQ_LIST:
-        req = ListTopics(d)
-    elif code == REQ_DESCRIBE_TOPIC:
-        req = DescribeTopic(_check_topic(r.str_()), d)
-    elif code == REQ_DESCRIBE_PARTITION:
-        req = DescribePartition(_check_topic(r.str_()), r.u32(), d)
-    elif code == REQ_METRICS:
-        req = MetricsFetch(d)
-    elif code == REQ_PING:
-        req = Ping(d)
-    else:
-        raise _Bad(f"unknown request type 0x{code:02X}")
-    r.end()
-    return req
-
-
-def _w_str(s: str) -> bytes:
-    raw = s.encode("utf-8")
-    if len(raw) > U16:
-        raw = raw[:U16]
-    return _U16.pack(len(raw)) + raw
-
-
-def _w_byte_list(items: Iterable[bytes]) -> bytes:
-    items = list(items)
-    parts = [_U32.pack(len(items))]
-    for item in items:
-        parts.append(_U32.pack(len(item)))
-        parts.append(item)
-    return b"".join(parts)
-
-
-def _encode_binary_response(resp: Response) -> bytes:
-    if isinstance(resp, ProduceResponse):
-        return b"\x01" + _U64.pack(resp.base_offset) + _U32.pack(resp.record_count)
-    if isinstance(resp, FetchResponse):
-        return b"\x02" + _w_byte_list(r.payload for r in resp.records) + _U64.pack(resp.next_offset)
-    if isinstance(resp, OffsetCommitResponse):
-        return b"\x03" + bytes([1 if resp.success else 0])
-    if isinstance(resp, OffsetFetchResponse):
-        return b"\x04\x00" if resp.offset is None else b"\x04\x01" + _U64.pack(resp.offset)
-    if isinstance(resp, CreateTopicResponse):
-        return b"\x05" + bytes([1 if resp.success else 0])
-    if isinstance(resp, ListTopicsResponse):
-        return b"\x06" + _U32.pack(len(resp.topics)) + b"".join(_w_str(t.name) + _U32.pack(t.partition_count) for t in resp.topics)
-    if isinstance(resp, DescribeTopicResponse):
-        n = len(resp.partitions)
-        return (
-            b"\x07" + _w_str(resp.topic) + _U32.pack(n) + _U32.pack(n)
-            + b"".join(_U32.pack(p.partition) + _U64.pack(p.high_watermark) for p in resp.partitions)
-        )
-    if isinstance(resp, DescribePartitionResponse):
-        return b"\x08" + _w_str(resp.topic) + _U32.pack(resp.info.partition) + _U64.pack(resp.info.high_watermark)
-    if isinstance(resp, MetricsResponse):
-        text = resp.text.encode("utf-8")
-        return b"\x09" + _U32.pack(len(text)) + text
-    if isinstance(resp, Pong):
-        return b"\xff"
-    if isinstance(resp, Error):
-        return b"\xfe" + _U16.pack(resp.kind.binary_code) + _w_str(resp.message)
-    raise LocalProtocolError(f"not a RustLog response: {resp!r}")
-
-
-def _encode_binary_request(req: Request) -> bytes:
-    if isinstance(req, Produce):
-        return b"\x01" + _w_str(req.topic) + _U32.pack(req.partition) + _w_byte_list(req.records)
-    if isinstance(req, Fetch):
-        return b"\x02" + _w_str(req.group_id) + _w_str(req.topic) + _U32.pack(req.partition) + _U64.pack(req.offset) + _U32.pack(min(req.max_bytes, U32))
-    if isinstance(req, OffsetCommit):
-        return b"\x03" + _w_str(req.group) + _w_str(req.topic) + _U32.pack(req.partition) + _U64.pack(req.offset)
-    if isinstance(req, OffsetFetch):
-        return b"\x04" + _w_str(req.group) + _w_str(req.topic) + _U32.pack(req.partition)
-    if isinstance(req, CreateTopic):
-        return b"\x05" + _w_str(req.topic) + _U32.pack(req.partition_count)
-    if isinstance(req, ListTopics):
-        return b"\x06"
-    if isinstance(req, DescribeTopic):
-        return b"\x07" + _w_str(req.topic)
-    if isinstance(req, DescribePartition):
-        return b"\x08" + _w_str(req.topic) + _U32.pack(req.partition)
-    if isinstance(req, MetricsFetch):
-        return b"\x09"
-    if isinstance(req, Ping):
-        return b"\xff"
-    raise LocalProtocolError(f"not a RustLog request: {req!r}")
-
-
-def _decode_binary_response(payload: bytes) -> Response | ErrorReply:
-    r = _Reader(payload)
-    code = payload[0]
-    try:
-        if code == 0x01:
-            resp: Response | ErrorReply = ProduceResponse(r.u64(), r.u32())
-        elif code == 0x02:
-            records = r.byte_list(U32, U32)
-            resp = FetchResponse(tuple(FetchedRecord(p) for p in records), r.u64())
-        elif code == 0x03:
-            resp = OffsetCommitResponse(r.u8() == 1)
-        elif code == 0x04:
-            resp = OffsetFetchResponse(r.u64() if r.u8() == 1 else None)
-        elif code == 0x05:
-            resp = CreateTopicResponse(r.u8() == 1)
-        elif code == 0x06:
-            resp = ListTopicsResponse(tuple(TopicInfo(r.str_(), r.u32()) for _ in range(r.u32())))
-        elif code == 0x07:
-            topic, _count = r.str_(), r.u32()
-            resp = DescribeTopicResponse(topic, tuple(PartitionInfo(r.u32(), r.u64()) for _ in range(r.u32())))
-        elif code == 0x08:
-            topic = r.str_()
-            resp = DescribePartitionResponse(topic, PartitionInfo(r.u32(), r.u64()))
-        elif code == 0x09:
-            text = r.bytes_(r.u32()).decode("utf-8", "replace")
-            resp = MetricsResponse(_parse_prometheus(text), text)
-        elif code == RESP_PONG:
-            resp = Pong()
-        elif code == RESP_ERROR:
-            resp = ErrorReply(r.u16(), r.str_(), None, Dialect.BINARY)
-        else:
-            raise MalformedResponse(f"unknown binary response type 0x{code:02X}")
-        r.end()
-    except _Bad as e:
-        raise MalformedResponse(f"bad binary response 0x{code:02X}: {e}") from None
-    return resp
-
-
-# ---------------------------------------------------------------- Prometheus text
-
-
-@dataclass(frozen=True, slots=True)
-class Metric:
-    name: str
-    kind: str  # "counter" or "gauge"
-    help: str
-    value: float
-
-
-def render_prometheus(metrics: Iterable[Metric], prefix: str = "rustlog_") -> str:
-    lines = []
-    for m in metrics:
-        name = prefix + m.name
-        value = int(m.value) if float(m.value).is_integer() else m.value
-        lines.append(f"# HELP {name} {m.help}\n# TYPE {name} {m.kind}\n{name} {value}\n")
-    return "".join(lines)
-
-
-def _parse_prometheus(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            continue
-    return out

@@ -13,8 +13,10 @@ adapter sends `fatal_reply(err)` (one best-effort Error frame) and closes. An
 unknown request type or bad fields are not fatal: `feed` yields a `BadRequest`
 event and the adapter answers `Error(event.kind, event.message)`.
 
-The requests and responses are in messages.py, the framing and both dialects' codecs in
-codec.py; this module holds the two halves, `RustlogServer` and `RustlogClient`.
+The requests and responses are in messages.py; codec.py holds the framing and one
+declarative schema per message (field types in fields.py) with the one generic encoder
+and decoder; prometheus.py renders MetricsFetch's binary answer. This module holds the two
+halves, `RustlogServer` and `RustlogClient`.
 """
 
 from __future__ import annotations
@@ -23,15 +25,31 @@ from collections import deque
 
 from logjam.errors import FrameTooLarge, HeldErrors, LocalProtocolError, ProtocolError, RemoteProtocolError
 
-# The vocabulary and the codecs live in messages.py and codec.py; importing them here keeps
-# `bridges.rustlog.engine` the one name the adapters, tools and tests use.
-from bridges.rustlog.codec import *  # noqa: F403
-from bridges.rustlog.codec import (  # noqa: F401
-    _BRACE, _Bad, _decode_binary_request, _decode_binary_response, _decode_json_request, _decode_json_response,
-    _encode_binary_request, _encode_binary_response, _encode_json_request, _encode_json_response, _Framer,
-    _parse_json, _parse_prometheus,
+from bridges.rustlog.codec import Framer, decode_request, decode_response, dialect_of, encode, frame
+from bridges.rustlog.fields import InvalidField
+from bridges.rustlog.messages import (
+    DEFAULT_FETCH_MAX_BYTES, MAX_FRAME_SIZE, MAX_RECORD_SIZE, MAX_RECORDS_PER_BATCH, U16, U32, U64, BadRequest,
+    CreateTopic, CreateTopicResponse, DescribePartition, DescribePartitionResponse, DescribeTopic,
+    DescribeTopicResponse, Dialect, EmptyFrame, Error, ErrorKind, ErrorReply, Fetch, FetchedRecord, FetchResponse,
+    InvalidUtf8, ListTopics, ListTopicsResponse, MalformedJson, MalformedResponse, MetricsFetch, MetricsResponse,
+    OffsetCommit, OffsetCommitResponse, OffsetFetch, OffsetFetchResponse, PartitionInfo, Ping, Pong, Produce,
+    ProduceResponse, Request, Response, TopicInfo,
 )
-from bridges.rustlog.messages import *  # noqa: F403
+from bridges.rustlog.prometheus import Metric, Summary, metric_values, render_prometheus
+
+# `bridges.rustlog.engine` is the one name the adapters, tools and tests use: the vocabulary
+# of messages.py and the metrics of prometheus.py are re-exported here.
+__all__ = [
+    "RustlogServer", "RustlogClient", "frame",
+    "DEFAULT_FETCH_MAX_BYTES", "MAX_FRAME_SIZE", "MAX_RECORD_SIZE", "MAX_RECORDS_PER_BATCH", "U16", "U32", "U64",
+    "Dialect", "ErrorKind", "EmptyFrame", "InvalidUtf8", "MalformedJson", "MalformedResponse",
+    "Request", "Produce", "Fetch", "OffsetCommit", "OffsetFetch", "CreateTopic", "ListTopics", "DescribeTopic",
+    "DescribePartition", "MetricsFetch", "Ping", "BadRequest",
+    "Response", "ProduceResponse", "FetchedRecord", "FetchResponse", "OffsetCommitResponse", "OffsetFetchResponse",
+    "CreateTopicResponse", "TopicInfo", "ListTopicsResponse", "PartitionInfo", "DescribeTopicResponse",
+    "DescribePartitionResponse", "MetricsResponse", "Pong", "Error", "ErrorReply",
+    "Metric", "Summary", "metric_values", "render_prometheus",
+]
 
 # ---------------------------------------------------------------- the two halves
 
@@ -40,7 +58,7 @@ class RustlogServer(HeldErrors):
     """The broker side: `feed` yields requests (or BadRequest); `send` answers the oldest one."""
 
     def __init__(self, max_frame: int = MAX_FRAME_SIZE) -> None:
-        self._framer = _Framer(max_frame)
+        self._framer = Framer(max_frame)
         self._unanswered: deque[Dialect] = deque()
         self._last = Dialect.BINARY
         self._error: ProtocolError | None = None
@@ -61,14 +79,11 @@ class RustlogServer(HeldErrors):
         events: list[Request | BadRequest] = []
         payloads, error = self._framer.feed(data)
         for payload in payloads:
-            dialect = Dialect.JSON if payload[0] == _BRACE else Dialect.BINARY
+            dialect = dialect_of(payload[0])
             self._last = dialect
             try:
-                if dialect is Dialect.JSON:
-                    event: Request | BadRequest = _decode_json_request(_parse_json(payload))
-                else:
-                    event = _decode_binary_request(payload)
-            except _Bad as e:
+                event: Request | BadRequest = decode_request(payload)
+            except InvalidField as e:
                 event = BadRequest(e.kind, str(e), dialect)
             except RemoteProtocolError as e:
                 error = e
@@ -86,42 +101,31 @@ class RustlogServer(HeldErrors):
         if not self._unanswered:
             raise LocalProtocolError("no request is waiting for an answer")
         dialect = self._unanswered.popleft()
-        payload = _encode_json_response(response) if dialect is Dialect.JSON else _encode_binary_response(response)
-        return frame(payload)
+        return frame(encode(response, dialect))
 
     def fatal_reply(self, err: RemoteProtocolError) -> bytes:
         """A last Error frame before closing, in the best guess of the peer's dialect."""
         if isinstance(err, (MalformedJson, InvalidUtf8)):
-            return frame(_encode_json_response(Error(ErrorKind.INVALID_REQUEST, str(err))))
+            return frame(encode(Error(ErrorKind.INVALID_REQUEST, str(err)), Dialect.JSON))
         # An oversized frame shows its dialect in its first payload byte; an empty one has
         # none, so the connection's last dialect is the best guess.
         first = None if isinstance(err, EmptyFrame) else self._framer.peek_first_payload_byte()
-        dialect = self._last if first is None else (Dialect.JSON if first == _BRACE else Dialect.BINARY)
+        dialect = self._last if first is None else dialect_of(first)
         kind = ErrorKind.FRAME_TOO_LARGE if isinstance(err, FrameTooLarge) else ErrorKind.FRAME_ERROR
-        resp = Error(kind, f"frame error: {err}")
-        return frame(_encode_json_response(resp) if dialect is Dialect.JSON else _encode_binary_response(resp))
+        return frame(encode(Error(kind, f"frame error: {err}"), dialect))
 
 
 class RustlogClient:
     """The client side (tests, tools): `send(request)` in the request's dialect; `feed` yields responses."""
 
     def __init__(self, max_frame: int = MAX_FRAME_SIZE) -> None:
-        self._framer = _Framer(max_frame)
+        self._framer = Framer(max_frame)
 
     def send(self, request: Request) -> bytes:
-        if getattr(request, "dialect", None) is Dialect.JSON:
-            return frame(_encode_json_request(request))
-        return frame(_encode_binary_request(request))
+        return frame(encode(request, getattr(request, "dialect", Dialect.BINARY)))
 
     def feed(self, data: bytes) -> list[Response | ErrorReply]:
-        out: list[Response | ErrorReply] = []
         payloads, error = self._framer.feed(data)
         if error is not None:
             raise error
-        for payload in payloads:
-            if payload[0] == _BRACE:
-                obj = _parse_json(payload)
-                out.append(_decode_json_response(obj))
-            else:
-                out.append(_decode_binary_response(payload))
-        return out
+        return [decode_response(payload) for payload in payloads]

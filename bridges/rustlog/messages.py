@@ -1,13 +1,12 @@
 """RustLog's vocabulary: limits, dialects, error kinds, and every request and response as a frozen dataclass.
 
-Shared by the engine halves (bridges/rustlog/engine.py) and the codecs (bridges/rustlog/codec.py).
+Shared by the engine halves (bridges/rustlog/engine.py) and the codec (bridges/rustlog/codec.py,
+whose schemas build and read these classes with the field types of fields.py).
 """
 
 from __future__ import annotations
 
 import enum
-import re
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -18,13 +17,6 @@ MAX_RECORD_SIZE = 10 * 1024 * 1024
 MAX_RECORDS_PER_BATCH = 1000
 DEFAULT_FETCH_MAX_BYTES = 1024 * 1024
 U16, U32, U64 = 2**16 - 1, 2**32 - 1, 2**64 - 1
-
-_TOPIC = re.compile(r"[A-Za-z0-9_-]{1,255}\Z")
-_LEN = struct.Struct(">I")
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_BRACE = ord("{")
 
 
 class Dialect(enum.Enum):
