@@ -113,8 +113,12 @@ class Sequencer:
     def __init__(self, ledger: Ledger, metrics: ImporterMetrics, *, context: zmq.Context,
                  device_endpoint: Mapping[int, str], replay_port: int, replay_timeout: float,
                  stopping: Callable[[], bool], curve: ClientKey | None = None,
-                 replay_ports: Mapping[str, int] | None = None) -> None:
+                 replay_ports: Mapping[str, int] | None = None,
+                 between: Callable[[], None] | None = None) -> None:
         self.ledger = ledger
+        # Called between two replayed messages: the worker commits a long replay in pieces, so
+        # that an importer killed every half minute still gets through a replay of many minutes.
+        self.between = between
         self.curve = curve
         self.metrics = metrics
         self.ctx = context
@@ -308,6 +312,8 @@ class Sequencer:
                 self.ledger.cover(device, seq)
                 replayed += 1
                 handle(item, journal)
+                if self.between is not None:
+                    self.between()
                 if self.stopping():
                     return True  # SIGTERM mid-replay: what was covered gets flushed; the rest comes next start
         except JournalChanged as e:

@@ -238,7 +238,7 @@ class Worker(WriteListener):
         self.sequencer = None if self.ledger is None else Sequencer(
             self.ledger, self.metrics, context=ctx, device_endpoint=self.sub.device_endpoint,
             replay_port=config.replay_port, replay_timeout=config.replay_timeout, stopping=self.stop.is_set,
-            curve=self.curve, replay_ports=config.replay_port_of)
+            curve=self.curve, replay_ports=config.replay_port_of, between=self._commit_due)
         self.receiver = Receiver(self.group_commit, self.filter, self.tally, self.gaps, self.sequencer,
                                  self.sub.device_endpoint)
         share = f"worker {config.worker} of {config.workers}" if config.workers else "all streams"
@@ -263,11 +263,7 @@ class Worker(WriteListener):
         writer, batch, stop = self.writer, self.group_commit, self.stop
         while not stop.is_set():
             if batch.full() and not writer.has_room:
-                # Back-pressure: a full batch waits for the writer; the SUB socket buffers meanwhile.
-                writer.done.clear()
-                if not writer.has_room:
-                    writer.done.wait(0.2)
-                self._housekeeping()
+                self._wait_for_room()
                 continue
             deadline = batch.deadline()
             wait = 0.2 if deadline is None else max(0.001, min(0.2, deadline - time.monotonic()))
@@ -278,6 +274,23 @@ class Worker(WriteListener):
             if batch.due(writer.idle) and (writer.idle or writer.has_room):
                 self.flush()
             self._housekeeping()
+
+    def _wait_for_room(self) -> None:
+        # Back-pressure: a full batch waits for the writer; the SUB socket buffers meanwhile.
+        writer = self.writer
+        writer.done.clear()
+        if not writer.has_room:
+            writer.done.wait(0.2)
+        self._housekeeping()
+
+    def _commit_due(self) -> None:
+        """Between two replayed messages: what the loop does between two receives. A replay runs
+        inside one receive, and would otherwise be one batch, committed only at its end."""
+        writer, batch = self.writer, self.group_commit
+        while batch.full() and not writer.has_room and not self.stop.is_set():
+            self._wait_for_room()
+        if batch.due(writer.idle) and (writer.idle or writer.has_room):
+            self.flush()
 
     def flush(self) -> None:
         """Cut the open batch and hand it to the writer."""

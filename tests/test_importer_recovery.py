@@ -280,3 +280,27 @@ def test_a_range_past_retention_is_counted_lost_and_the_importer_moves_on(spark_
         j.close()
         print(imp.output()[-3000:])
     assert "are gone from its journal (retention)" in imp.output()
+
+
+@pytest.mark.timeout(240)
+def test_a_long_replay_is_committed_in_pieces(spark_server, tmp_path) -> None:
+    """A backlog replayed at start is committed as the loop commits live traffic, not as one batch
+    at its end: an importer killed every half minute still gets through a replay of many minutes."""
+    warehouse, state, app_env = tmp_path / "wh", tmp_path / "state", "recover-pieces"
+    j = Journaled(tmp_path / "dev")
+    total = 3000
+    try:
+        send_numbered(j.dev, app_env, range(total))  # before any importer: all of it comes by replay
+        imp = importer(j, spark_server, warehouse, state, "--batch-rows", "500")
+        try:
+            ns = wait_landed(spark_server, warehouse, app_env, total)
+            _, rows, seqs = landed(spark_server, warehouse, app_env)
+            assert sorted(ns) == list(range(total)) and rows == seqs == total
+            assert imp.metric("logjam_importer_replayed_messages_total") >= total
+            batches = imp.metric("logjam_importer_batches_written_total")
+            print(f"replayed {total} messages in {batches:.0f} batches")
+            assert batches >= total // 500 - 1, batches
+        finally:
+            assert imp.stop() == 0, imp.output()
+    finally:
+        j.close()
