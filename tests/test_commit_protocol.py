@@ -130,6 +130,44 @@ def test_a_commit_killed_at_every_step_is_whole_or_absent_after_recovery(spark_s
         t.assert_clean()
 
 
+def test_an_importer_start_killed_at_every_step_finishes_the_listed_placement(spark_server, tmp_path) -> None:
+    """A start that finishes a killed commit's listed placement is itself killed at each of its steps;
+    the next start finishes it: the batch lands whole, once, and nothing is left aside."""
+    t = Table(spark_server, tmp_path)
+    landed = [t.land({"a-prod": 10})]
+    maintenance_pass(t.spark, t.database, MaintenanceConfig(compact_grace=0.0, compact_fanin=2), retention=False)
+    staging = t.table_dir / "_staging" / "importer=0"
+    streams = {"a-prod": 3, "b-prod": 2, "c-prod": 4}
+
+    found: list[int] = []  # the commit's step after which its list is durable and a file placed
+
+    def half_placed() -> range:
+        """A batch whose commit was killed after its list was durable and its first file placed."""
+        for at in found or _each_step():
+            rows, seqs = t.rows(streams)
+            assert _kill(t, "append", at, rows=cp.dump(rows, tmp_path / f"r{t.seq}.parquet")), "no half placement"
+            if any(staging.glob(f"*{protocol.MOVES}")) and len(list(staging.glob("*.parquet"))) < len(streams):
+                found[:] = [at]
+                return seqs
+            assert not found, f"the commit killed at step {at} is no longer half placed"
+            t.recover()  # killed before that point: start over from a clean table
+            if t.counts(seqs)[0]:
+                landed.append(seqs)
+        raise AssertionError("unreachable")
+
+    for at in _each_step():
+        seqs = half_placed()
+        killed = _kill(t, "start", at)
+        t.recover()
+        assert t.counts(seqs) == (len(seqs), len(seqs)), f"start killed at step {at}"
+        landed.append(seqs)
+        for done in landed:
+            assert t.counts(done) == (len(done), len(done)), f"start killed at step {at}"
+        t.assert_clean()
+        if not killed:
+            break
+
+
 def test_a_compaction_killed_at_every_step_loses_and_doubles_nothing(spark_server, tmp_path) -> None:
     t = Table(spark_server, tmp_path)
     config = {"grace": 0.0, "older_than": 0.0}  # yesterday is closed: its merge is Spark's, today's pyarrow's
