@@ -47,12 +47,14 @@ class BridgeProcess:
 
 def start_bridge(protocol: str, device_router: str, *extra: str, data_dir: Path | None = None,
                  app_env: str | None = None, port: int | None = None,
-                 prefix: Sequence[str] = ()) -> BridgeProcess:
+                 prefix: Sequence[str] = (), native: str | None = None) -> BridgeProcess:
     """Start `logjam-bridge <protocol>` on a free port (or `port`) and wait until it accepts.
 
     `prefix` runs before the bridge's own argv (a wrapper that sets a limit, then execs):
     a preexec_fn would run in a fork of this process, whose other threads (gRPC's, once a
-    test used Spark Connect) do not survive a fork, and it once killed the child before exec."""
+    test used Spark Connect) do not survive a fork, and it once killed the child before exec.
+    `native` sets its LOGJAM_NATIVE (require: the C link and scanner, off: their Python twins);
+    else it inherits ours (tests.conftest.native_mode sets ours per test)."""
     port = port or free_port()
     app_env = app_env or f"{protocol}test-{uuid.uuid4().hex[:8]}"
     argv = [
@@ -64,7 +66,7 @@ def start_bridge(protocol: str, device_router: str, *extra: str, data_dir: Path 
     if data_dir is not None:
         argv += ["--data-dir", str(data_dir)]
     argv += extra
-    proc = start(argv)
+    proc = start(argv, env={"LOGJAM_NATIVE": native} if native else {})
 
     def up() -> bool:
         if proc.poll() is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,36 @@ from logjam.curve import ClientKey
 from logjam.producer import Producer, ReplyTimeout
 from tests.helpers import command, free_port, start, stop, wait_for
 from tests.spark_fixture import spark_server  # noqa: F401  (session-scoped logjam-spark, shared by every Spark test)
+
+# LOGJAM_NATIVE (logjam/native.py) per test, where the C path and its Python twin both need
+# running: `require` (the C, or a failure when it is not built) and `off` (the twin), in one
+# pytest run. Tests whose outcome cannot depend on the switch run once, under the LOGJAM_NATIVE
+# they inherit (CI: require).
+NATIVE_MODES = [pytest.param("require", id="C"), pytest.param("off", id="py")]
+
+
+@pytest.fixture(params=NATIVE_MODES)
+def native_mode(request, monkeypatch) -> str:
+    """LOGJAM_NATIVE for this test, once `require` and once `off`: for this process (every
+    native.load reads the switch anew) and for every process it starts (tests.helpers.start
+    copies os.environ), so a fixture that starts one should ask for this first."""
+    monkeypatch.setenv("LOGJAM_NATIVE", request.param)
+    return request.param
+
+
+@contextmanager
+def native_env(mode: str):
+    """LOGJAM_NATIVE=`mode` within the block: for a Hypothesis test (which takes no function-scoped
+    fixture such as `native_mode`), or a module-scoped fixture."""
+    old = os.environ.get("LOGJAM_NATIVE")
+    os.environ["LOGJAM_NATIVE"] = mode
+    try:
+        yield mode
+    finally:
+        if old is None:
+            del os.environ["LOGJAM_NATIVE"]
+        else:
+            os.environ["LOGJAM_NATIVE"] = old
 
 
 @dataclass

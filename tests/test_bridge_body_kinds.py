@@ -10,6 +10,9 @@ that are not UTF-8 (Courier adds `"tags": ["_unmarshal_failure"]`, as its server
 Every message then goes through the importer's decoder (importer/decode.py), the row the
 table would hold. The legacy Courier connection (JDAT first, no HELO) once crashed the
 bridge on the first event that was not a JSON object.
+
+Every case runs twice: with the device and the bridge under LOGJAM_NATIVE=require (the C loop,
+link and Lumberjack scanner) and under off (their Python twins).
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ from importer.decode import BatchBuilder
 from logjam.message import Message
 from logjam.producer import Producer
 from tests.bridge_support import collect, no_more, ready_subscriber, start_bridge, stop_bridge
-from tests.conftest import start_device
+from tests.conftest import NATIVE_MODES, start_device
 from tests.courier_client import TestCourierClient
 from tests.helpers import stop, wait_for
 from tests.rustlog_clients import BinaryClient, JsonClient, RawConn
 from tests.segment_client import SegmentTestClient
 
-# Native-sensitive (LOGJAM_NATIVE picks the C paths or their Python twins): `make test` runs it under off too.
+# Native-sensitive (LOGJAM_NATIVE picks the C paths or their Python twins): each test runs on both (`device`).
 pytestmark = [pytest.mark.timeout(90), pytest.mark.native]
 
 INVALID_UTF8 = b"\xff\xfe\x80 not utf-8"
@@ -53,9 +56,15 @@ PAYLOADS = [raw for _, raw, _ in KINDS]
 WRAPPED = {"array", "scalar", "invalid_utf8", "empty", "whitespace"}
 
 
+@pytest.fixture(scope="module", params=NATIVE_MODES)
+def native(request) -> str:
+    """LOGJAM_NATIVE of the module's device and of every case's bridge: require, then off."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def device():
-    dev = start_device()
+def device(native):
+    dev = start_device(native=native)
     yield dev
     assert stop(dev.proc) == 0, dev.output()
 
@@ -131,10 +140,10 @@ def imported(messages: list) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("case", list(BRIDGES))
-def test_every_body_kind_is_acknowledged_and_lands_as_the_mapping_says(device, tmp_path, case) -> None:
+def test_every_body_kind_is_acknowledged_and_lands_as_the_mapping_says(device, native, tmp_path, case) -> None:
     protocol, send, position, first = BRIDGES[case]
     data = tmp_path / "data" if protocol in ("segment", "rustlog") else None
-    bridge = start_bridge(protocol, device.router, data_dir=data)
+    bridge = start_bridge(protocol, device.router, data_dir=data, native=native)
     sub = ready_subscriber(device.pub, device.router, bridge.app_env)
     try:
         send(bridge.port)

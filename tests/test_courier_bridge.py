@@ -1,7 +1,13 @@
 """`logjam-bridge courier` over real sockets, with a real `logjam-device`, a subscriber and the
 spec-following client in tests/courier_client.py: N events in, N Logjam messages out; the
 handshake and the legacy path; pipelining and ACKN order; a paused device (partial ACKNs,
-flat memory, everything once after resume); bad input next to a good client; TLS and mTLS."""
+flat memory, everything once after resume); bad input next to a good client; TLS and mTLS.
+
+Every test whose events or acknowledgements go through the bridge's device link and the device's
+loop runs twice, under LOGJAM_NATIVE=require (the C link and loop) and off (their Python twins):
+`device` is on each. The courier engine itself is Python on both paths, so the tests that only
+assert what it does with a connection that carries no event (handshake, a refused header, PING
+with a body, the idle timeout) run once, with `one_bridge` under the LOGJAM_NATIVE they inherit."""
 
 from __future__ import annotations
 
@@ -21,10 +27,11 @@ import pytest
 from bridges.courier.engine import CourierClient, VersionReceived
 from logjam.message import Message
 from tests.bridge_support import BridgeProcess, client_tls, collect, no_more, ready_subscriber, start_bridge, stop_bridge
+from tests.conftest import start_device
 from tests.courier_client import TestCourierClient
 from tests.helpers import start, stop, wait_for
 
-# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `make test` runs it under off too.
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `device` runs on both.
 pytestmark = pytest.mark.native
 
 
@@ -49,8 +56,31 @@ def check_once(got: list[tuple[Message, dict[str, Any]]], expected_n: range) -> 
 
 
 @pytest.fixture
+def device(native_mode):
+    """A device on each loop (require, off); `native_mode` gives every bridge the test starts the same."""
+    dev = start_device(native=native_mode)
+    yield dev
+    assert stop(dev.proc) == 0, dev.output()
+
+
+@pytest.fixture
 def bridge(device):
     b = start_courier(device.router)
+    yield b
+    stop_bridge(b)
+
+
+@pytest.fixture
+def one_device():
+    """A device under the LOGJAM_NATIVE the run has: for the tests no event of which reaches it."""
+    dev = start_device()
+    yield dev
+    assert stop(dev.proc) == 0, dev.output()
+
+
+@pytest.fixture
+def one_bridge(one_device):
+    b = start_courier(one_device.router)
     yield b
     stop_bridge(b)
 
@@ -148,9 +178,9 @@ def test_legacy_client_without_handshake(device, bridge) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_handshake_with_ruby_sized_helo(bridge) -> None:
+def test_handshake_with_ruby_sized_helo(one_bridge) -> None:
     # The Ruby client sends a 20-byte HELO body; the answer is a VERS announcing EVNT.
-    with socket.create_connection(("127.0.0.1", bridge.port), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", one_bridge.port), timeout=10) as sock:
         body = struct.pack(">4sIII4s", b"\0\0\0\0", 2, 0, 0, b"RYLC")
         sock.sendall(b"HELO" + struct.pack(">I", len(body)) + body)
         engine, got = CourierClient(), []
@@ -236,13 +266,13 @@ def test_corrupt_zlib_closes_only_that_connection(device, bridge) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_oversize_length_is_refused_on_the_header(bridge) -> None:
-    with TestCourierClient(bridge.port) as client:
+def test_oversize_length_is_refused_on_the_header(one_bridge) -> None:
+    with TestCourierClient(one_bridge.port) as client:
         # Only the header: the bridge must not wait for (or allocate) 10 MiB + 1.
         client.send_encoded(os.urandom(16), 1, b"JDAT" + struct.pack(">I", 10 * 1024 * 1024 + 1))
         _closed_without_ack(client)
     # Stopped here to read its log; the fixture's second stop finds it exited 0.
-    assert "frame_too_large" in stop_bridge(bridge)
+    assert "frame_too_large" in stop_bridge(one_bridge)
 
 
 @pytest.mark.timeout(60)
@@ -259,8 +289,8 @@ def test_unknown_type_gets_question_marks_and_keeps_the_connection(device, bridg
 
 
 @pytest.mark.timeout(60)
-def test_ping_with_body_closes(bridge) -> None:
-    with TestCourierClient(bridge.port) as client:
+def test_ping_with_body_closes(one_bridge) -> None:
+    with TestCourierClient(one_bridge.port) as client:
         client.send_raw(b"PING\0\0\0\x01x")
         client.wait_closed(10)
         assert client.pongs == 0
@@ -286,8 +316,8 @@ def test_garbage_connection_next_to_a_good_one(device, bridge) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_idle_timeout_closes_a_silent_connection(device) -> None:
-    b = start_courier(device.router, "--idle-timeout", "1")
+def test_idle_timeout_closes_a_silent_connection(one_device) -> None:
+    b = start_courier(one_device.router, "--idle-timeout", "1")
     try:
         with TestCourierClient(b.port) as client:
             t0 = time.monotonic()

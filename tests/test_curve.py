@@ -6,7 +6,9 @@ the allowlist. None of them gets a message out of PUB, stats or replay, nor one 
 device (a message the device took would be published: PUB is the only way into the table,
 and the allowlisted subscriber here sees everything published). The allowlisted client
 works on every socket, a key added to the allowlist works after SIGHUP, and every refusal is
-a WARNING line and a metric. Marked `native`: the C loop reads the same CURVE sockets.
+a WARNING line and a metric. Marked `native`: the C loop reads the same CURVE sockets, so every
+test whose messages go through a device's loop or a bridge's link runs on each (`native_mode`);
+key files and a client or device that stops at its key check before any loop runs are tested once.
 """
 
 from __future__ import annotations
@@ -100,11 +102,12 @@ def _sub(endpoint: str, key: ClientKey | None, ctx: zmq.Context) -> zmq.Socket:
     return s
 
 
-def test_only_allowlisted_clients_send_read_and_replay(keys: Path, tmp_path: Path) -> None:
+def test_only_allowlisted_clients_send_read_and_replay(keys: Path, tmp_path: Path, native_mode: str) -> None:
     strangers = Strangers(keys, tmp_path / "strangers")
     metrics_port, replay_port = free_port(), free_port()
     dev = start_device(keys=keys, extra=["--data-dir", str(tmp_path / "dev"), "--replay-port", str(replay_port),
-                                         "--metrics-port", str(metrics_port), "--heartbeat-interval", "0.2"])
+                                         "--metrics-port", str(metrics_port), "--heartbeat-interval", "0.2"],
+                       native=native_mode)
     replay = f"tcp://127.0.0.1:{replay_port}"
     ctx = zmq.Context()
     try:
@@ -178,11 +181,11 @@ def test_only_allowlisted_clients_send_read_and_replay(keys: Path, tmp_path: Pat
     assert len(set(lines)) == len(lines), out
 
 
-def test_a_key_added_to_the_allowlist_is_admitted_after_sighup(keys: Path, tmp_path: Path) -> None:
+def test_a_key_added_to_the_allowlist_is_admitted_after_sighup(keys: Path, tmp_path: Path, native_mode: str) -> None:
     strangers = Strangers(keys, tmp_path / "strangers")
     newcomer = strangers.by_name["not_allowed"]
     metrics_port = free_port()
-    dev = start_device(keys=keys, extra=["--metrics-port", str(metrics_port)])
+    dev = start_device(keys=keys, extra=["--metrics-port", str(metrics_port)], native=native_mode)
     ctx = zmq.Context()
     try:
         with Producer(dev.router, context=ctx, curve=newcomer, timeout=1.5, linger_ms=0) as p:
@@ -210,9 +213,10 @@ def test_a_key_added_to_the_allowlist_is_admitted_after_sighup(keys: Path, tmp_p
     assert "SIGHUP: reloaded the CURVE allowlist" in dev.output()
 
 
-def test_allow_plaintext_opens_the_named_sockets_and_says_so(keys: Path, tmp_path: Path) -> None:
+def test_allow_plaintext_opens_the_named_sockets_and_says_so(keys: Path, tmp_path: Path, native_mode: str) -> None:
     metrics_port = free_port()
-    dev = start_device(keys=keys, extra=["--allow-plaintext", "pull", "--metrics-port", str(metrics_port)])
+    dev = start_device(keys=keys, extra=["--allow-plaintext", "pull", "--metrics-port", str(metrics_port)],
+                       native=native_mode)
     ctx = zmq.Context()
     try:
         sub = Subscriber(dev.pub, ["open-"], context=ctx, curve=dev.curve)
@@ -245,7 +249,7 @@ def test_a_client_without_its_key_file_says_what_to_do(tmp_path: Path) -> None:
     assert "client.key_secret" in res.stderr and "--plaintext" in res.stderr, res.stderr
 
 
-def test_a_bridge_forwards_with_the_mesh_key_and_reports_a_refused_link(keys: Path) -> None:
+def test_a_bridge_forwards_with_the_mesh_key_and_reports_a_refused_link(keys: Path, native_mode: str) -> None:
     """The bridge's DEALER takes the client key from --keys; a bridge without CURVE gets nothing in,
     says so once in its log, and its /healthz fails on the device link."""
     import subprocess
@@ -254,11 +258,11 @@ def test_a_bridge_forwards_with_the_mesh_key_and_reports_a_refused_link(keys: Pa
     from tests.bridge_support import start_bridge, stop_bridge
     from tests.helpers import command
 
-    dev = start_device(keys=keys)
+    dev = start_device(keys=keys, native=native_mode)
     ctx = zmq.Context()
     metrics = free_port()
-    good = start_bridge("lumberjack", dev.router, "--keys", str(keys))
-    plain = start_bridge("lumberjack", dev.router, "--metrics-port", str(metrics))  # --plaintext
+    good = start_bridge("lumberjack", dev.router, "--keys", str(keys), native=native_mode)
+    plain = start_bridge("lumberjack", dev.router, "--metrics-port", str(metrics), native=native_mode)  # --plaintext
     try:
         sub = Subscriber(dev.pub, [good.app_env, plain.app_env], context=ctx, curve=dev.curve)
 

@@ -14,10 +14,12 @@ import zmq
 from logjam.compression import compress, decompress
 from logjam.meta import Compression, now_ms
 from logjam.producer import Producer
+from tests.conftest import NATIVE_MODES
 from tests.helpers import command, free_port, start, stop, wait_for
 from tests.test_device_helpers import Tap, dealer, meta, push, reply, unpack
 
-# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `make test` runs it under off too.
+# Native-sensitive (LOGJAM_NATIVE picks the C loop or its Python twin): every test whose outcome the loop
+# decides runs on both (engine_device, native_mode); flags refused before a loop runs are tested once.
 pytestmark = [pytest.mark.timeout(60), pytest.mark.native]
 
 
@@ -28,11 +30,12 @@ def tap(device):
     t.close()
 
 
-@pytest.fixture(params=["require", "off"])
+@pytest.fixture(params=NATIVE_MODES)
 def engine_device(request, device_factory):
     """A device on each loop: LOGJAM_NATIVE=require (the C fast path) and off (the pure-Python loop)."""
     return device_factory(native=request.param)
-# (The plain `device` fixture inherits LOGJAM_NATIVE: under `make test` the run under off repeats it.)
+# (The plain `device` fixture inherits LOGJAM_NATIVE: only test_port_in_use_is_a_clear_error, whose
+# second device fails at bind before any loop runs, takes it.)
 
 
 @pytest.fixture
@@ -221,8 +224,8 @@ def test_many_clients_at_once(engine_device, engine_tap):
     assert engine_tap.quiet(0.2)
 
 
-def test_heartbeats_share_the_sequence(device_factory):
-    dev = device_factory(device_id=4, extra=["--heartbeat-interval", "0.2"])
+def test_heartbeats_share_the_sequence(device_factory, native_mode):
+    dev = device_factory(device_id=4, extra=["--heartbeat-interval", "0.2"], native=native_mode)
     tap = Tap(dev.pub, dev.pull, keep_heartbeats=True)
     s = push(dev.pull)
     beats = []
@@ -251,8 +254,8 @@ def test_heartbeats_share_the_sequence(device_factory):
     s.close()
 
 
-def test_stats_once_a_second(device_factory):
-    dev = device_factory(device_id=9)
+def test_stats_once_a_second(device_factory, native_mode):
+    dev = device_factory(device_id=9, native=native_mode)
     ctx = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.linger = 0
@@ -279,8 +282,8 @@ def test_stats_once_a_second(device_factory):
 
 
 @pytest.mark.parametrize("method", ["zlib", "snappy", "lz4"])
-def test_compress_flag_compresses_only_uncompressed_bodies(device_factory, method):
-    dev = device_factory(extra=["--compress", method])
+def test_compress_flag_compresses_only_uncompressed_bodies(device_factory, method, native_mode):
+    dev = device_factory(extra=["--compress", method], native=native_mode)
     tap = Tap(dev.pub, dev.pull)
     cid = Compression.parse(method)
     body = b'{"message":"' + b"hello " * 50 + b'"}'
@@ -303,7 +306,7 @@ def test_compress_flag_compresses_only_uncompressed_bodies(device_factory, metho
     s.close()
 
 
-@pytest.mark.parametrize("engine", ["require", "off"])
+@pytest.mark.parametrize("engine", NATIVE_MODES)
 def test_sigterm_exits_zero_after_publishing_what_it_received(device_factory, engine):
     dev = device_factory(native=engine)
     tap = Tap(dev.pub, dev.pull)
@@ -336,7 +339,7 @@ def test_sigterm_exits_zero_after_publishing_what_it_received(device_factory, en
     tap.close()
 
 
-def test_config_file_and_flags(tmp_path):
+def test_config_file_and_flags(tmp_path, native_mode):
     ports = {name: free_port() for name in ("router", "pull", "pub", "stats")}
     cfg = tmp_path / "device.toml"
     cfg.write_text(
@@ -344,7 +347,7 @@ def test_config_file_and_flags(tmp_path):
         f'pub-port = {ports["pub"]}\nstats-port = {ports["stats"]}\ndevice-id = 42\ncompress = "lz4"\n'
         'allow-plaintext = "all"\n'
     )
-    proc = start([command("logjam-device"), "--config", str(cfg)])
+    proc = start([command("logjam-device"), "--config", str(cfg)], env={"LOGJAM_NATIVE": native_mode})
     try:
         tap = Tap(f"tcp://127.0.0.1:{ports['pub']}", f"tcp://127.0.0.1:{ports['pull']}")
         s = push(f"tcp://127.0.0.1:{ports['pull']}")

@@ -2,10 +2,11 @@
 
 Rows are landed by the importer's own writer, with `doc` encoded by the importer: by
 native/variant.c, or under LOGJAM_NATIVE=off by its Python twin, importer/variant_py.py (marker
-`native`: `make test` runs both). Checked: `doc` is written (whole by the
-importer, shredded by compaction), NULL for a body that is not JSON and for files written before the column
-existed (a table of an older version gets it with ALTER TABLE), the same answers through
-Spark Connect, `logjam-sql` and JDBC (beeline) with both `doc:path` and `variant_get`, and
+`native`: each test runs under require and under off, `native_mode`, each in a warehouse of its
+own, on the one JDBC server of the module, whose JVM knows nothing of the switch). Checked: `doc`
+is written (whole by the importer, shredded by compaction), NULL for a body that is not JSON and
+for files written before the column existed (a table of an older version gets it with ALTER
+TABLE), the same answers through Spark Connect, `logjam-sql` and JDBC (beeline) with both `doc:path` and `variant_get`, and
 compaction keeps it, shredded.
 """
 
@@ -80,9 +81,10 @@ def shredded(path: Path) -> bool:
 
 
 @pytest.mark.timeout(600)
-def test_doc_is_the_parsed_body_queryable_every_way_and_kept_shredded_by_compaction(jdbc_server, tmp_path) -> None:
+def test_doc_is_the_parsed_body_queryable_every_way_and_kept_shredded_by_compaction(jdbc_server, tmp_path,
+                                                                                    native_mode) -> None:
     spark = jdbc_server.session()
-    warehouse = jdbc_server.warehouse / "doc"
+    warehouse = jdbc_server.warehouse / f"doc-{native_mode}"
     database = database_for(warehouse)
     location = ensure_table(spark, database, str(warehouse / "messages"))
     writer = TableWriter(database, 0, location)
@@ -139,9 +141,10 @@ def test_doc_is_the_parsed_body_queryable_every_way_and_kept_shredded_by_compact
 
 
 @pytest.mark.timeout(600)
-def test_files_written_before_the_column_existed_read_null_after_it_is_added(jdbc_server, tmp_path) -> None:
+def test_files_written_before_the_column_existed_read_null_after_it_is_added(jdbc_server, tmp_path,
+                                                                            native_mode) -> None:
     spark = jdbc_server.session()
-    warehouse = jdbc_server.warehouse / "older"
+    warehouse = jdbc_server.warehouse / f"older-{native_mode}"
     database = database_for(warehouse)
     location = str(warehouse / "messages")
     t = qualified(database)

@@ -1,7 +1,9 @@
 """native/decode.c (importer/decode_native.py) against the Python reference (importer/decode.py): the same
 Arrow tables, results and counters for the same messages, vector by vector, byte by byte, and for
-arbitrary frames (Hypothesis). Under LOGJAM_NATIVE=off the C side is skipped and what remains checks
-that the importer then takes the Python path."""
+arbitrary frames (Hypothesis). Each test runs both paths itself (the C one through
+`tests.helpers.c_module`, skipped under an outer LOGJAM_NATIVE=off) or sets the switch itself (the
+importer takes the Python path under off), or tests the Python sequencer alone: none needs a run per
+LOGJAM_NATIVE value."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from logjam.message import HEARTBEAT
 from logjam.raw import RawBatch
 from tests.helpers import c_module
 
+# Marker `native`: the C decoder against its Python twin, both in every run.
 pytestmark = pytest.mark.native
 
 INGESTED_US = 1_795_000_000_123_456

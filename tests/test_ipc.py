@@ -3,7 +3,9 @@
 A CURVE device with a data directory serves each of its five sockets on `<data-dir>/ipc/<name>`
 too (logjam/endpoints.py). The directory is mode 0700 and the socket files 0600. A plaintext
 client is served there, while on TCP only the allowlisted key gets in. Marked `native`: the
-C loop reads the same sockets.
+C loop reads the same sockets, so the messages through them go through each loop
+(`native_mode`); the sockets' files, the replay server and the path check are the same whichever
+loop runs, and are tested once.
 """
 
 from __future__ import annotations
@@ -27,12 +29,24 @@ from tests.helpers import stop, wait_for
 pytestmark = [pytest.mark.timeout(120), pytest.mark.native]
 
 
-@pytest.fixture
-def curve_device(tmp_path: Path):
+def _curve_device(tmp_path: Path, native: str | None = None):
     ensure(tmp_path / "keys")
-    dev = start_device(keys=tmp_path / "keys", extra=["--data-dir", str(tmp_path / "device")])
+    dev = start_device(keys=tmp_path / "keys", extra=["--data-dir", str(tmp_path / "device")], native=native)
     yield dev, tmp_path / "device" / "ipc"
     assert stop(dev.proc) == 0, dev.output()
+
+
+@pytest.fixture
+def curve_device(tmp_path: Path):
+    """A CURVE device with a data directory, on the loop LOGJAM_NATIVE gives (the tests that take it
+    assert on what the sockets are, not on what a loop does with a message)."""
+    yield from _curve_device(tmp_path)
+
+
+@pytest.fixture
+def curve_device_each_loop(tmp_path: Path, native_mode: str):
+    """The same, once on the C loop and once on the Python loop."""
+    yield from _curve_device(tmp_path, native_mode)
 
 
 def test_the_ipc_directory_and_sockets_are_the_users_alone(curve_device) -> None:
@@ -43,8 +57,8 @@ def test_the_ipc_directory_and_sockets_are_the_users_alone(curve_device) -> None
         assert path.is_socket() and path.stat().st_mode & 0o777 == 0o600, path
 
 
-def test_plaintext_over_ipc_and_only_the_key_over_tcp(curve_device) -> None:
-    dev, ipc = curve_device
+def test_plaintext_over_ipc_and_only_the_key_over_tcp(curve_device_each_loop) -> None:
+    dev, ipc = curve_device_each_loop
     ctx = zmq.Context.instance()
     sub = Subscriber([endpoints.ipc_endpoint(ipc, "pub")], context=ctx)
     try:

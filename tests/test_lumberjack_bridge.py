@@ -1,6 +1,10 @@
 """`logjam-bridge lumberjack` over real sockets, with a real `logjam-device` and a subscriber:
 N events in, N Logjam messages out (body, @metadata, app-env, created_ms); acks; TCP,
-TLS, mutual TLS; garbage next to a good client; the device paused."""
+TLS, mutual TLS; garbage next to a good client; the device paused.
+
+Every test with a device runs twice, under LOGJAM_NATIVE=require (the bridge's C scanner and
+device link, the device's C loop) and off (their Python twins): `device` is on each. The one
+without (limits refused at start, before a scanner exists) runs once."""
 
 from __future__ import annotations
 
@@ -17,11 +21,12 @@ import pytest
 
 from bridges.lumberjack.engine import V1, AckFrame, LumberjackClient, encode_data_frame, encode_window
 from logjam.validation import is_valid_app_env
-from tests.helpers import command, wait_for
+from tests.conftest import start_device
+from tests.helpers import command, stop, wait_for
 from tests.bridge_support import client_tls, collect, no_more, ready_subscriber, stop_bridge
 from tests.lumberjack_support import start_lumberjack
 
-# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `make test` runs it under off too.
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `device` runs on both.
 pytestmark = pytest.mark.native
 
 
@@ -55,6 +60,14 @@ def tagged(n: int, run: str, start: int = 0) -> list[dict]:
          "@metadata": {"beat": "filebeat"}}
         for i in range(start, start + n)
     ]
+
+
+@pytest.fixture
+def device(native_mode):
+    """A device on each loop (require, off); `native_mode` gives every bridge the test starts the same."""
+    dev = start_device(native=native_mode)
+    yield dev
+    assert stop(dev.proc) == 0, dev.output()
 
 
 @pytest.fixture

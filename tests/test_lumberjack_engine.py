@@ -31,7 +31,9 @@ from bridges.lumberjack.engine import (
 )
 from logjam.errors import DecompressedTooLarge, FrameTooLarge, LocalProtocolError, ProtocolError, RemoteProtocolError
 
-# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `make test` runs it under off too.
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): every test whose input holds a v2 J
+# frame (what the scanner of bridges/lumberjack/scan.py reads) runs with the C scanner and the Python one
+# ("native": c-scan, py-scan); v1 data frames, windows, acks and the encoders never reach a scanner.
 pytestmark = pytest.mark.native
 
 
@@ -112,17 +114,19 @@ def test_vector_byte_by_byte(name: str, data: bytes, expected: list, native: boo
     assert not server.mid_frame
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
 @pytest.mark.parametrize("trailer", TRAILERS)
 @pytest.mark.parametrize("name,data,expected", VECTORS, ids=[v[0] for v in VECTORS])
-def test_vector_with_trailing_data(name: str, data: bytes, expected: list, trailer: bytes) -> None:
-    server = LumberjackServer()
+def test_vector_with_trailing_data(name: str, data: bytes, expected: list, trailer: bytes, native: bool) -> None:
+    server = LumberjackServer(native=native)
     assert flat(server.feed(data + trailer)) == expected
     assert server.mid_frame
 
 
-def test_back_to_back_json_frames_are_one_run_sharing_the_inflated_buffer() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
+def test_back_to_back_json_frames_are_one_run_sharing_the_inflated_buffer(native: bool) -> None:
     frames = b"".join(encode_json_frame(seq, b'{"n":%d}' % seq) for seq in range(1, 5001))
-    (window, run) = LumberjackServer().feed(W3 + encode_compressed(frames))
+    (window, run) = LumberjackServer(native=native).feed(W3 + encode_compressed(frames))
     assert isinstance(run, JsonFrames) and len(run) == 5000 and run.window == window.window == 1
     assert run.data == frames  # the inflated payload itself, not a copy per frame
     assert list(run.seqs) == list(range(1, 5001))
@@ -131,16 +135,18 @@ def test_back_to_back_json_frames_are_one_run_sharing_the_inflated_buffer() -> N
     assert spelled(head) + spelled(tail) == spelled(run) and tail.data is run.data
 
 
-def test_a_run_ends_at_a_window_or_another_version() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
+def test_a_run_ends_at_a_window_or_another_version(native: bool) -> None:
     j1_v1 = b"1" + J1[1:]
-    events = LumberjackServer().feed(J1 + J1 + W3 + J1 + j1_v1 + J1)
+    events = LumberjackServer(native=native).feed(J1 + J1 + W3 + J1 + j1_v1 + J1)
     assert [type(e).__name__ for e in events] == ["JsonFrames", "WindowFrame", "JsonFrames", "JsonFrames", "JsonFrames"]
     assert [len(e) for e in events if isinstance(e, JsonFrames)] == [2, 1, 1, 1]
     assert [e.version for e in events if isinstance(e, JsonFrames)] == [V2, V2, V1, V2]
 
 
-def test_a_run_from_the_connection_buffer_holds_only_its_own_bytes() -> None:
-    server = LumberjackServer()
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
+def test_a_run_from_the_connection_buffer_holds_only_its_own_bytes(native: bool) -> None:
+    server = LumberjackServer(native=native)
     frame = encode_json_frame(9, b'{"a":1}')
     server.feed(W3 + frame[:4])
     (run,) = server.feed(frame[4:] + J1)
@@ -180,8 +186,9 @@ def test_c_scanner_reads_exactly_what_the_python_one_reads(data: bytes, draw: st
     assert results[0] == results[1]
 
 
-def test_trailing_frame_completes_later() -> None:
-    server = LumberjackServer()
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
+def test_trailing_frame_completes_later(native: bool) -> None:
+    server = LumberjackServer(native=native)
     frame = encode_json_frame(9, b'{"a":1}')
     assert flat(server.feed(J1 + frame[:7])) == [JsonFrame(V2, 1, 0, b'{"message":1}')]
     assert flat(server.feed(frame[7:])) == [JsonFrame(V2, 9, 0, b'{"a":1}')]
@@ -200,6 +207,7 @@ def test_v1_data_split_inside_pairs_keeps_state() -> None:
 # ---------------------------------------------------------------- errors and limits
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
 @pytest.mark.parametrize(
     "data,reason",
     [
@@ -216,8 +224,8 @@ def test_v1_data_split_inside_pairs_keeps_state() -> None:
         (c_frame(c_frame(c_frame(J1))), "compressed_nesting"),
     ],
 )
-def test_bad_input_is_a_typed_error(data: bytes, reason: str | None) -> None:
-    server = LumberjackServer()
+def test_bad_input_is_a_typed_error(data: bytes, reason: str | None, native: bool) -> None:
+    server = LumberjackServer(native=native)
     if reason is None:
         assert server.feed(data) == []
         return
@@ -229,6 +237,7 @@ def test_bad_input_is_a_typed_error(data: bytes, reason: str | None) -> None:
         server.feed(W3)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
 @pytest.mark.parametrize(
     "header",
     [
@@ -239,8 +248,8 @@ def test_bad_input_is_a_typed_error(data: bytes, reason: str | None) -> None:
         b"1D\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x01k" + struct.pack(">I", 2**32 - 1),
     ],
 )
-def test_frame_size_checked_from_the_header_alone(header: bytes) -> None:
-    server = LumberjackServer(max_frame_size=1 << 20)
+def test_frame_size_checked_from_the_header_alone(header: bytes, native: bool) -> None:
+    server = LumberjackServer(max_frame_size=1 << 20, native=native)
     tracemalloc.start()
     try:
         with pytest.raises(FrameTooLarge):
@@ -251,10 +260,11 @@ def test_frame_size_checked_from_the_header_alone(header: bytes) -> None:
     assert peak < 64 * 1024
 
 
-def test_decompressed_size_is_bounded() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
+def test_decompressed_size_is_bounded(native: bool) -> None:
     bomb = c_frame(encode_json_frame(1, b" " * (4 << 20)))
     assert len(bomb) < 10_000
-    server = LumberjackServer(max_decompressed_size=1 << 20)
+    server = LumberjackServer(max_decompressed_size=1 << 20, native=native)
     tracemalloc.start()
     try:
         with pytest.raises(DecompressedTooLarge):
@@ -265,21 +275,23 @@ def test_decompressed_size_is_bounded() -> None:
     assert peak < 3 << 20
 
 
-def test_nested_compressed_frames_share_the_decompressed_limit() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
+def test_nested_compressed_frames_share_the_decompressed_limit(native: bool) -> None:
     big = encode_json_frame(1, b" " * 600)
     nested = c_frame(c_frame(big) + c_frame(big))
     # Each inner C alone fits in 1000 bytes; together with their parent's output they do not.
     with pytest.raises(DecompressedTooLarge):
-        LumberjackServer(max_decompressed_size=1000).feed(nested)
-    assert len(flat(LumberjackServer(max_decompressed_size=4000).feed(nested))) == 2
+        LumberjackServer(max_decompressed_size=1000, native=native).feed(nested)
+    assert len(flat(LumberjackServer(max_decompressed_size=4000, native=native).feed(nested))) == 2
 
 
-def test_frame_exactly_at_the_limit_is_accepted() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
+def test_frame_exactly_at_the_limit_is_accepted(native: bool) -> None:
     payload = b"x" * 100
-    server = LumberjackServer(max_frame_size=100)
+    server = LumberjackServer(max_frame_size=100, native=native)
     assert flat(server.feed(encode_json_frame(1, payload))) == [JsonFrame(V2, 1, 0, payload)]
     with pytest.raises(FrameTooLarge):
-        LumberjackServer(max_frame_size=99).feed(encode_json_frame(1, payload))
+        LumberjackServer(max_frame_size=99, native=native).feed(encode_json_frame(1, payload))
 
 
 @pytest.mark.parametrize("limits", [{"max_frame_size": 0}, {"max_decompressed_size": 2**32}])
@@ -333,7 +345,8 @@ def test_keepalive_repeats_the_last_ack_of_the_same_window_only() -> None:
     assert server.send(Keepalive(2)) == b"1A\x00\x00\x00\x00"
 
 
-def test_client_round_trip_with_every_numbering_scheme() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
+def test_client_round_trip_with_every_numbering_scheme(native: bool) -> None:
     for kwargs, expected_last in [
         ({}, [2, 5]),  # counts across windows (pylogbeat)
         ({"restart_each_window": True}, [2, 3]),  # restarts at 1 (Filebeat)
@@ -341,7 +354,7 @@ def test_client_round_trip_with_every_numbering_scheme() -> None:
         ({"version": V1, "compress_level": None}, [2, 5]),
     ]:
         client = LumberjackClient(**kwargs)
-        server = LumberjackServer()
+        server = LumberjackServer(native=native)
         lasts = []
         for batch in ([{"message": "a"}, {"message": "b"}], [{"message": str(i)} for i in range(3)]):
             events = [e for e in flat(server.feed(client.send(batch))) if not isinstance(e, WindowFrame)]
@@ -357,7 +370,8 @@ def test_client_round_trip_with_every_numbering_scheme() -> None:
 # ---------------------------------------------------------------- real clients' framings
 
 
-def test_pylogbeat_framing() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
+def test_pylogbeat_framing(native: bool) -> None:
     import pylogbeat
 
     client = pylogbeat.PyLogBeatClient("127.0.0.1", 1)
@@ -365,19 +379,20 @@ def test_pylogbeat_framing() -> None:
     client._window_size = len(events)
     payload = client._compress_payload(client._factor_payload(events))
     window = struct.pack(">BBI", pylogbeat.PROTOCOL_VERSION, pylogbeat.FRAME_TYPE_WINDOW_SIZE, 3)
-    got = flat(LumberjackServer().feed(window + payload))
+    got = flat(LumberjackServer(native=native).feed(window + payload))
     assert [type(e) for e in got] == [WindowFrame, JsonFrame, JsonFrame, JsonFrame]
     assert [e.seq for e in got[1:]] == [1, 2, 3]
 
 
-def test_timbersnake_framing() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
+def test_timbersnake_framing(native: bool) -> None:
     from timbersnake.client import Client
 
     client = Client("127.0.0.1", 1)
     buffer = client.pack_window_frame(3)
     for seq in range(5):
         buffer += client.pack_json_data_frame({"n": seq}, seq)
-    got = flat(LumberjackServer().feed(client.pack_compressed_frame(buffer)))
+    got = flat(LumberjackServer(native=native).feed(client.pack_compressed_frame(buffer)))
     assert got[0] == WindowFrame(V2, 3, 1)
     assert [e.seq for e in got[1:]] == [0, 1, 2, 3, 4]
 
@@ -401,10 +416,11 @@ def test_encoders_match_the_wire_format() -> None:
 # ---------------------------------------------------------------- property
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.binary(max_size=64), max_size=8))
-def test_arbitrary_bytes_give_events_or_protocol_error(chunks: list[bytes]) -> None:
-    server = LumberjackServer(max_frame_size=4096, max_decompressed_size=8192)
+def test_arbitrary_bytes_give_events_or_protocol_error(native: bool, chunks: list[bytes]) -> None:
+    server = LumberjackServer(max_frame_size=4096, max_decompressed_size=8192, native=native)
     try:
         for chunk in chunks:
             for event in server.feed(chunk):
@@ -422,14 +438,16 @@ _frame = st.one_of(
 )
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "py-scan"])
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_frame, max_size=6), st.booleans(), st.integers(1, 17), st.binary(max_size=8))
-def test_valid_streams_parse_the_same_however_split(frames: list[bytes], compress: bool, step: int, noise: bytes) -> None:
+def test_valid_streams_parse_the_same_however_split(native: bool, frames: list[bytes], compress: bool, step: int,
+                                                    noise: bytes) -> None:
     stream = b"".join(frames)
     if compress:
         stream = encode_compressed(stream)
-    whole = flat(LumberjackServer().feed(stream))
-    split_server = LumberjackServer()
+    whole = flat(LumberjackServer(native=native).feed(stream))
+    split_server = LumberjackServer(native=native)
     split: list = []
     for i in range(0, len(stream), step):
         split += flat(split_server.feed(stream[i : i + step]))

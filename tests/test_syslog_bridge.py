@@ -1,7 +1,12 @@
 """`logjam-bridge syslog` over real sockets with a real device and subscriber: both TCP
 framings on one connection, TLS, UDP, RELP with its acks after the device's 202 (a paused
 device holds every rsp), app-env from APP-NAME, and a bad frame next to a good connection.
-util-linux `logger` is the real client here; rsyslog and syslog-ng are in test_syslog_interop.py."""
+util-linux `logger` is the real client here; rsyslog and syslog-ng are in test_syslog_interop.py.
+
+Every test whose messages reach the device runs twice, under LOGJAM_NATIVE=require (the bridge's
+C device link, the device's C loop) and off (their Python twins): `device` is on each. The syslog
+engine is Python on both paths, so the frame refused on its length alone (nothing reaches the
+device) runs once, on `one_device`."""
 
 from __future__ import annotations
 
@@ -21,15 +26,33 @@ from bridges.syslog.engine import SyslogClient
 from bridges.syslog.relp import RelpClient, Response, ServerClose
 from runtime.health import fetch
 from tests.bridge_support import client_tls, collect, ready_subscriber, stop_bridge
-from tests.helpers import free_port, wait_for
+from tests.conftest import start_device
+from tests.helpers import free_port, stop, wait_for
 from tests.test_tls_reload import der, install, reloads, tls_connect
 from tests.tls_certs import make_certs
 from tests.syslog_support import landed_once, relp_send, run_id, start_syslog, tls_flags
 
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `device` runs on both.
 pytestmark = pytest.mark.native
 
 N = 200
 LOGGER = shutil.which("logger")
+
+
+@pytest.fixture
+def device(native_mode):
+    """A device on each loop (require, off); `native_mode` gives every bridge the test starts the same."""
+    dev = start_device(native=native_mode)
+    yield dev
+    assert stop(dev.proc) == 0, dev.output()
+
+
+@pytest.fixture
+def one_device():
+    """A device under the LOGJAM_NATIVE the run has: for a test no message of which reaches it."""
+    dev = start_device()
+    yield dev
+    assert stop(dev.proc) == 0, dev.output()
 
 
 def test_both_framings_on_one_connection_with_5424_fields(device) -> None:
@@ -184,8 +207,8 @@ def test_bad_relp_frame_closes_only_that_connection(device) -> None:
     assert "relp_not_open" in out
 
 
-def test_oversize_counted_frame_is_refused_on_its_length(device) -> None:
-    b = start_syslog(device.router, "--max-frame-size", "1000")
+def test_oversize_counted_frame_is_refused_on_its_length(one_device) -> None:
+    b = start_syslog(one_device.router, "--max-frame-size", "1000")
     try:
         with socket.create_connection(("127.0.0.1", b.port), timeout=10) as s:
             s.sendall(b"99999999 <13>x")

@@ -3,9 +3,9 @@ Spark's own parse_json, byte for byte.
 
 The importer encodes `doc` itself, with the C module or, under LOGJAM_NATIVE=off, its Python
 twin; either must give the VARIANT Spark's parse_json gives. So each vector's bytes from the
-encoder `DocEncoder.load()` gives (the C, or the twin under off: marker `native`, which `make
-test` runs both ways) are compared with the bytes Spark writes for `try_parse_json(body)`
-(unshredded), and Spark must read the encoder's output back as the same JSON. Vectors: one of
+encoder `DocEncoder.load()` gives (the C under LOGJAM_NATIVE=require, the twin under off: each
+of these tests runs under both, `native_mode`) are compared with the bytes Spark writes for
+`try_parse_json(body)` (unshredded), and Spark must read the encoder's output back as the same JSON. Vectors: one of
 each shape the encoding has (integer widths, decimals, doubles, short and long strings, escapes
 and surrogate pairs, keys Java orders differently from UTF-8, objects and arrays past 255
 entries and offsets past 64 KiB), then random documents. Bodies that are not one JSON object
@@ -13,8 +13,9 @@ get no `doc`, from either.
 
 Then the twin against the C, without Spark: the same arrays (validity, `value`, `metadata`) for
 every vector, for edge cases of numbers, depth and size, and for generated documents and
-arbitrary bytes (Hypothesis). Those skip under LOGJAM_NATIVE=off, where there is no C to
-compare with (`tests.helpers.c_module`); the twin's known answers run either way.
+arbitrary bytes (Hypothesis). Those compare both paths in one test, so they run once (they skip
+under an outer LOGJAM_NATIVE=off, where there is no C to compare with: `tests.helpers.c_module`);
+so do the twin's known answers, which name the twin itself.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from importer.variant import MODULE, DocEncoder
 from importer.variant_py import MAX_PART, PyDocEncoder
 from logjam import native
 from table.schema import DOC_ARROW_TYPE, DOC_EXPR, staged_ddl
+from tests.conftest import NATIVE_MODES, native_env
 from tests.helpers import c_module
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.native]
@@ -138,7 +140,7 @@ def spark(spark_server: Any) -> Any:
     session.conf.unset("spark.sql.variant.writeShredding.enabled")
 
 
-def test_every_vector_encodes_to_the_bytes_spark_writes(spark: Any, tmp_path: Path) -> None:
+def test_every_vector_encodes_to_the_bytes_spark_writes(spark: Any, tmp_path: Path, native_mode: str) -> None:
     bodies = [v.encode() for v in VECTORS + NOT_OBJECTS + random_documents(400)]
     table = staged(bodies)
     ours, theirs = encoded(table), sparks(spark, tmp_path, table)
@@ -148,7 +150,7 @@ def test_every_vector_encodes_to_the_bytes_spark_writes(spark: Any, tmp_path: Pa
     assert all(d is None for d in ours[len(VECTORS):len(VECTORS) + len(NOT_OBJECTS)])
 
 
-def test_spark_reads_the_encoded_doc_back_as_the_same_json(spark: Any, tmp_path: Path) -> None:
+def test_spark_reads_the_encoded_doc_back_as_the_same_json(spark: Any, tmp_path: Path, native_mode: str) -> None:
     bodies = [v.encode() for v in VECTORS + random_documents(100)]
     table = staged(bodies)
     back = read_back(spark, tmp_path, table)
@@ -158,7 +160,7 @@ def test_spark_reads_the_encoded_doc_back_as_the_same_json(spark: Any, tmp_path:
     assert sum(ours is not None for ours, _ in back) >= 0.9 * len(back)
 
 
-def test_lookups_in_large_objects_find_every_field(spark: Any, tmp_path: Path) -> None:
+def test_lookups_in_large_objects_find_every_field(spark: Any, tmp_path: Path, native_mode: str) -> None:
     """Spark binary-searches an object of 32 fields or more by name in Java's order."""
     keys = [f"k{i}" for i in range(40)] + ["\ue000", "\U0001f600", "é", "\uffff"]
     table = staged([json.dumps({k: i for i, k in enumerate(keys)}).encode()])
@@ -176,17 +178,19 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
+@pytest.mark.parametrize("mode", NATIVE_MODES)
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300) | st.text(alphabet='{}[]":,\\ 0123456789.eE+-tfnul"abu\u00e9', max_size=80)
        .map(str.encode) | st.dictionaries(st.text(max_size=4), st.recursive(
            st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
            max_leaves=10)).map(orjson.dumps))
-def test_arbitrary_bytes_yield_a_document_or_none(body: bytes) -> None:
+def test_arbitrary_bytes_yield_a_document_or_none(mode: str, body: bytes) -> None:
     """A document only for a body that starts with a JSON object, and always for a valid one."""
     table = pa.table({"body": pa.array([body], pa.binary()).cast(pa.string(), safe=False),
                       "parse_error": pa.nulls(1, pa.string())})
-    result = encoded(table)[0]
+    with native_env(mode):  # not `native_mode`: Hypothesis takes no function-scoped fixture
+        result = encoded(table)[0]
     try:
         valid_object = type(json.loads(body, object_pairs_hook=_unique_keys)) is dict
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -300,7 +304,7 @@ def test_the_twin_and_the_c_agree_at_the_16_mib_limits() -> None:
     assert_twin_matches_c(c, table_of(bodies))
 
 
-def test_load_gives_an_encoder_under_every_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_gives_an_encoder_under_every_switch(monkeypatch: pytest.MonkeyPatch, native_mode: str) -> None:
     """Never None: the C one when loaded, the twin under LOGJAM_NATIVE=off."""
     assert encoder() is not None
     monkeypatch.setenv(native.ENV, "off")
