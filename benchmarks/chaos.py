@@ -56,11 +56,11 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.e2e import Mesh, children  # noqa: E402
+from harness.mesh import Mesh, children  # noqa: E402
 from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
 from tools.mesh import DEFAULTS, health_report  # noqa: E402
-from tests.helpers import REPO, command, port_open  # noqa: E402
+from harness.processes import REPO, command, port_open  # noqa: E402
 
 TARGET = "0 lost, 0 doubled, 0 reader anomalies, make status healthy after"
 SEALED = "chaos-sealed"

@@ -24,9 +24,9 @@ import orjson  # noqa: E402
 
 from bridges.courier.engine import CourierServer, EventReceived, encode_jdat  # noqa: E402
 from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
-from tests.conftest import start_device  # noqa: E402
-from tests.courier_client import TestCourierClient  # noqa: E402
-from tests.helpers import command, free_port, port_open, start, stop, wait_for  # noqa: E402
+from harness.device import start_device  # noqa: E402
+from harness.courier_client import TestCourierClient  # noqa: E402
+from harness.processes import command, free_port, port_open, start, stop, wait_for  # noqa: E402
 
 PER_PAYLOAD = 1024
 

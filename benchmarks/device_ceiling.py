@@ -22,7 +22,7 @@ import zmq  # noqa: E402
 
 from bridges.host.native_link import wire  # noqa: E402
 from logjam.message import Message, MessageBatch  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
+from harness.processes import wait_for  # noqa: E402
 
 
 def counting_sub(router: str, pub: str, prefix: str) -> zmq.Socket:

@@ -31,10 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,14 +41,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
+from harness import lumberjack_load  # noqa: E402
+from harness.lumberjack_load import WINDOW, Shipper, ship, windows  # noqa: E402
+from harness.mesh import Mesh, cpu  # noqa: E402
+from harness.processes import command  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
-from tools.mesh import DEFAULTS, ensure_keys, mesh_environment  # noqa: E402
-from tests.helpers import REPO, command, port_open, wait_for  # noqa: E402
-from tests.mesh_support import PORT_STEP, mesh_ports  # noqa: E402
+from tools.mesh import DEFAULTS  # noqa: E402
 
-WINDOW = 2048
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Issue 34: landed >= 1.2x what ca445a6 landed on the same machine in the same hour (about 25k
 # ev/s on the quiet 2-core machine of that issue, so 30k), p99 <= 3 s at 5k ev/s.
 TARGETS = {"landed": 30_000.0, "drain": 15.0, "p99": 3.0}
@@ -60,170 +56,6 @@ TARGETS = {"landed": 30_000.0, "drain": 15.0, "p99": 3.0}
 # carry no CURVE); Spark 1.3x its CPU per row in benchmarks/spark_writes.py with `doc` (about
 # 9-10 us there: 13 us).
 BUDGETS_US = {"logjam-spark": 13.0, "logjam-importer": 13.6, "logjam-device": 7.0, "bridge-lumberjack": 7.3}
-STAMP = "2026-11-23T12:00:00.000Z"  # replaced in main(): now, or --backdate days ago
-
-
-def event(rnd: random.Random, k: int) -> dict:
-    return {"@timestamp": STAMP,
-            "message": f"GET /api/v1/users/{rnd.randrange(10**6)}/orders HTTP/1.1 200 {rnd.random() * 200:.1f}ms "
-                       f"req={rnd.getrandbits(64):016x}",
-            "host": {"name": f"web-{k % 17}.example.net"}, "log": {"offset": k * 120}, "service": "shop"}
-
-
-def windows(seed: int, count: int, size: int = WINDOW) -> list[bytes]:
-    client = LumberjackClient(compress_level=1, restart_each_window=True)
-    rnd = random.Random(seed)
-    return [client.send([event(rnd, w * size + i) for i in range(size)]) for w in range(count)]
-
-
-class Shipper(threading.Thread):
-    """One connection: sends windows in turn, one in flight, until told to stop; records each ack's time."""
-
-    def __init__(self, port: int, pool: list[bytes], size: int, stop: threading.Event, pace: float = 0.0) -> None:
-        super().__init__(daemon=True)
-        self.port, self.pool, self.size, self.stop, self.pace = port, pool, size, stop, pace
-        self.acked = 0
-        self.sent_at: list[float] = []   # per window sent
-        self.last_ack = 0.0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            sock = socket.create_connection(("127.0.0.1", self.port))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            acks = LumberjackClient()
-            i = 0
-            next_at = time.perf_counter()
-            while not self.stop.is_set():
-                if self.pace:
-                    time.sleep(max(0.0, next_at - time.perf_counter()))
-                    next_at += self.pace
-                self.sent_at.append(time.perf_counter())
-                sock.sendall(self.pool[i % len(self.pool)])
-                i += 1
-                done = False
-                while not done:
-                    data = sock.recv(65536)
-                    if not data:
-                        raise ConnectionError("the bridge closed the connection")
-                    done = any(a.seq == self.size for a in acks.feed(data))
-                self.acked += self.size
-                self.last_ack = time.perf_counter()
-            sock.close()
-        except BaseException as e:  # reported by the main thread
-            self.error = e
-
-
-def ship(shippers: list[Shipper], seconds: float, stop: threading.Event) -> None:
-    """Run the shippers for `seconds`, then stop them and wait for their last acks; a failed one ends the run."""
-    for s in shippers:
-        s.start()
-    time.sleep(seconds)
-    stop.set()
-    for s in shippers:
-        s.join(60)
-        if s.error:
-            raise SystemExit(f"shipper failed: {s.error!r}")
-
-
-def plaintext_config() -> Path:
-    """supervisord.conf with CURVE off on every ZeroMQ socket (beside it: paths are relative to %(here)s)."""
-    lines = []
-    for line in (REPO / "supervisord.conf").read_text().splitlines():
-        if line.startswith("command=") and "/logjam-device " in line:
-            line += " --allow-plaintext"
-        elif line.startswith("command=") and ("/logjam-bridge " in line or "/logjam-importer " in line):
-            line += " --plaintext"
-        lines.append(line)
-    path = REPO / f".e2e-plaintext-{os.getpid()}.conf"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-class Mesh:
-    def __init__(self, data: Path, devices: int, importers: int, curve: bool = True,
-                 config: Path | None = None) -> None:
-        """`config`: a supervisord.conf to run instead of the repository's (benchmarks/chaos.py adds a flag)."""
-        env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
-        env.update(mesh_ports(devices, importers))
-        env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1", LOGJAM_DEVICES=str(devices),
-                   LOGJAM_IMPORTERS=str(importers), LOGJAM_DEVICE_PORT_STEP=str(PORT_STEP))
-        self.config = config or (REPO / "supervisord.conf" if curve else plaintext_config())
-        self.env = mesh_environment(self.config, env)
-        if curve:
-            ensure_keys(self.env)
-        self.proc = subprocess.Popen([command("supervisord"), "-c", str(self.config), "-n"], env=self.env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        from pyspark.sql import SparkSession
-
-        self.url = f"sc://127.0.0.1:{self.env['LOGJAM_SPARK_PORT']}"
-        wait_for(lambda: port_open(int(self.env["LOGJAM_SPARK_PORT"])) and self.subscribed(), timeout=300,
-                 interval=1, what="the mesh to come up")
-        self.spark = SparkSession.builder.remote(self.url).create()
-
-    def subscribed(self) -> bool:
-        """Every importer logged that it is subscribed (it has its table and its resume point)."""
-        logs = Path(self.env["LOGJAM_DATA_DIR"], "logs")
-        paths = [logs / f"logjam-importer-{i}.log" for i in range(int(self.env["LOGJAM_IMPORTERS"]))]
-        return all(p.exists() and b" subscribed to " in p.read_bytes() for p in paths)
-
-    def rows(self) -> int:
-        return int(self.spark.sql("SELECT count(*) FROM logjam.messages WHERE app_env = 'lumberjack-default'")
-                   .collect()[0][0])
-
-    def shares(self) -> dict[int, int]:
-        """Importer -> rows it landed."""
-        rows = self.spark.sql("SELECT importer, count(*) FROM logjam.messages WHERE app_env = 'lumberjack-default' "
-                              "GROUP BY importer").collect()
-        return {int(r[0]): int(r[1]) for r in rows}
-
-    def pids(self) -> dict[str, list[int]]:
-        out = subprocess.run([command("supervisorctl"), "-c", str(self.config), "status"], env=self.env,
-                             capture_output=True, text=True).stdout
-        pids = {}
-        for line in out.splitlines():
-            parts = line.split()
-            if len(parts) > 3 and parts[2] == "pid":
-                pid = int(parts[3].rstrip(","))
-                pids[parts[0]] = [pid, *children(pid)]
-        return pids
-
-    def shutdown(self) -> None:
-        # Our Connect client first, while its server is up: left open, pyspark's exit hook would
-        # call the stopped server and retry for minutes before the process could exit.
-        spark, self.spark = getattr(self, "spark", None), None
-        if spark is not None:
-            try:
-                spark.stop()
-            except Exception as e:  # a server already gone: nothing to release
-                print(f"closing the Spark session: {e}", file=sys.stderr)
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def children(pid: int) -> list[int]:
-    try:
-        kids = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-    return kids + [g for k in kids for g in children(k)]
-
-
-def cpu(pids: dict[str, list[int]]) -> dict[str, float]:
-    out = {}
-    for name, group in pids.items():
-        total = 0.0
-        for pid in group:
-            try:
-                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(f[11]) + int(f[12])) / CLK_TCK
-            except OSError:
-                pass
-        out[name] = total
-    return out
 
 
 def load_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> dict:
@@ -324,9 +156,8 @@ def main() -> int:
     ap.add_argument("--backdate", type=float, default=0.0, metavar="DAYS",
                     help="stamp events this many days ago (late data into a closed day; default: the time they are sent)")
     args = ap.parse_args()
-    global STAMP
     stamped = time.time() - args.backdate * 86400
-    STAMP = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(stamped))
+    lumberjack_load.STAMP = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(stamped))
     if args.importers > args.devices:
         ap.error("--importers must not exceed --devices (each importer owns whole devices)")
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-e2e-"))
@@ -342,7 +173,7 @@ def main() -> int:
         acked_rate, landed_rate = r["acked"] / r["elapsed"], r["landed_in_window"] / r["elapsed"]
         lost, dup = max(0, r["acked"] - r["distinct"]), r["rows"] - r["distinct"]
         print(f"e2e benchmark: {args.devices} devices, {args.importers} importers, {args.connections} Lumberjack "
-              f"connections, {WINDOW}-event windows, {r['elapsed']:.0f} s, events stamped {STAMP}"
+              f"connections, {WINDOW}-event windows, {r['elapsed']:.0f} s, events stamped {lumberjack_load.STAMP}"
               + (f", paced at {args.rate:,.0f} ev/s" if args.rate else ", as fast as acknowledged"))
         print(f"  acknowledged:        {acked_rate:9,.0f} ev/s ({r['acked']} events)")
         print(f"  landed (queryable):  {landed_rate:9,.0f} ev/s in the same window "

@@ -40,7 +40,7 @@ from logjam.message import Message  # noqa: E402
 from logjam.meta import Compression  # noqa: E402
 from logjam.producer import Producer  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
-from tests.helpers import command, free_port, port_open, wait_for  # noqa: E402
+from harness.processes import command, free_port, port_open, wait_for  # noqa: E402
 
 DATABASE = "bench"
 

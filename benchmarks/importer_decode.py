@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import orjson  # noqa: E402
 import zmq  # noqa: E402
 
+from harness.lumberjack_load import body  # noqa: E402
 from importer.batch import GroupCommit  # noqa: E402
 from importer.checkpoint import Position  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
@@ -39,17 +39,6 @@ from importer.split import StreamFilter  # noqa: E402
 from logjam.raw import RawBatch  # noqa: E402
 
 CHUNK = 4096
-
-
-def body(rnd: random.Random, k: int) -> bytes:
-    """One event of benchmarks/e2e.py, as the Lumberjack bridge's splice maps it."""
-    event = {"@timestamp": "2026-11-23T12:00:00.000Z",
-             "message": f"GET /api/v1/users/{rnd.randrange(10**6)}/orders HTTP/1.1 200 {rnd.random() * 200:.1f}ms "
-                        f"req={rnd.getrandbits(64):016x}",
-             "host": {"name": f"web-{k % 17}.example.net"}, "log": {"offset": k * 120}, "service": "shop"}
-    meta = {"received_at": "2026-11-23T12:00:00.123Z", "peer": "127.0.0.1:41234", "protocol": "lumberjack",
-            "protocol_version": "2", "seq": k % 500 + 1, "_id": f"3f9c0a1b2c3d4e5f:{k + 1}"}
-    return orjson.dumps(event)[:-1] + b',"@metadata":' + orjson.dumps(meta) + b"}"
 
 
 def chunks(n: int) -> list[RawBatch]:

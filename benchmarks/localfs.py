@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from table.catalog import ensure_table  # noqa: E402
 from table.schema import partition_clause, qualified  # noqa: E402
-from tests.helpers import command, free_port, port_open, stop, wait_for  # noqa: E402
+from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 VARIANTS = {
     "hadoop": ["spark.hadoop.fs.file.impl=org.apache.hadoop.fs.LocalFileSystem"],

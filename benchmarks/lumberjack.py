@@ -40,8 +40,8 @@ import pylogbeat  # noqa: E402
 
 from bridges.lumberjack.engine import JsonFrames, LumberjackClient, LumberjackServer  # noqa: E402
 from benchmarks.device_ceiling import Counter, counting_sub, describe, device_ceiling  # noqa: E402
-from tests.conftest import start_device  # noqa: E402
-from tests.helpers import command, free_port, port_open, stop, wait_for  # noqa: E402
+from harness.device import start_device  # noqa: E402
+from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 WINDOW = 2048
 CLK_TCK = os.sysconf("SC_CLK_TCK")

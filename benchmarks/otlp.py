@@ -36,8 +36,8 @@ import grpc  # noqa: E402
 from benchmarks.device_ceiling import Counter, counting_sub  # noqa: E402
 from benchmarks.lumberjack import WINDOW, cpu_seconds, make_event, make_windows, through_bridge  # noqa: E402
 from bridges.otlp import engine  # noqa: E402
-from tests.conftest import start_device  # noqa: E402
-from tests.helpers import command, free_port, port_open, stop, wait_for  # noqa: E402
+from harness.device import start_device  # noqa: E402
+from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 PER_REQUEST = 512
 CLIENTS = 2

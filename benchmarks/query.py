@@ -39,7 +39,7 @@ from importer.decode import BatchBuilder  # noqa: E402
 from table.schema import DOC_COLUMN  # noqa: E402
 from importer.write import TableWriter  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
-from tests.helpers import command, free_port, port_open, stop, wait_for  # noqa: E402
+from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 DATABASE = "bench"
 TARGET = 2.0

@@ -30,9 +30,9 @@ import orjson  # noqa: E402
 from bridges.host.mapping import EventMapper, Positions  # noqa: E402
 from bridges.segment import engine as wire  # noqa: E402
 from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
-from tests.conftest import start_device  # noqa: E402
-from tests.helpers import command, free_port, port_open, start, stop, wait_for  # noqa: E402
-from tests.segment_client import SegmentTestClient  # noqa: E402
+from harness.device import start_device  # noqa: E402
+from harness.processes import command, free_port, port_open, start, stop, wait_for  # noqa: E402
+from harness.segment_client import SegmentTestClient  # noqa: E402
 
 PER_APPEND = 500
 DEPTH = 16

@@ -121,7 +121,7 @@ def _classic_main(data: str, batch_rows: int, v2: bool, tmp: str) -> None:
 
 def _jvm_cpu_seconds(pid: int) -> float:
     """CPU time of a process and its children (logjam-spark and the JVM it launched)."""
-    from benchmarks.e2e import children, CLK_TCK
+    from harness.mesh import children, CLK_TCK
 
     total = 0.0
     for p in [pid, *children(pid)]:
@@ -137,7 +137,7 @@ def _e2e_rows(n: int, batch: int) -> list[pa.Table]:
     """benchmarks/e2e.py's Lumberjack events as the bridge maps them, decoded into the importer's rows."""
     import random
 
-    from benchmarks.e2e import event
+    from harness.lumberjack_load import event
     from importer.decode import BatchBuilder
     from logjam.message import Message
 
@@ -183,7 +183,7 @@ def _cpu_main(argv: Sequence[str]) -> int:
     from importer.write import TableWriter
     from table.catalog import ensure_table
     from table.paths import table_path
-    from tests.helpers import command, free_port, port_open, wait_for
+    from harness.processes import command, free_port, port_open, wait_for
 
     ap = argparse.ArgumentParser(prog="spark_writes.py cpu", description=_cpu_main.__doc__)
     ap.add_argument("--rows", type=int, default=300_000)

@@ -36,8 +36,8 @@ from bridges.syslog.relp import RelpClient, Response  # noqa: E402
 from benchmarks.device_ceiling import Counter, counting_sub  # noqa: E402
 from benchmarks.lumberjack import APP_ENV as LUMBERJACK_APP_ENV  # noqa: E402
 from benchmarks.lumberjack import WINDOW, cpu_seconds, through_bridge  # noqa: E402
-from tests.conftest import start_device  # noqa: E402
-from tests.helpers import command, free_port, port_open, stop, wait_for  # noqa: E402
+from harness.device import start_device  # noqa: E402
+from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 APP_ENV = "syslog-bench"
 RELP_WINDOW = 128

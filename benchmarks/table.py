@@ -1,6 +1,6 @@
 """The table through time: files per partition, write amplification and today's query, through the real mesh.
 
-It starts the mesh as `make up` runs it (benchmarks/e2e.py's `Mesh`: supervisord, the
+It starts the mesh as `make up` runs it (harness/mesh.py's `Mesh`: supervisord, the
 repository's supervisord.conf and defaults, spare ports, a temporary data dir). Logjam
 agents (DEALER to the device) then send --rate events/s spread over --app-envs streams
 for --minutes, while the benchmark samples every partition's live files every 30 s. At
@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.e2e import Mesh  # noqa: E402
+from harness.mesh import Mesh  # noqa: E402
 from table.protocol import local_partitions  # noqa: E402
 from table.protocol import live_files  # noqa: E402
 from warehouse.tiers import level_of  # noqa: E402

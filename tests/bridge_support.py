@@ -17,7 +17,7 @@ import zmq
 from logjam.message import Message
 from logjam.producer import Producer
 from logjam.subscriber import Subscriber
-from tests.helpers import command, free_port, port_open, start, stop, wait_for
+from harness.processes import command, free_port, port_open, start, stop, wait_for
 from tests.tls_certs import TestCerts
 
 PROBE_TOPIC = "logs.probe"

@@ -18,7 +18,8 @@ from logjam.curve import ClientKey
 from logjam.message import Message
 from logjam.producer import Producer
 from logjam.replay import ReplayClient
-from tests.helpers import REPO, command, free_port, free_port_run, port_open, wait_for
+from harness.mesh import PORT_STEP, mesh_ports
+from harness.processes import REPO, command, port_open, wait_for
 
 
 PROTOCOL_PORTS = {
@@ -29,19 +30,6 @@ PROTOCOL_PORTS = {
     "otlp": "LOGJAM_OTLP_HTTP_PORT",
     "syslog": "LOGJAM_RELP_PORT",  # logjam-send syslog speaks RELP
 }
-
-
-# Device K of a test mesh listens this far above device 0 (LOGJAM_DEVICE_PORT_STEP).
-PORT_STEP = 7
-
-
-def mesh_ports(devices: int, importers: int) -> dict[str, str]:
-    """Free test ports for every LOGJAM_*_PORT, with room for `devices` devices and `importers` importers."""
-    ports = {k: str(free_port()) for k in DEFAULTS if k.endswith("_PORT") and k not in DEVICE_PORTS}
-    ports.update({k: str(free_port_run(devices, PORT_STEP)) for k in DEVICE_PORTS})
-    # Importer I serves LOGJAM_IMPORTER_METRICS_PORT + I: the next ports must be free too.
-    ports["LOGJAM_IMPORTER_METRICS_PORT"] = str(free_port_run(importers, 1))
-    return ports
 
 
 class Mesh:

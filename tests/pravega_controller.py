@@ -21,7 +21,7 @@ from typing import Callable
 import grpc
 
 from bridges.segment import engine as wire
-from tests.segment_client import SegmentTestClient
+from harness.segment_client import SegmentTestClient
 
 SERVICE = "io.pravega.controller.stream.api.grpc.v1.ControllerService"
 

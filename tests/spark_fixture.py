@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.helpers import command, free_port, port_open, stop, wait_for
+from harness.processes import command, free_port, port_open, stop, wait_for
 
 
 @dataclass

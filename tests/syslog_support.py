@@ -10,7 +10,7 @@ from typing import Any
 from bridges.syslog.relp import RelpClient, Response
 from logjam.message import Message
 from tests.bridge_support import BridgeProcess, collect, no_more, start_bridge
-from tests.helpers import free_port, wait_for
+from harness.processes import free_port, wait_for
 
 
 def start_syslog(device_router: str, *extra: str, udp: bool = False, **kwargs: Any) -> BridgeProcess:

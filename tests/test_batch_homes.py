@@ -23,9 +23,9 @@ from bridges.host.link import DeviceLink
 from bridges.lumberjack.engine import LumberjackClient
 from logjam.message import Message
 from tests.bridge_support import PROBE_TOPIC, ready_subscriber, start_bridge
-from tests.conftest import start_device
-from tests.courier_client import TestCourierClient
-from tests.helpers import free_port, stop, wait_for
+from harness.device import start_device
+from harness.courier_client import TestCourierClient
+from harness.processes import free_port, stop, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

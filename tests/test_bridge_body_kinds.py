@@ -31,11 +31,12 @@ from importer.decode import BatchBuilder
 from logjam.message import Message
 from logjam.producer import Producer
 from tests.bridge_support import collect, no_more, ready_subscriber, start_bridge, stop_bridge
-from tests.conftest import NATIVE_MODES, start_device
-from tests.courier_client import TestCourierClient
-from tests.helpers import stop, wait_for
+from harness.device import start_device
+from tests.conftest import NATIVE_MODES
+from harness.courier_client import TestCourierClient
+from harness.processes import stop, wait_for
 from tests.rustlog_clients import BinaryClient, JsonClient, RawConn
-from tests.segment_client import SegmentTestClient
+from harness.segment_client import SegmentTestClient
 
 # Native-sensitive (LOGJAM_NATIVE picks the C paths or their Python twins): each test runs on both (`device`).
 pytestmark = [pytest.mark.timeout(90), pytest.mark.native]

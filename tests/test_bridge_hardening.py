@@ -19,7 +19,7 @@ import pytest
 
 from bridges.lumberjack.engine import LumberjackClient
 from tests.bridge_support import BridgeProcess, collect, ready_subscriber, start_bridge, stop_bridge
-from tests.helpers import free_port, wait_for
+from harness.processes import free_port, wait_for
 from tests.lumberjack_support import start_lumberjack
 from tests.test_device_helpers import scrape
 

@@ -13,7 +13,7 @@ import pytest
 
 from runtime.curve import ensure
 from tools.mesh import DEFAULTS
-from tests.helpers import REPO, command
+from harness.processes import REPO, command
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -24,7 +24,7 @@ from tools.sql import build_parser as sql_parser
 from runtime.config import parse_args
 from tools.send import build_parser as send_parser
 from tools.tail import build_parser as tail_parser
-from tests.helpers import command
+from harness.processes import command
 
 # command line prefix, parser factory, positional arguments a parse needs
 ENTRY_POINTS: dict[str, tuple[list[str], Callable[[], argparse.ArgumentParser], list[str]]] = {

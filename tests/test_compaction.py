@@ -27,7 +27,7 @@ from table.protocol import read_marker
 from table.paths import local_path, partition_dir
 from importer.write import TableWriter
 from logjam.message import Message
-from tests.helpers import command, wait_for
+from harness.processes import command, wait_for
 from tests.spark_fixture import database_for
 from warehouse.tiers import TierPolicy
 

@@ -19,7 +19,7 @@ from importer.config import DEFAULT_SUB, ImporterConfig
 from logjam import defaults
 from runtime.config import parse_config
 from runtime.curve import ServerCurve
-from tests.helpers import REPO
+from harness.processes import REPO
 from tools.mesh import DEFAULTS
 from tools.send import SendConfig, build_parser as send_parser
 from tools.sql import SqlConfig, build_parser as sql_parser

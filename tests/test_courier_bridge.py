@@ -1,5 +1,5 @@
 """`logjam-bridge courier` over real sockets, with a real `logjam-device`, a subscriber and the
-spec-following client in tests/courier_client.py: N events in, N Logjam messages out; the
+spec-following client in harness/courier_client.py: N events in, N Logjam messages out; the
 handshake and the legacy path; pipelining and ACKN order; a paused device (partial ACKNs,
 flat memory, everything once after resume); bad input next to a good client; TLS and mTLS.
 
@@ -27,9 +27,9 @@ import pytest
 from bridges.courier.engine import CourierClient, VersionReceived
 from logjam.message import Message
 from tests.bridge_support import BridgeProcess, client_tls, collect, no_more, ready_subscriber, start_bridge, stop_bridge
-from tests.conftest import start_device
-from tests.courier_client import TestCourierClient
-from tests.helpers import start, stop, wait_for
+from harness.device import start_device
+from harness.courier_client import TestCourierClient
+from harness.processes import start, stop, wait_for
 
 # Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `device` runs on both.
 pytestmark = pytest.mark.native

@@ -30,8 +30,8 @@ from logjam.producer import Producer, ReplyTimeout
 from logjam.replay import ReplayClient, ReplayTimeout
 from logjam.subscriber import Subscriber
 from runtime.curve import ensure
-from tests.conftest import start_device
-from tests.helpers import free_port, stop, wait_for
+from harness.device import start_device
+from harness.processes import free_port, stop, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.native]
 
@@ -241,7 +241,7 @@ def test_allow_plaintext_opens_the_named_sockets_and_says_so(keys: Path, tmp_pat
 def test_a_client_without_its_key_file_says_what_to_do(tmp_path: Path) -> None:
     import subprocess
 
-    from tests.helpers import command
+    from harness.processes import command
 
     res = subprocess.run([command("logjam-tail"), "--sub", "tcp://127.0.0.1:1", "--keys", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=30)
@@ -256,7 +256,7 @@ def test_a_bridge_forwards_with_the_mesh_key_and_reports_a_refused_link(keys: Pa
     import urllib.error
 
     from tests.bridge_support import start_bridge, stop_bridge
-    from tests.helpers import command
+    from harness.processes import command
 
     dev = start_device(keys=keys, native=native_mode)
     ctx = zmq.Context()
@@ -294,7 +294,7 @@ def test_a_missing_key_file_is_named_as_missing(tmp_path: Path) -> None:
     what creates it (zmq.auth alone said "Invalid certificate file")."""
     import subprocess
 
-    from tests.helpers import command, free_port
+    from harness.processes import command, free_port
 
     res = subprocess.run([command("logjam-device"), "--bind", "127.0.0.1", "--keys", str(tmp_path),
                           "-t", str(free_port()), "-p", str(free_port()), "-P", str(free_port()), "-s", str(free_port()),

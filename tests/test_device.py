@@ -15,7 +15,7 @@ from logjam.compression import compress, decompress
 from logjam.meta import Compression, now_ms
 from logjam.producer import Producer
 from tests.conftest import NATIVE_MODES
-from tests.helpers import command, free_port, start, stop, wait_for
+from harness.processes import command, free_port, start, stop, wait_for
 from tests.test_device_helpers import Tap, dealer, meta, push, reply, unpack
 
 # Native-sensitive (LOGJAM_NATIVE picks the C loop or its Python twin): every test whose outcome the loop

@@ -20,9 +20,9 @@ import zmq
 from logjam.message import Message
 from logjam.meta import Meta
 from logjam.replay import ReplayClient
-from tests.conftest import DeviceProcess, start_device
+from harness.device import DeviceProcess, start_device
 from tests.disk_support import fill, limit_file_size, small_tmpfs, torn_bytes
-from tests.helpers import free_port, stop, wait_for
+from harness.processes import free_port, stop, wait_for
 from tests.test_device_helpers import dealer, meta, scrape
 from tests.test_device_journal import ENGINES, EVERYTHING
 

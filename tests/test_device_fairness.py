@@ -19,7 +19,7 @@ from devices.fair import Fairness
 from logjam.constants import ACCEPTED, BAD_REQUEST, PONG
 from logjam.producer import Producer, ReplyTimeout
 from logjam.replay import ReplayClient
-from tests.helpers import free_port, stop, wait_for
+from harness.processes import free_port, stop, wait_for
 
 
 def test_the_streams_above_an_equal_share_are_loud_and_their_replies_keep_each_connection_in_order() -> None:

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from logjam.producer import Producer
-from tests.helpers import free_port, wait_for
+from harness.processes import free_port, wait_for
 from tests.test_device_helpers import Tap, classify, dealer, meta, push, reply, scrape
 
 pytestmark = pytest.mark.timeout(90)

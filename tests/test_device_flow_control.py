@@ -14,7 +14,7 @@ import pytest
 from devices.lag import ImporterLag
 from logjam.producer import Producer, ReplyTimeout
 from logjam.replay import ReplayClient
-from tests.helpers import free_port, stop, wait_for
+from harness.processes import free_port, stop, wait_for
 
 J = "0123456789abcdef"
 

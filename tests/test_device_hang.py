@@ -21,8 +21,8 @@ import pytest
 from bridges.host.link import DeviceLink
 from logjam import Message
 from logjam.subscriber import Subscriber
-from tests.conftest import start_device
-from tests.helpers import stop, wait_for
+from harness.device import start_device
+from harness.processes import stop, wait_for
 from tests.test_device_link import _subscribe
 
 pytestmark = pytest.mark.timeout(90)

@@ -17,8 +17,8 @@ import zmq
 from logjam.meta import Meta
 from logjam.producer import Producer
 from logjam.replay import INFO, REPLAY, JournalChanged, JournalInfo, ReplayClient, ReplayTimeout, u64
-from tests.conftest import start_device
-from tests.helpers import free_port, stop, wait_for
+from harness.device import start_device
+from harness.processes import free_port, stop, wait_for
 from tests.test_device_helpers import dealer, meta, push
 from tests.test_device_journal import ENGINES, EVERYTHING, Journaled, send_acked
 

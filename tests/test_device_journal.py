@@ -20,8 +20,8 @@ from logjam.message import Message
 from logjam.meta import Meta
 from logjam.producer import Producer
 from logjam.replay import REPLAY, Lost, ReplayClient, u64
-from tests.conftest import DeviceProcess, start_device
-from tests.helpers import command, free_port, start, stop, wait_for
+from harness.device import DeviceProcess, start_device
+from harness.processes import command, free_port, start, stop, wait_for
 from tests.test_device_helpers import Tap, dealer, meta, push, scrape
 
 pytestmark = pytest.mark.timeout(90)

@@ -15,8 +15,9 @@ from bridges.host.native_link import MODULE, NativeWire, PyWire, wire
 from logjam import Message
 from logjam.message import MessageBatch
 from logjam.subscriber import Subscriber
-from tests.conftest import start_device
-from tests.helpers import c_module, stop, wait_for
+from harness.device import start_device
+from harness.native import c_module
+from harness.processes import stop, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from devices import native
 from logjam.meta import Meta
-from tests.helpers import c_module
+from harness.native import c_module
 from tests.test_device_helpers import classify, meta
 
 pytestmark = pytest.mark.timeout(120)

@@ -29,7 +29,7 @@ from table.partition_files import data_files
 from table.paths import partition_dir
 from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, partition_clause, qualified, spark_read_ddl, table_ddl
 from importer.write import TableWriter
-from tests.helpers import command, free_port
+from harness.processes import command, free_port
 from tests.spark_fixture import SparkServer, database_for, running_spark_server
 
 pytestmark = pytest.mark.native

@@ -30,7 +30,7 @@ from table.event_time import EventWindow
 from table.protocol import live_files, read_marker
 from table.paths import partition_dir
 from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, partition_clause, qualified, table_ddl, with_doc
-from tests.helpers import command, wait_for
+from harness.processes import command, wait_for
 from tests.lumberjack_support import start_lumberjack
 from tests.bridge_support import stop_bridge
 from tests.spark_fixture import database_for

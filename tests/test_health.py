@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 
 from tests.bridge_support import start_bridge, stop_bridge
-from tests.conftest import start_device
-from tests.helpers import free_port, stop, wait_for
+from harness.device import start_device
+from harness.processes import free_port, stop, wait_for
 
 
 def healthz(port: int) -> tuple[int, dict]:
@@ -98,7 +98,7 @@ def test_bridge_healthz_follows_the_device_link(tmp_path) -> None:
 
 @pytest.mark.timeout(60)
 def test_importer_waiting_for_spark_is_unhealthy(tmp_path) -> None:
-    from tests.helpers import command, start
+    from harness.processes import command, start
 
     mport, spark = free_port(), free_port()
     proc = start([command("logjam-importer"), "--spark", f"sc://127.0.0.1:{spark}", "--sub", f"tcp://127.0.0.1:{free_port()}",

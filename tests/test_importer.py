@@ -21,7 +21,7 @@ import zmq
 from importer.split import worker_of
 from logjam.meta import Compression, Meta
 from logjam.producer import Producer
-from tests.helpers import command, free_port, start, stop, wait_for
+from harness.processes import command, free_port, start, stop, wait_for
 from tests.spark_fixture import database_for, table
 
 PROBE_APP_ENV = "probe-ready"

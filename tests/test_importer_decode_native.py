@@ -1,7 +1,7 @@
 """native/decode.c (importer/decode_native.py) against the Python reference (importer/decode.py): the same
 Arrow tables, results and counters for the same messages, vector by vector, byte by byte, and for
 arbitrary frames (Hypothesis). Each test runs both paths itself (the C one through
-`tests.helpers.c_module`, skipped under an outer LOGJAM_NATIVE=off) or sets the switch itself (the
+`harness.native.c_module`, skipped under an outer LOGJAM_NATIVE=off) or sets the switch itself (the
 importer takes the Python path under off), or tests the Python sequencer alone: none needs a run per
 LOGJAM_NATIVE value."""
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.importer_decode import body as e2e_body
+from harness.lumberjack_load import body as e2e_body
 from importer.batch import GroupCommit
 from importer.decode import BatchBuilder
 from importer.decode_native import MODULE, NativeBatchBuilder
@@ -29,7 +29,7 @@ from importer.split import StreamFilter
 from logjam.compression import compress
 from logjam.message import HEARTBEAT
 from logjam.raw import RawBatch
-from tests.helpers import c_module
+from harness.native import c_module
 
 # Marker `native`: the C decoder against its Python twin, both in every run.
 pytestmark = pytest.mark.native

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from logjam.producer import Producer
-from tests.helpers import wait_for
+from harness.processes import wait_for
 from tests.spark_fixture import table as catalog_table
 from tests.test_importer import Importer
 from tests.test_importer_recovery import Journaled, importer

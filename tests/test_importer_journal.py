@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import start_device
-from tests.helpers import free_port, stop, wait_for
+from harness.device import start_device
+from harness.processes import free_port, stop, wait_for
 from tests.test_importer_recovery import Journaled, importer, landed, send_numbered, wait_landed
 
 

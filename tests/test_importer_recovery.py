@@ -21,8 +21,8 @@ import pytest
 
 from logjam.producer import Producer
 from logjam.replay import Lost, ReplayClient
-from tests.conftest import DeviceProcess, start_device
-from tests.helpers import free_port, stop, wait_for
+from harness.device import DeviceProcess, start_device
+from harness.processes import free_port, stop, wait_for
 from tests.test_importer import Importer, read_rows
 
 PAD = "x" * 200

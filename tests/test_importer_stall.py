@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from tests.helpers import wait_for
+from harness.processes import wait_for
 from tests.test_importer import Importer
 from tests.test_importer_recovery import Journaled, Load, landed
 

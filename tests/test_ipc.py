@@ -23,8 +23,8 @@ from logjam.producer import Producer, ReplyTimeout
 from logjam.replay import ReplayClient
 from logjam.subscriber import Subscriber
 from runtime.curve import ensure
-from tests.conftest import start_device
-from tests.helpers import stop, wait_for
+from harness.device import start_device
+from harness.processes import stop, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.native]
 

@@ -11,7 +11,7 @@ from devices.journal import Gone, Journal, JournalCorrupt
 from devices.replay import ReplayServer
 from logjam import Message, Meta
 from logjam.replay import Lost, ReplayClient
-from tests.helpers import free_port
+from harness.processes import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

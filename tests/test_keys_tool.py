@@ -14,8 +14,8 @@ import zmq
 import zmq.auth
 
 from logjam.curve import ClientKey
-from tests.conftest import pings, start_device
-from tests.helpers import command, stop, wait_for
+from harness.device import pings, start_device
+from harness.processes import command, stop, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from harness.processes import REPO
 
 ABOVE = {
     "logjam": {"runtime", "devices", "bridges", "table", "importer", "warehouse", "tools"},

@@ -21,8 +21,8 @@ import pytest
 
 from bridges.lumberjack.engine import V1, AckFrame, LumberjackClient, encode_data_frame, encode_window
 from logjam.validation import is_valid_app_env
-from tests.conftest import start_device
-from tests.helpers import command, stop, wait_for
+from harness.device import start_device
+from harness.processes import command, stop, wait_for
 from tests.bridge_support import client_tls, collect, no_more, ready_subscriber, stop_bridge
 from tests.lumberjack_support import start_lumberjack
 
@@ -431,7 +431,7 @@ def _metric(port: int, name: str) -> float:
 
 @pytest.mark.timeout(90)
 def test_process_wide_bound_stops_reading_every_client(device) -> None:
-    from tests.helpers import free_port
+    from harness.processes import free_port
 
     metrics_port = free_port()
     b = start_lumberjack(device.router, "--max-process-pending-events", "300", "--metrics-port", str(metrics_port))

@@ -169,7 +169,7 @@ def test_c_scanner_reads_exactly_what_the_python_one_reads(data: bytes, draw: st
     from array import array
 
     from bridges.lumberjack.scan import MODULE, _NativeScanner, _scan_py, scanner
-    from tests.helpers import c_module
+    from harness.native import c_module
 
     c_module(MODULE)  # skips under LOGJAM_NATIVE=off; under require, a missing build fails
     native, python = scanner(native=True), scanner(native=False)

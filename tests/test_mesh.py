@@ -24,7 +24,7 @@ import orjson
 import pytest
 from pylogbeat import PyLogBeatClient
 
-from tests.helpers import command, port_open, wait_for
+from harness.processes import command, port_open, wait_for
 from tests.mesh_support import (
     EXPECTED_ROUTE, landed, repeated_event_ids, running_mesh, send_everywhere, wait_landed, wait_until_importing,
 )
@@ -217,7 +217,7 @@ def test_the_real_otlp_and_syslog_clients_land_in_the_table(mesh, tmp_path):
 
     from tests.otlp_clients import grpc_exporter, http_exporter, sdk_records
     from tests.test_syslog_interop import OMRELP, RSYSLOGD, daemon, relp_action, rsyslog, send_lines
-    from tests.helpers import free_port
+    from harness.processes import free_port
 
     run, n = f"ship-{uuid.uuid4().hex[:10]}", 5
     resource = {"service.name": "shop", "deployment.environment.name": "interop"}

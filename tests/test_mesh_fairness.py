@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.e2e import Mesh
-from benchmarks.fairness import TARGETS, measure, parser, report
+from harness.mesh import Mesh
+from harness.fairness import TARGETS, measure, parser, report
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(900)]
 

@@ -27,7 +27,7 @@ import pytest
 from pylogbeat import PyLogBeatClient
 
 from logjam.producer import Producer, ReplyTimeout
-from tests.helpers import command, wait_for
+from harness.processes import command, wait_for
 from tests.mesh_support import (
     PROTOCOL_PORTS, Mesh, importer_duplicates_dropped, journaled, landed, repeated_event_ids, running_mesh,
 )

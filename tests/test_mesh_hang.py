@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from bridges.lumberjack.engine import LumberjackClient
-from tests.helpers import wait_for
+from harness.processes import wait_for
 from tests.mesh_support import landed, running_mesh, send
 from tests.test_bridge_hardening import metric
 from tests.test_health import healthz

@@ -17,8 +17,8 @@ import pytest
 
 from runtime.health import fetch
 from tools.mesh import DEFAULTS, mesh_environment, metrics_ports
-from tests.helpers import REPO, command, wait_for
-from tests.mesh_support import PORT_STEP, mesh_ports
+from harness.processes import REPO, command, wait_for
+from harness.mesh import PORT_STEP, mesh_ports
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -9,8 +9,9 @@ import subprocess
 import pytest
 
 from logjam import constants, native
-from tests.conftest import start_device
-from tests.helpers import REPO, c_module, command, stop
+from harness.device import start_device
+from harness.native import c_module
+from harness.processes import REPO, command, stop
 
 pytestmark = pytest.mark.timeout(60)
 

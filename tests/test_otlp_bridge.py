@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.sdk._logs.export import LogRecordExportResult
 
 from tests.bridge_support import BridgeProcess, collect, no_more, ready_subscriber, start_bridge, stop_bridge
-from tests.helpers import free_port, port_open, wait_for
+from harness.processes import free_port, port_open, wait_for
 from tests.otlp_clients import grpc_exporter, http_exporter, post, raw_grpc_export, sdk_records, sorted_messages
 
 pytestmark = pytest.mark.timeout(120)

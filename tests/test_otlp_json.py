@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from tests.bridge_support import collect, no_more, ready_subscriber, start_bridge, stop_bridge
-from tests.helpers import free_port
+from harness.processes import free_port
 from tests.lumberjack_support import NODE_DIR
 
 pytestmark = pytest.mark.timeout(120)

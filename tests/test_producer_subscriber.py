@@ -15,7 +15,7 @@ from logjam import Message, Meta
 from logjam.meta import Compression
 from logjam.producer import Producer, ReplyTimeout
 from logjam.subscriber import Gap, Subscriber
-from tests.helpers import free_port, wait_for
+from harness.processes import free_port, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 

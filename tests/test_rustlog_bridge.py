@@ -19,7 +19,7 @@ import pytest
 from logjam.message import Message
 from logjam.subscriber import Subscriber
 from tests.bridge_support import BridgeProcess, client_tls, ready_subscriber, start_bridge, stop_bridge
-from tests.helpers import start, wait_for
+from harness.processes import start, wait_for
 from tests.rustlog_clients import BinaryClient, JsonClient, RawConn, b_list, b_str, binary_response
 
 MAX = 10 * 1024 * 1024

@@ -28,8 +28,9 @@ from pylogbeat import PyLogBeatClient
 
 from logjam.curve import ClientKey
 from logjam.producer import Producer
-from tests.helpers import REPO, port_open, wait_for
-from tests.mesh_support import PORT_STEP, Mesh, mesh_ports
+from harness.processes import REPO, port_open, wait_for
+from harness.mesh import PORT_STEP, mesh_ports
+from tests.mesh_support import Mesh
 from tools.mesh import DEFAULTS, ensure_keys, mesh_environment
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow]

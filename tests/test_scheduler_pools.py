@@ -12,7 +12,7 @@ import time
 import pytest
 
 from table.session import INGEST_POOL, MAINTENANCE_POOL, open_session
-from tests.helpers import wait_for
+from harness.processes import wait_for
 
 pytestmark = pytest.mark.spark
 

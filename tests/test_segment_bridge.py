@@ -25,9 +25,9 @@ import pytest
 from bridges.segment import engine as wire
 from bridges.segment.store import dir_name
 from tests.bridge_support import BridgeProcess, client_tls, collect, drain, ready_subscriber, start_bridge, stop_bridge
-from tests.conftest import start_device
-from tests.helpers import free_port, start, stop, wait_for
-from tests.segment_client import SegmentTestClient, ServerClosed
+from harness.device import start_device
+from harness.processes import free_port, start, stop, wait_for
+from harness.segment_client import SegmentTestClient, ServerClosed
 
 SEG = "mesh/logs/0.#epoch.0"
 

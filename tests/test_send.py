@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.bridge_support import collect, no_more, ready_subscriber, start_bridge, stop_bridge
-from tests.helpers import command, free_port
+from harness.processes import command, free_port
 
 SEND = command("logjam-send")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import command, free_port, port_open, stop, wait_for
+from harness.processes import command, free_port, port_open, stop, wait_for
 from tests.spark_fixture import SparkServer
 from tests.test_importer import Importer
 from tests.test_importer_recovery import Journaled, landed, send_numbered, wait_landed

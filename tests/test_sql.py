@@ -13,7 +13,7 @@ from table.catalog import ensure_table
 from importer.decode import BatchBuilder
 from importer.write import TableWriter
 from logjam.message import Message
-from tests.helpers import command
+from harness.processes import command
 from tests.spark_fixture import database_for
 
 

@@ -21,9 +21,9 @@ from bridges.segment import engine as wire
 from bridges.segment.store import RECORD_SIZE, dir_name
 from tests.bridge_support import collect, drain, ready_subscriber, start_bridge, stop_bridge
 from tests.disk_support import fill, small_tmpfs
-from tests.helpers import free_port, stop, wait_for
+from harness.processes import free_port, stop, wait_for
 from tests.rustlog_clients import BinaryClient, JsonClient, RawConn
-from tests.segment_client import SegmentTestClient
+from harness.segment_client import SegmentTestClient
 from tests.test_device_disk_full import settled
 from tests.test_device_helpers import scrape
 

@@ -26,8 +26,8 @@ from bridges.syslog.engine import SyslogClient
 from bridges.syslog.relp import RelpClient, Response, ServerClose
 from runtime.health import fetch
 from tests.bridge_support import client_tls, collect, ready_subscriber, stop_bridge
-from tests.conftest import start_device
-from tests.helpers import free_port, stop, wait_for
+from harness.device import start_device
+from harness.processes import free_port, stop, wait_for
 from tests.test_tls_reload import der, install, reloads, tls_connect
 from tests.tls_certs import make_certs
 from tests.syslog_support import landed_once, relp_send, run_id, start_syslog, tls_flags

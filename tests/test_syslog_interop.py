@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 
 from tests.bridge_support import collect, no_more, ready_subscriber, stop_bridge
-from tests.helpers import free_port, port_open, wait_for
+from harness.processes import free_port, port_open, wait_for
 from tests.syslog_support import landed_once, run_id, start_syslog, tls_flags
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -19,7 +19,7 @@ import pytest
 
 from table.paths import MAX_DIR_NAME, OVERFLOW, QUARANTINE, partition_dir
 from logjam.producer import Producer
-from tests.helpers import wait_for
+from harness.processes import wait_for
 from tests.spark_fixture import database_for, table
 from tests.test_health import healthz
 from tests.test_importer import Importer

@@ -38,7 +38,7 @@ from logjam.compression import compress
 from logjam.meta import Compression
 from logjam.producer import Producer
 from tools.tail_render import Palette, Renderer, escape_bytes
-from tests.helpers import command, wait_for
+from harness.processes import command, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

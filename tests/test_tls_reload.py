@@ -20,7 +20,7 @@ import pytest
 
 from bridges.lumberjack.engine import AckFrame, LumberjackClient
 from tests.bridge_support import collect, no_more, ready_subscriber, stop_bridge
-from tests.helpers import free_port, wait_for
+from harness.processes import free_port, wait_for
 from tests.lumberjack_support import start_lumberjack
 from tests.test_lumberjack_bridge import send_window, tagged
 from tests import tls_certs

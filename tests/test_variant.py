@@ -14,7 +14,7 @@ get no `doc`, from either.
 Then the twin against the C, without Spark: the same arrays (validity, `value`, `metadata`) for
 every vector, for edge cases of numbers, depth and size, and for generated documents and
 arbitrary bytes (Hypothesis). Those compare both paths in one test, so they run once (they skip
-under an outer LOGJAM_NATIVE=off, where there is no C to compare with: `tests.helpers.c_module`);
+under an outer LOGJAM_NATIVE=off, where there is no C to compare with: `harness.native.c_module`);
 so do the twin's known answers, which name the twin itself.
 """
 
@@ -39,7 +39,7 @@ from importer.variant_py import MAX_PART, PyDocEncoder
 from logjam import native
 from table.schema import DOC_ARROW_TYPE, DOC_EXPR, staged_ddl
 from tests.conftest import NATIVE_MODES, native_env
-from tests.helpers import c_module
+from harness.native import c_module
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.native]
 
@@ -206,7 +206,7 @@ def test_arbitrary_bytes_yield_a_document_or_none(mode: str, body: bytes) -> Non
 
 def c_encoder() -> DocEncoder:
     """The C encoder to compare the twin with: skips under LOGJAM_NATIVE=off and, under auto, without a
-    build; under require a missing build fails (tests.helpers.c_module)."""
+    build; under require a missing build fails (harness.native.c_module)."""
     if native.mode() == "off":
         pytest.skip("LOGJAM_NATIVE=off: no C encoder to compare the Python twin with")
     return DocEncoder(c_module(MODULE))

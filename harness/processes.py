@@ -1,4 +1,4 @@
-"""Test utilities: free ports, polling with a deadline, and process handling."""
+"""Real processes for tests and benchmarks: free ports, polling with a deadline, starting and stopping."""
 
 from __future__ import annotations
 
@@ -133,19 +133,3 @@ def stop(proc: subprocess.Popen, timeout: float = 15.0) -> int:
             raise AssertionError(f"{proc.args[0]} did not exit within {timeout}s of SIGTERM")
     return proc.returncode
 
-
-def c_module(name: str) -> tuple:
-    """(ffi, lib) of the built C module `name` (one native/build.py builds), for a test of the C path.
-
-    Skips under LOGJAM_NATIVE=off (that run tests the Python twin) and, under auto, when the
-    module was not built; under require a missing build raises, so CI cannot skip it."""
-    import pytest
-
-    from logjam import native
-
-    if native.mode() == "off":
-        pytest.skip("LOGJAM_NATIVE=off: the C path is not under test")
-    loaded = native.load(name)
-    if loaded is None:
-        pytest.skip(f"{name} is not built (LOGJAM_NATIVE=auto)")
-    return loaded
