@@ -1,4 +1,4 @@
-"""A small Log Courier client that follows courier-protocol.md and interop-notes.md exactly.
+"""A small Log Courier client that follows the protocol as docs/protocols/courier.md describes it.
 
 No real Courier client can be installed here, so the tests and the benchmark use this
 one. It speaks over a real TCP or TLS socket, optionally opens with HELO (and then

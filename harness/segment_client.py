@@ -1,4 +1,4 @@
-"""A blocking Pravega-protocol test client, written from interop-notes.md.
+"""A blocking Pravega-protocol test client, written from the protocol as docs/protocols/segment.md describes it.
 
 It speaks the segment store's wire protocol over a real socket (optionally TLS),
 using the client half of the sans-IO engine for framing, and offers the calls a

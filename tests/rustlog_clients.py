@@ -1,7 +1,7 @@
 """Small RustLog clients for the tests, written from the spec tables (not from the engine).
 
-`JsonClient` speaks rustlog-protocol.md; `BinaryClient` speaks the reference broker's
-binary dialect (interop-notes.md). Both share the 4-byte big-endian length framing,
+`JsonClient` speaks the JSON dialect and `BinaryClient` the reference broker's binary
+dialect, as docs/protocols/rustlog.md describes them. Both share the 4-byte big-endian length framing,
 so one `RawConn` can interleave them on a single connection.
 """
 

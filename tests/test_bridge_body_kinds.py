@@ -3,8 +3,7 @@
 One real `logjam-device` for the module; per case a real `logjam-bridge` process (or the
 device's ROUTER itself, for the Logjam path) and a subscriber on the device's PUB. The
 seven kinds go in one request, in this order, each acknowledged, each arriving as one
-Logjam message whose body is what docs/protocols/<protocol>.md (and
-/work/shared/design/bridges.md) says: a JSON object stays itself with `@metadata` merged
+Logjam message whose body is what docs/protocols/<protocol>.md says: a JSON object stays itself with `@metadata` merged
 over its own; anything else is `{"message": text}`, or `{"message_base64": ...}` for bytes
 that are not UTF-8 (Courier adds `"tags": ["_unmarshal_failure"]`, as its servers do).
 Every message then goes through the importer's decoder (importer/decode.py), the row the

@@ -55,7 +55,7 @@ REQUESTS: list[tuple[bytes, e.Request]] = [
 
 
 def test_spec_example_frame() -> None:
-    # rustlog-protocol.md's example says "74 bytes", but its payload is 78; the header carries the real length.
+    # The spec's example says "74 bytes", but its payload is 78 (docs/protocols/rustlog.md); the header carries the real length.
     assert fr(REQUESTS[0][0])[:4] == b"\x00\x00\x00\x4e"
 
 
