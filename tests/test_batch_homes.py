@@ -115,15 +115,27 @@ def _device_of(subs, app_env: str, n: int) -> list[int]:
     return got
 
 
+@pytest.fixture
+def bridges():
+    """The bridges a test starts; whatever it left running is killed after it."""
+    started: list = []
+    yield started
+    for bridge in started:
+        if bridge.proc.poll() is None:
+            bridge.proc.kill()
+            bridge.proc.wait(10)
+
+
 @pytest.mark.parametrize("protocol", ["lumberjack", "courier"])
-def test_a_resend_after_a_bridge_sigkill_goes_to_the_device_of_the_first_copy(two_devices, tmp_path, protocol):
+def test_a_resend_after_a_bridge_sigkill_goes_to_the_device_of_the_first_copy(two_devices, bridges, tmp_path,
+                                                                              protocol):
     app_env = f"homes-{uuid.uuid4().hex[:8]}"
     subs = [ready_subscriber(d.pub, d.router, app_env) for d in two_devices]
     homes = tmp_path / "homes"
     bridge = _bridge(protocol, two_devices, homes, app_env, linked=True)
+    bridges.append(bridge)
     events = [orjson.dumps({"message": f"event {i}", "@metadata": {"_id": f"resend-{i}"}}) for i in range(20)]
     nonce = os.urandom(16)
-    # The first connection is homed on device 0, the second on device 1: ours is the second.
     if protocol == "lumberjack":
         other = _lumberjack_window(bridge.port, [b'{"message":"other"}'])
         ours = _lumberjack_window(bridge.port, events)
@@ -146,6 +158,7 @@ def test_a_resend_after_a_bridge_sigkill_goes_to_the_device_of_the_first_copy(tw
     # The restarted bridge's port probe takes device 0's turn again, so a new connection is
     # homed on device 1. The resend goes to device 0, where the first copy is.
     bridge = _bridge(protocol, two_devices, homes, app_env, linked=True)
+    bridges.append(bridge)
     if protocol == "lumberjack":
         _lumberjack_window(bridge.port, events).close()
     else:
