@@ -113,7 +113,8 @@ def ready_subscriber(device_pub: str, device_router: str, app_env: str) -> Subsc
     return sub
 
 
-def _ours(m: object, app_env: str) -> bool:
+def ours(m: object, app_env: str) -> bool:
+    """A message the bridge published for `app_env` (not a join probe, not a heartbeat)."""
     return isinstance(m, Message) and m.app_env == app_env and m.topic != PROBE_TOPIC
 
 
@@ -122,7 +123,7 @@ def collect(sub: Subscriber, app_env: str, n: int, timeout: float = 60.0) -> lis
     got: list[tuple[Message, dict[str, Any]]] = []
 
     def enough() -> bool:
-        got.extend((m, m.json()) for m in sub.recv_batch(max_items=5000, timeout=0.2) if _ours(m, app_env))
+        got.extend((m, m.json()) for m in sub.recv_batch(max_items=5000, timeout=0.2) if ours(m, app_env))
         return len(got) >= n
 
     try:
@@ -137,7 +138,7 @@ def no_more(sub: Subscriber, app_env: str, wait: float = 1.0) -> list[Message]:
     extra: list[Message] = []
     deadline = time.monotonic() + wait
     while (left := deadline - time.monotonic()) > 0:
-        extra.extend(m for m in sub.recv_batch(max_items=5000, timeout=left) if _ours(m, app_env))
+        extra.extend(m for m in sub.recv_batch(max_items=5000, timeout=left) if ours(m, app_env))
     return extra
 
 

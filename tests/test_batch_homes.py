@@ -22,7 +22,7 @@ from bridges.host.homes import BatchHomes, client_key, device_tag
 from bridges.host.link import DeviceLink
 from bridges.lumberjack.engine import LumberjackClient
 from logjam.message import Message
-from tests.bridge_support import PROBE_TOPIC, ready_subscriber, start_bridge
+from tests.bridge_support import ours, ready_subscriber, start_bridge
 from harness.device import start_device
 from harness.courier_client import TestCourierClient
 from harness.processes import free_port, stop, wait_for
@@ -98,17 +98,13 @@ def _lumberjack_window(port: int, events: list[bytes]) -> socket.socket:
     return sock
 
 
-def _ours(m: object, app_env: str) -> bool:
-    return isinstance(m, Message) and m.app_env == app_env and m.topic != PROBE_TOPIC
-
-
 def _device_of(subs, app_env: str, n: int) -> list[int]:
     """Which device (0 or 1) published each of the next n messages of `app_env`."""
     got: list[int] = []
 
     def enough() -> bool:
         for k, sub in enumerate(subs):
-            got.extend(k for m in sub.recv_batch(timeout=0.05) if _ours(m, app_env))
+            got.extend(k for m in sub.recv_batch(timeout=0.05) if ours(m, app_env))
         return len(got) >= n
 
     wait_for(enough, timeout=30, what=f"{n} messages of {app_env}")
@@ -167,7 +163,7 @@ def test_a_resend_after_a_bridge_sigkill_goes_to_the_device_of_the_first_copy(tw
             again.wait_all_acked()
     resent = _device_of(subs, app_env, 20)
     assert resent == [0] * 20, resent
-    assert not any(_ours(m, app_env) for sub in subs for m in sub.recv_batch(timeout=0.5))
+    assert not any(ours(m, app_env) for sub in subs for m in sub.recv_batch(timeout=0.5))
     assert stop(bridge.proc) == 0, bridge.output()
     for sub in subs:
         sub.close()
