@@ -111,7 +111,12 @@ class EngineSession:
                 if not data:
                     self.on_eof()
                     return
-                pending = memoryview(data) if step else data
+                pending = self.unfed = memoryview(data) if step else data
+                # Other connections decoded while this one waited to read: check the bounds
+                # again, so that together they overshoot by one slice, not one each.
+                await self.before_feed()
+                if self.failure is not None:
+                    return
             if step:
                 chunk, self.unfed = pending[:step], pending[step:]
             else:
