@@ -14,6 +14,7 @@ the same stream, without parsing anything twice.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -114,7 +115,24 @@ def _host(v: Any) -> str | None:
     return _text(v)
 
 
-def _level(doc: dict[str, Any]) -> str | None:
+# OpenTelemetry's SeverityNumber ranges (1-4, 5-8, ... 21-24) by their short names; a number within a
+# range (e.g. 10, "INFO2") is given the range's name, which is what queries group by.
+_OTEL_LEVELS = ("TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL")
+# RFC 5424's severity keywords, 0..7.
+_SYSLOG_LEVELS = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
+# The top-level keys any of the columns below come from but the ones every body is asked for.
+_OTHER_KEYS = frozenset(("severity_text", "severity_number", "syslog", "trace_id", "trace", "trace.id", "traceId",
+                         "span_id", "span", "span.id", "spanId"))
+# A trace or span id: hex digits, an even number of them, at most 64 (W3C/OTel ids are 32 and 16).
+_HEX_ID = re.compile("(?:[0-9a-fA-F]{2}){1,32}")
+
+
+def _level(doc: dict[str, Any], others: bool = True) -> str | None:
+    """`level`, else `log.level` (ECS, nested or dotted), else a string `severity`, else OTLP's
+    `severity_text` (non-empty) or its `severity_number` (1..24) as the OTel range's name, else the syslog
+    bridge's `syslog.severity` (0..7) as the RFC 5424 keyword. A present value of another type ends the
+    search (NULL), as it always did for the first three. `others`: False when the body has none of
+    _OTHER_KEYS (the last three are then not looked up)."""
     v = doc.get("level")
     if v is None:
         log = doc.get("log")
@@ -122,9 +140,65 @@ def _level(doc: dict[str, Any]) -> str | None:
             v = log.get("level")
         else:
             v = doc.get("log.level")
-    if v is None and type(doc.get("severity")) is str:
-        v = doc["severity"]
+    if v is None:
+        v = doc.get("severity")
+        if type(v) is not str:
+            return _level_from_numbers(doc) if others else None
     return _text(v)
+
+
+def _level_from_numbers(doc: dict[str, Any]) -> str | None:
+    """The level OTLP and syslog bodies give (see `_level`): they carry no `level` of their own."""
+    v = doc.get("severity_text")
+    if type(v) is str and v:
+        return v
+    v = doc.get("severity_number")
+    if type(v) is int and 1 <= v <= 24:
+        return _OTEL_LEVELS[(v - 1) >> 2]
+    syslog = doc.get("syslog")
+    if type(syslog) is dict:
+        v = syslog.get("severity")
+        if type(v) is int and 0 <= v <= 7:
+            return _SYSLOG_LEVELS[v]
+    return None
+
+
+def _hex_id(v: Any) -> str | None:
+    """A trace or span id as lowercase hex; anything but a string of hex digits is NULL (not kept as
+    text: a column of ids should only ever hold ids)."""
+    if type(v) is str and _HEX_ID.fullmatch(v) is not None:
+        return v.lower()
+    return None
+
+
+def _ids(doc: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(trace_id, span_id): `trace_id`, else `trace.id` (ECS, nested or dotted, as `log.level`), else
+    `traceId` (OTLP/JSON's spelling); the same for `span`. The first of them present and not null is
+    the one read, then checked by `_hex_id`."""
+    get = doc.get
+    t = get("trace_id")
+    if t is None:
+        p = get("trace")
+        t = p.get("id") if type(p) is dict else get("trace.id")
+        if t is None:
+            t = get("traceId")
+    s = get("span_id")
+    if s is None:
+        p = get("span")
+        s = p.get("id") if type(p) is dict else get("span.id")
+        if s is None:
+            s = get("spanId")
+    return _hex_id(t), _hex_id(s)
+
+
+def _sparse(values: dict[int, str], rows: int) -> pa.Array:
+    """A string column of `rows` rows from its non-NULL cells by row."""
+    if not values:
+        return pa.nulls(rows, pa.string())
+    cells: list[str | None] = [None] * rows
+    for row, v in values.items():
+        cells[row] = v
+    return pa.array(cells, pa.string())
 
 
 class BatchBuilder:
@@ -161,6 +235,9 @@ class BatchBuilder:
         self._level: list[str | None] = []
         self._action: list[str | None] = []
         self._request_id: list[str | None] = []
+        # Sparse, by row: most rows have no ids, and a dict spares them two appends.
+        self._trace_id: dict[int, str] = {}
+        self._span_id: dict[int, str] = {}
         self._protocol: list[str | None] = []
         self._event_id: list[str | None] = []
         self._severity: list[int | None] = []
@@ -242,13 +319,23 @@ class BatchBuilder:
         return error
 
     def _typed(self, doc: dict[str, Any], md: Any, eid: str | None) -> None:
+        # The keys of the ids and of OTLP's and syslog's levels are looked up only when the body has
+        # one of them: most bodies have none, and one pass over their keys in C costs a third of
+        # the eleven lookups (90 against 300 ns, measured on e2e's bodies).
+        others = not _OTHER_KEYS.isdisjoint(doc)
+        if others:
+            trace_id, span_id = _ids(doc)
+            if trace_id is not None:
+                self._trace_id[len(self._seq) - 1] = trace_id
+            if span_id is not None:
+                self._span_id[len(self._seq) - 1] = span_id
         get = doc.get
         v = get("message")
         self._message.append(v if v is None or v.__class__ is str else _text(v))
         v = get("host")
         self._host.append(v if v is None or v.__class__ is str else _host(v))
         v = get("level")
-        self._level.append(v if v.__class__ is str else _level(doc))
+        self._level.append(v if v.__class__ is str else _level(doc, others))
         v = get("action")
         self._action.append(v if v is None or v.__class__ is str else _text(v))
         v = get("request_id")
@@ -267,8 +354,7 @@ class BatchBuilder:
         self._total_time.append(v if v is None or v.__class__ is float else _float(v))
 
     def _untyped(self) -> None:
-        for column in (self._message, self._host, self._level, self._action, self._request_id, self._protocol,
-                       self._event_id, self._severity, self._code, self._total_time):
+        for column in (self._message, self._host, self._level, self._action, self._request_id, self._protocol, self._event_id, self._severity, self._code, self._total_time):
             column.append(None)
 
     def build(self) -> pa.Table:
@@ -301,6 +387,8 @@ class BatchBuilder:
             "code": pa.array(self._code, pa.int64()),
             "total_time": pa.array(self._total_time, pa.float64()),
             "request_id": pa.array(self._request_id, pa.string()),
+            "trace_id": _sparse(self._trace_id, len(self._seq)),
+            "span_id": _sparse(self._span_id, len(self._seq)),
             "protocol": pa.array(self._protocol, pa.string()),
             "event_id": pa.array(self._event_id, pa.string()),
             "original_app_env": pa.nulls(len(self._seq), pa.string()),

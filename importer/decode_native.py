@@ -42,7 +42,8 @@ MAX_NAMES = 100_000
 _STRINGS = (("app_env", "_app_env"), ("app", "_app"), ("env", "_env"), ("topic", "_topic"),
             ("journal", "_journal"), ("body", "_body"), ("parse_error", "_error"), ("raw", "_raw"),
             ("message", "_message"), ("host", "_host"), ("level", "_level"), ("action", "_action"),
-            ("request_id", "_request_id"), ("protocol", "_protocol"), ("event_id", "_event_id"))
+            ("request_id", "_request_id"), ("protocol", "_protocol"), ("event_id", "_event_id"),
+            ("trace_id", "_trace_id"), ("span_id", "_span_id"))
 _NUMBERS = (("device", "_device"), ("seq", "_seq"), ("created_at", "_created"), ("ingested_at", "_ingested"),
             ("severity", "_severity"), ("code", "_code"), ("total_time", "_total_time"))
 _BINARY = {"body": pa.string(), "raw": pa.binary()}  # body: valid UTF-8 (see BatchBuilder.build)
@@ -136,7 +137,8 @@ class NativeBatchBuilder:
             return result
         lib, d = self._lib, self._d
         for col, (_, attr) in enumerate(_STRINGS):
-            v = getattr(py, attr)[0]
+            cells = getattr(py, attr)
+            v = cells[0] if cells.__class__ is list else cells.get(0)  # trace_id, span_id: sparse (a dict)
             text = v if v is None or v.__class__ is bytes else v.encode()
             if lib.lj_dec_put_str(d, col, text if text is not None else self._ffi.NULL,
                                   len(text) if text is not None else -1):

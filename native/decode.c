@@ -228,12 +228,91 @@ static int n_float(lj_dec_t *d, int col, const jv_t *v) {
 /* ------------------------------------------------------------------ rows */
 
 enum { K_MESSAGE, K_HOST, K_LEVEL, K_ACTION, K_REQUEST_ID, K_SEVERITY, K_CODE, K_TOTAL_TIME, K_METADATA, K_LOG,
-       K_LOG_LEVEL, NKEYS };
+       K_LOG_LEVEL, K_SEVERITY_TEXT, K_SEVERITY_NUMBER, K_SYSLOG, K_TRACE_ID, K_TRACE, K_TRACE_DOT, K_TRACE_CAMEL,
+       K_SPAN_ID, K_SPAN, K_SPAN_DOT, K_SPAN_CAMEL, NKEYS };
 static const char *const KEYS[NKEYS] = {"message", "host", "level", "action", "request_id", "severity", "code",
-                                        "total_time", "@metadata", "log", "log.level"};
+                                        "total_time", "@metadata", "log", "log.level", "severity_text",
+                                        "severity_number", "syslog", "trace_id", "trace", "trace.id", "traceId",
+                                        "span_id", "span", "span.id", "spanId"};
 static const char *const HOST_KEYS[2] = {"name", "hostname"};
 static const char *const LOG_KEYS[1] = {"level"};
 static const char *const META_KEYS[2] = {"_id", "protocol"};
+static const char *const ID_KEYS[1] = {"id"};
+static const char *const SYSLOG_KEYS[1] = {"severity"};
+/* decode.py's _OTEL_LEVELS (SeverityNumber 1-4, 5-8, ... by range) and _SYSLOG_LEVELS (0..7). */
+static const char *const OTEL_LEVELS[6] = {"TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL"};
+static const char *const SYSLOG_LEVELS[8] = {"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"};
+
+static int absent(const jv_t *v) { return v->kind == V_ABSENT || v->kind == V_NULL; }
+
+static int s_word(lj_dec_t *d, int col, const char *word) {
+    return s_put(d, col, (const uint8_t *)word, (int64_t)strlen(word));
+}
+
+/* decode.py's _level_from_numbers: a non-empty severity_text, else severity_number 1..24 as its
+ * OTel range's name, else syslog.severity 0..7 as its RFC 5424 keyword; else NULL. */
+static int level_from_numbers(lj_dec_t *d, const jv_t *f) {
+    int fits;
+    const jv_t *text = &f[K_SEVERITY_TEXT], *number = &f[K_SEVERITY_NUMBER];
+    if (text->kind == V_STR && text->e - text->s > 2) return s_json_string(d, LJ_S_LEVEL, text);
+    if (number->kind == V_INT) {
+        int64_t n = int_value(number, &fits);
+        if (fits && n >= 1 && n <= 24) return s_word(d, LJ_S_LEVEL, OTEL_LEVELS[(n - 1) >> 2]);
+    }
+    if (f[K_SYSLOG].kind == V_OBJ) {
+        jv_t sev[1] = {{0}};
+        if (lookup(&f[K_SYSLOG], SYSLOG_KEYS, 1, sev)) return -DEFER;
+        if (sev[0].kind == V_INT) {
+            int64_t n = int_value(&sev[0], &fits);
+            if (fits && n >= 0 && n <= 7) return s_word(d, LJ_S_LEVEL, SYSLOG_LEVELS[n]);
+        }
+    }
+    s_null(d, LJ_S_LEVEL);
+    return 0;
+}
+
+/* decode.py's _hex_id: a string of 2..64 hex digits, an even number of them, lowercased; else NULL.
+ * An escaped string is deferred (its digits need unescaping first). */
+static int s_hex_id(lj_dec_t *d, int col, const jv_t *v) {
+    if (v->kind != V_STR) {
+        s_null(d, col);
+        return 0;
+    }
+    if (v->esc) return -DEFER;
+    int64_t n = v->e - v->s - 2;
+    uint8_t out[64];
+    if (n < 2 || n > 64 || (n & 1)) {
+        s_null(d, col);
+        return 0;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t c = v->s[1 + i];
+        if (c >= 'A' && c <= 'F') c |= 0x20;
+        else if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+            s_null(d, col);
+            return 0;
+        }
+        out[i] = c;
+    }
+    return s_put(d, col, out, n);
+}
+
+/* decode.py's _ids, for one of them: `<x>_id`, else `<x>.id` (nested, else dotted), else `<x>Id`;
+ * the first present and not null, checked by s_hex_id. */
+static int s_id(lj_dec_t *d, int col, const jv_t *f, int k_id, int k_obj, int k_dot, int k_camel) {
+    jv_t id[1] = {{0}};
+    const jv_t *v = &f[k_id];
+    if (absent(v)) {
+        if (f[k_obj].kind == V_OBJ) {
+            if (lookup(&f[k_obj], ID_KEYS, 1, id)) return -DEFER;
+            v = &id[0];
+        } else {
+            v = &f[k_dot];
+        }
+        if (absent(v)) v = &f[k_camel];
+    }
+    return s_hex_id(d, col, v);
+}
 
 /* The row's created_at (microseconds), as importer/decode.py's `created_us` (change both
  * together; a deferred row takes Python's): a created_ms of 0 or past year 9999 is the arrival
@@ -260,7 +339,7 @@ static int body_cells(lj_dec_t *d, const jv_t *f, const jv_t *meta, const jv_t *
         g = s_text(d, LJ_S_HOST, &f[K_HOST]);
     }
     if (g) return g;
-    /* level: level, else log.level (nested or dotted), else a string severity */
+    /* level: level, else log.level (nested or dotted), else a string severity, else level_from_numbers */
     const jv_t *lv = &f[K_LEVEL];
     if (lv->kind == V_ABSENT || lv->kind == V_NULL) {
         if (f[K_LOG].kind == V_OBJ) {
@@ -269,11 +348,16 @@ static int body_cells(lj_dec_t *d, const jv_t *f, const jv_t *meta, const jv_t *
         } else {
             lv = &f[K_LOG_LEVEL];
         }
-        if ((lv->kind == V_ABSENT || lv->kind == V_NULL) && f[K_SEVERITY].kind == V_STR) lv = &f[K_SEVERITY];
+        if (absent(lv)) {
+            if (f[K_SEVERITY].kind == V_STR) lv = &f[K_SEVERITY];
+            else lv = NULL; /* then OTLP's and syslog's numbers */
+        }
     }
-    if ((g = s_text(d, LJ_S_LEVEL, lv))) return g;
+    if ((g = lv ? s_text(d, LJ_S_LEVEL, lv) : level_from_numbers(d, f))) return g;
     if ((g = s_text(d, LJ_S_ACTION, &f[K_ACTION]))) return g;
     if ((g = s_text(d, LJ_S_REQUEST_ID, &f[K_REQUEST_ID]))) return g;
+    if ((g = s_id(d, LJ_S_TRACE_ID, f, K_TRACE_ID, K_TRACE, K_TRACE_DOT, K_TRACE_CAMEL))) return g;
+    if ((g = s_id(d, LJ_S_SPAN_ID, f, K_SPAN_ID, K_SPAN, K_SPAN_DOT, K_SPAN_CAMEL))) return g;
     if ((g = s_text(d, LJ_S_PROTOCOL, &meta[1]))) return g;
     if (eid->kind == V_ABSENT) s_null(d, LJ_S_EVENT_ID);
     else if ((g = s_text(d, LJ_S_EVENT_ID, eid))) return g;

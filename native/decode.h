@@ -26,7 +26,9 @@
 #define LJ_S_REQUEST_ID 12
 #define LJ_S_PROTOCOL 13
 #define LJ_S_EVENT_ID 14
-#define LJ_NSTR 15
+#define LJ_S_TRACE_ID 15
+#define LJ_S_SPAN_ID 16
+#define LJ_NSTR 17
 /* Number columns: 8 bytes a row (int64, or a double for total_time) and a validity bitmap. */
 #define LJ_N_DEVICE 0
 #define LJ_N_SEQ 1

@@ -204,8 +204,10 @@ static int object(rd_t *r, jv_t *v, int depth, const char *const *want, int nwan
                 return -1;
             }
             size_t klen = (size_t)(key.e - key.s) - 2;
+            /* The first byte first: most keys are not wanted, and it rejects them without a strlen. */
             for (int i = 0; i < nwant; i++)
-                if (strlen(want[i]) == klen && !memcmp(want[i], key.s + 1, klen)) found[i] = val;
+                if ((uint8_t)want[i][0] == key.s[1] && strlen(want[i]) == klen && !memcmp(want[i], key.s + 1, klen))
+                    found[i] = val;
         }
         state = next_item(r, v, '}');
     }

@@ -41,6 +41,9 @@ ARROW_SCHEMA = pa.schema([
     pa.field("code", pa.int64()),
     pa.field("total_time", pa.float64()),
     pa.field("request_id", pa.string()),
+    # OpenTelemetry's ids, lowercase hex (docs/schema.md). Not dictionary-encoded: nearly every value differs.
+    pa.field("trace_id", pa.string()),
+    pa.field("span_id", pa.string()),
     pa.field("protocol", pa.string()),
     pa.field("event_id", pa.string()),
     # The row's own app-env when the partition's `app_env` is a stand-in (paths.py): past the

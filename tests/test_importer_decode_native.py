@@ -193,10 +193,13 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3),
     max_leaves=8)
 KEYS = ["message", "host", "level", "action", "request_id", "severity", "code", "total_time", "log", "log.level",
-        "name", "hostname", "_id", "protocol", "x"]
+        "name", "hostname", "_id", "protocol", "x", "severity_text", "severity_number", "syslog", "trace_id", "trace",
+        "trace.id", "traceId", "span_id", "span", "span.id", "spanId", "id"]
 docs = st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=3),
                        json_values | st.dictionaries(st.sampled_from(KEYS), json_values, max_size=3)
-                       | st.sampled_from(["5", "-5", "--5", "", "12a", "\u00b2", "4.5", "9" * 25]), max_size=6)
+                       | st.sampled_from(["5", "-5", "--5", "", "12a", "\u00b2", "4.5", "9" * 25, "ab", "aBc", "AB12",
+                                          "0f" * 32, "0f" * 33, "g1"])
+                       | st.integers(-2, 26), max_size=6)
 
 
 @st.composite
