@@ -245,9 +245,7 @@ static const char *const SYSLOG_LEVELS[8] = {"emerg", "alert", "crit", "err", "w
 
 static int absent(const jv_t *v) { return v->kind == V_ABSENT || v->kind == V_NULL; }
 
-static int s_word(lj_dec_t *d, int col, const char *word) {
-    return s_put(d, col, (const uint8_t *)word, (int64_t)strlen(word));
-}
+static int s_word(lj_dec_t *d, int col, const char *w) { return s_put(d, col, (const uint8_t *)w, (int64_t)strlen(w)); }
 
 /* decode.py's _level_from_numbers: a non-empty severity_text, else severity_number 1..24 as its
  * OTel range's name, else syslog.severity 0..7 as its RFC 5424 keyword; else NULL. */
@@ -274,27 +272,19 @@ static int level_from_numbers(lj_dec_t *d, const jv_t *f) {
 /* decode.py's _hex_id: a string of 2..64 hex digits, an even number of them, lowercased; else NULL.
  * An escaped string is deferred (its digits need unescaping first). */
 static int s_hex_id(lj_dec_t *d, int col, const jv_t *v) {
-    if (v->kind != V_STR) {
-        s_null(d, col);
-        return 0;
-    }
-    if (v->esc) return -DEFER;
-    int64_t n = v->e - v->s - 2;
     uint8_t out[64];
-    if (n < 2 || n > 64 || (n & 1)) {
-        s_null(d, col);
-        return 0;
-    }
+    if (v->kind == V_STR && v->esc) return -DEFER;
+    int64_t n = v->kind == V_STR ? v->e - v->s - 2 : 0;
+    if (n > 64 || (n & 1)) n = 0;
     for (int64_t i = 0; i < n; i++) {
-        uint8_t c = v->s[1 + i];
-        if (c >= 'A' && c <= 'F') c |= 0x20;
-        else if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
-            s_null(d, col);
-            return 0;
-        }
-        out[i] = c;
+        /* | 0x20 lowercases A-F and keeps digits; the other bytes it makes hex digits of
+         * (0x10-0x19) are control bytes, which no JSON string holds unescaped. */
+        out[i] = v->s[1 + i] | 0x20;
+        if (!((out[i] >= '0' && out[i] <= '9') || (out[i] >= 'a' && out[i] <= 'f'))) n = 0;
     }
-    return s_put(d, col, out, n);
+    if (n) return s_put(d, col, out, n);
+    s_null(d, col);
+    return 0;
 }
 
 /* decode.py's _ids, for one of them: `<x>_id`, else `<x>.id` (nested, else dotted), else `<x>Id`;
@@ -341,17 +331,14 @@ static int body_cells(lj_dec_t *d, const jv_t *f, const jv_t *meta, const jv_t *
     if (g) return g;
     /* level: level, else log.level (nested or dotted), else a string severity, else level_from_numbers */
     const jv_t *lv = &f[K_LEVEL];
-    if (lv->kind == V_ABSENT || lv->kind == V_NULL) {
+    if (absent(lv)) {
         if (f[K_LOG].kind == V_OBJ) {
             if (lookup(&f[K_LOG], LOG_KEYS, 1, log)) return -DEFER;
             lv = &log[0];
         } else {
             lv = &f[K_LOG_LEVEL];
         }
-        if (absent(lv)) {
-            if (f[K_SEVERITY].kind == V_STR) lv = &f[K_SEVERITY];
-            else lv = NULL; /* then OTLP's and syslog's numbers */
-        }
+        if (absent(lv)) lv = f[K_SEVERITY].kind == V_STR ? &f[K_SEVERITY] : NULL; /* NULL: level_from_numbers */
     }
     if ((g = lv ? s_text(d, LJ_S_LEVEL, lv) : level_from_numbers(d, f))) return g;
     if ((g = s_text(d, LJ_S_ACTION, &f[K_ACTION]))) return g;
