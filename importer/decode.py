@@ -354,7 +354,9 @@ class BatchBuilder:
         self._total_time.append(v if v is None or v.__class__ is float else _float(v))
 
     def _untyped(self) -> None:
-        for column in (self._message, self._host, self._level, self._action, self._request_id, self._protocol, self._event_id, self._severity, self._code, self._total_time):
+        # trace_id and span_id are sparse: nothing to add for a row without them.
+        for column in (self._message, self._host, self._level, self._action, self._request_id, self._protocol,
+                       self._event_id, self._severity, self._code, self._total_time):
             column.append(None)
 
     def build(self) -> pa.Table:
