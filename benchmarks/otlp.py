@@ -1,18 +1,22 @@
 """Benchmark: OTLP log records/s through `logjam-bridge otlp` + `logjam-device`, against Lumberjack.
 
 The records are benchmarks/lumberjack.py's events (a ~120-byte message, a host, an offset,
-a service) as OTLP log records: the message as the body, the rest as attributes, a time and
-a trace context, under one resource (service.name, deployment.environment.name), 512 per
-request (the SDK's batch size). They go as OTLP/HTTP protobuf (`OtlpClient`, the engine's
-client half, over plain sockets) and as OTLP/gRPC (grpcio's own channel, the stack the SDK
-exporter uses), from two clients each, every request waiting for its answer (the exporters
-send one request at a time); a subscriber on the device counts the messages. The clock
-stops when the subscriber counted every record and the last answer arrived.
+a service) as OTLP log records as the SDKs send them: the message as the body, the host
+name, offset and service as 3 attributes, a time, an observed time, a severity and a trace
+context, under one resource of 15 attributes (service.name, deployment.environment.name
+and what the SDKs add: telemetry.sdk.*, host.*, os.*, process.*, service.version, ...), 512
+per request (the SDK's batch size). They go as OTLP/HTTP protobuf and OTLP/JSON
+(`OtlpClient`, the engine's client half, over plain sockets; the JSON as the npm exporter
+writes it: hex ids, int64 as strings) and as OTLP/gRPC (grpcio's own channel, the stack the
+SDK exporter uses), from two clients each, every request waiting for its answer (the
+exporters send one request at a time); a subscriber on the device counts the messages. The
+clock stops when the subscriber counted every record and the last answer arrived.
 
-References, measured in the same run: the decoding step alone (`engine.decode` on the same
-request bytes: protobuf parse and mapping, no sockets, no device), and the Lumberjack
-bridge with the same events (benchmarks/lumberjack.py's client and framing).
-Prints records/s, the bridge's CPU per record, and the ratio to the Lumberjack bridge.
+References, measured in the same run: the mapping step alone (`records.encode` on the same
+request bytes: parse and mapping to finished bodies, no sockets, no device), and the
+Lumberjack bridge with the same events (benchmarks/lumberjack.py's client and framing).
+Prints records/s, the bridge's CPU per record against its target (docs/protocols/otlp.md,
+"Speed"), and the ratio to the Lumberjack bridge.
 
 Run: .venv/bin/python benchmarks/otlp.py [--requests N] [--rounds R]
 """
@@ -20,6 +24,7 @@ Run: .venv/bin/python benchmarks/otlp.py [--requests N] [--rounds R]
 from __future__ import annotations
 
 import argparse
+import base64
 import random
 import socket
 import subprocess
@@ -32,41 +37,82 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc  # noqa: E402
+import orjson  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest  # noqa: E402
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope  # noqa: E402
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs  # noqa: E402
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource  # noqa: E402
 
 from benchmarks.device_ceiling import Counter, counting_sub  # noqa: E402
 from benchmarks.lumberjack import WINDOW, cpu_seconds, make_event, make_windows, through_bridge  # noqa: E402
-from bridges.otlp import engine  # noqa: E402
+from bridges.otlp import engine, records  # noqa: E402
+from bridges.host.mapping import parse_timestamp  # noqa: E402
 from harness.device import start_device  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 PER_REQUEST = 512
 CLIENTS = 2
-RESOURCE = {"service.name": "shop", "deployment.environment.name": "bench"}
+RESOURCE = {  # 15 attributes, as an SDK's resource detectors fill it
+    "service.name": "shop", "deployment.environment.name": "bench", "service.version": "2.14.1",
+    "service.instance.id": "627cc493-f310-47de-96bd-71410b7dec09", "telemetry.sdk.language": "python",
+    "telemetry.sdk.name": "opentelemetry", "telemetry.sdk.version": "1.45.2", "host.name": "web-17.example.net",
+    "host.arch": "amd64", "os.type": "linux", "os.description": "Linux 6.8.0-45-generic", "process.pid": 48213,
+    "process.executable.name": "python3", "process.runtime.name": "cpython", "process.runtime.version": "3.12.7",
+}
+RECORD_ATTRIBUTES = 3  # host.name, log.offset, service
 APP_ENV = "shop-bench"
+TARGETS = {"otlp http": 6.0, "otlp grpc": 8.0, "otlp json": 10.0}  # bridge CPU us per record
 METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 
 
-def make_requests(n: int, salt: int = 0) -> list[bytes]:
-    """n ExportLogsServiceRequests of PER_REQUEST records each (the events of benchmarks/lumberjack.py).
-    Each round sends other bytes (`salt` moves the observed time): the bridge answers a request
-    it accepted moments ago from its memory of request digests, without publishing it again."""
+def _record(event: dict, trace: bytes, span: bytes, observed_ns: int) -> LogRecord:
+    return LogRecord(
+        time_unix_nano=parse_timestamp(event["@timestamp"]) * 1_000_000, observed_time_unix_nano=observed_ns,
+        severity_number=9, severity_text="INFO", body=AnyValue(string_value=event["message"]),
+        attributes=engine.to_attributes({"host.name": event["host"]["name"], "log.offset": event["log"]["offset"],
+                                         "service": event["service"]}),
+        trace_id=trace, span_id=span, flags=1)
+
+
+def make_requests(n: int, salt: int = 0, *, json: bool = False) -> list[bytes]:
+    """n ExportLogsServiceRequests of PER_REQUEST records each (the events of benchmarks/lumberjack.py),
+    protobuf or OTLP/JSON. Each round sends other bytes (`salt` moves the observed time): the
+    bridge answers a request it accepted moments ago from its memory of request digests,
+    without publishing it again."""
     rnd = random.Random(42)
     out = []
     for r in range(n):
-        events = [make_event(rnd, r, i) for i in range(PER_REQUEST)]
-        out.append(engine.client_request(events, RESOURCE, 1_700_000_000_000_000_000 + salt * 1_000_000 + r))
+        observed = 1_700_000_000_000_000_000 + salt * 1_000_000 + r
+        recs = [_record(make_event(rnd, r, i), rnd.randbytes(16), rnd.randbytes(8), observed) for i in range(PER_REQUEST)]
+        request = ExportLogsServiceRequest(resource_logs=[ResourceLogs(
+            resource=Resource(attributes=engine.to_attributes(RESOURCE)),
+            scope_logs=[ScopeLogs(scope=InstrumentationScope(name="shop.orders", version="1.0"), log_records=recs)])])
+        out.append(_otlp_json(request) if json else request.SerializeToString())
     return out
 
 
-def decode_only(requests: list[bytes]) -> float:
-    """Records per CPU second of the decoding step alone."""
+def _otlp_json(request: ExportLogsServiceRequest) -> bytes:
+    """OTLP/JSON as the npm exporter writes it: protobuf's JSON with hex ids (int64 already strings)."""
+    doc = json_format.MessageToDict(request)
+    for rl in doc["resourceLogs"]:
+        for sl in rl["scopeLogs"]:
+            for rec in sl["logRecords"]:
+                for name in ("traceId", "spanId"):
+                    rec[name] = base64.b64decode(rec[name]).hex()
+    return orjson.dumps(doc)
+
+
+def decode_only(requests: list[bytes], json: bool = False) -> float:
+    """Records per CPU second of the mapping step alone (parse, map, finished bodies)."""
     c0 = time.process_time()
-    n = sum(len(res.bodies) for body in requests for res in engine.decode(body))
+    n = sum(len(res.lens) for body in requests
+            for res in records.encode(body, json=json, key="k", metadata={"transport": "bench"}))
     return n / max(time.process_time() - c0, 1e-9)
 
 
-def _http_client(port: int, requests: list[bytes], errors: list[str]) -> None:
-    client = engine.OtlpClient("127.0.0.1")
+def _http_client(port: int, requests: list[bytes], errors: list[str], json: bool = False) -> None:
+    client = engine.OtlpClient("127.0.0.1", json=json)
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for body in requests:
@@ -97,9 +143,10 @@ def through_otlp(dev, transport: str, port: int, requests: list[bytes]) -> float
     sub = counting_sub(dev.router, dev.pub, APP_ENV)
     counter = Counter(sub, total)
     errors: list[str] = []
-    target = _http_client if transport == "http" else _grpc_client
+    target = _grpc_client if transport == "grpc" else _http_client
     shares = [requests[k::CLIENTS] for k in range(CLIENTS)]
-    threads = [threading.Thread(target=target, args=(port, share, errors)) for share in shares]
+    threads = [threading.Thread(target=target, args=(port, share, errors) + ((True,) if transport == "json" else ()))
+               for share in shares]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -128,8 +175,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="best of this many rounds (default 2)")
     args = ap.parse_args()
     requests = make_requests(args.requests)
+    json_requests = make_requests(args.requests, json=True)
     records = args.requests * PER_REQUEST
     ref_cpu = max(decode_only(requests) for _ in range(3))
+    ref_json = max(decode_only(json_requests, True) for _ in range(3))
 
     dev = start_device(device_id=7)
     http_port, grpc_port, lj_port = free_port(), free_port(), free_port()
@@ -139,8 +188,9 @@ def main() -> int:
                                      "--grpc-listen", f"127.0.0.1:{grpc_port}", "--device", dev.router,
                                      "--plaintext"], http_port)
         try:
-            for k, (transport, port) in enumerate((("http", http_port), ("grpc", grpc_port))):
-                rounds = [make_requests(args.requests, 1 + k * args.rounds + r) for r in range(args.rounds)]
+            for k, (transport, port) in enumerate((("http", http_port), ("grpc", grpc_port), ("json", http_port))):
+                rounds = [make_requests(args.requests, 1 + k * args.rounds + r, json=transport == "json")
+                          for r in range(args.rounds)]
                 cpu0 = cpu_seconds(otlp.pid)
                 rates = [through_otlp(dev, transport, port, reqs) for reqs in rounds]
                 us = (cpu_seconds(otlp.pid) - cpu0) / (args.rounds * records) * 1e6
@@ -161,15 +211,20 @@ def main() -> int:
         stop(dev.proc)
 
     size = sum(map(len, requests)) / records
+    json_size = sum(map(len, json_requests)) / records
     print(f"records: {args.requests} requests x {PER_REQUEST} (benchmarks/lumberjack.py's events as OTLP log "
-          f"records), {size:.0f} bytes/record of protobuf; {CLIENTS} clients per transport, one request at a time each")
-    print(f"decoding step alone (protobuf parse + mapping): {ref_cpu:12,.0f} records per CPU-second "
-          f"({1e6 / ref_cpu:.2f} us per record)")
+          f"records), {len(RESOURCE)} resource attributes, {RECORD_ATTRIBUTES} record attributes; {size:.0f} bytes/record "
+          f"of protobuf, {json_size:.0f} of OTLP/JSON; {CLIENTS} clients per transport, one request at a time each, "
+          f"{args.rounds} rounds")
+    print(f"mapping step alone (parse + map + encode), protobuf: {ref_cpu:10,.0f} records per CPU-second "
+          f"({1e6 / ref_cpu:.2f} us per record); OTLP/JSON: {ref_json:10,.0f} ({1e6 / ref_json:.2f} us per record)")
     lj_rate, lj_us = results["lumberjack"]
     for name, (rate, us) in results.items():
+        target = TARGETS.get(name)
+        verdict = "" if target is None else f" (target <= {target:g}: {'met' if us <= target else 'NOT met'})"
         print(f"{name:<11} bridge + device + subscriber: {rate:10,.0f} records/s, bridge CPU {us:6.2f} us per record"
-              + ("" if name == "lumberjack" else f"; {rate / lj_rate:.2f}x the Lumberjack bridge's rate, "
-                 f"{us / lj_us:.2f}x its CPU per record"))
+              + verdict + ("" if name == "lumberjack" else f"; {rate / lj_rate:.2f}x the Lumberjack bridge's rate, "
+                           f"{us / lj_us:.2f}x its CPU per record"))
     return 0
 
 

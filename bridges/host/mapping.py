@@ -232,6 +232,31 @@ class EventMapper:
         ts = parse_timestamp(body.get("@timestamp"))
         out.add(app_env or self.app_env_for(body), orjson.dumps(body, default=str), ts or created_ms or now_ms())
 
+    def add_encoded(self, out: Batches, blob: bytes, lens: Sequence[int], created_ms: Sequence[int],
+                    *, app_env: str | None = None) -> None:
+        """Events a bridge mapped and encoded whole, @metadata and its `_id` in them (`blob`: the
+        bodies joined, `lens` their lengths), in order, with their `created_ms` (0: no time, so
+        the receive time, as `add` gives). `@timestamp` is not read: the bridge's times are final.
+
+        What `add` gives each body's object with that @metadata, without decoding a body: under
+        --app-env (or `app_env`) and uncompressed, the blob is one packed batch as it is; else
+        each body is added on its own (parsed only for --app-env-field)."""
+        if not lens:
+            return
+        if not all(created_ms):
+            now = now_ms()
+            created_ms = array("q", [ms or now for ms in created_ms])
+        if app_env is None and self.field_path is None:
+            app_env = self.app_env
+        if app_env is not None and not self.compression:
+            out.add_packed(app_env, blob, lens, created_ms)
+            return
+        pos = 0
+        for size, ms in zip(lens, created_ms):
+            body = blob[pos : pos + size]
+            pos += size
+            out.add(app_env or self.app_env_for(orjson.loads(body)), body, ms)
+
     def add_payloads(
         self,
         out: Batches,

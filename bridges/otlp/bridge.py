@@ -3,7 +3,7 @@
 The host's TCP/TLS server (--listen, 4318) serves OTLP/HTTP (http.py); a `grpc.aio` server
 in the same event loop (--grpc-listen, 4317) serves `LogsService/Export`. Both hand the
 request's bytes to `Bridge.export`, so the two transports share one decoding step
-(engine.py), one mapping and one path to the device: `bridges.host.forward`, the
+(records.py), one mapping and one path to the device: `bridges.host.forward`, the
 pipeline's rule for a batch outside a stream connection (an OTLP request is a whole
 unit of work; there is no window to ack). The answer goes out only after the device's
 202 for every record:
@@ -39,7 +39,7 @@ from google.rpc.error_details_pb2 import RetryInfo
 from bridges.host import BridgeProtocol, Connection, Host, forward
 from bridges.host.config import HostConfig, TLSConfig
 from bridges.host.server import split_listen
-from bridges.otlp import engine
+from bridges.otlp import engine, records
 from bridges.otlp.engine import Outcome
 from bridges.otlp.http import HttpSession
 from logjam import defaults
@@ -127,11 +127,12 @@ class Bridge(BridgeProtocol):
                     or link.inflight >= link.max_inflight):
                 return Outcome("retry", message="the mesh is holding input; retry later")
             try:
-                resources = engine.decode(body, json=json, default_environment=self.environment)
+                resources = records.encode(body, json=json, key=key, metadata=metadata,
+                                           default_environment=self.environment)
             except engine.BadRequest as e:
                 self.host.metrics.protocol_error(e.reason)
                 return Outcome("bad", message=str(e))
-            out = self._map(resources, key, metadata)
+            out = self._map(resources)
             if not len(out):
                 return Outcome("ok")
             self.host.metrics.events_received.inc(len(out))
@@ -161,14 +162,12 @@ class Bridge(BridgeProtocol):
         """The environment part of --app-env: the app-env of a service that names none."""
         return self.host.config.app_env.rpartition("-")[2] or "default"
 
-    def _map(self, resources: list[engine.ResourceRecords], key: str, metadata: dict[str, Any]) -> Any:
+    def _map(self, resources: list[records.Packed]) -> Any:
+        """The request's finished bodies (records.encode: `@metadata` and `_id` in them) as batches."""
         mapper = self.host.mapper
         out = mapper.batches()
-        prefix = f"otlp:{key}:"
         for res in resources:
-            for i, (body, ms) in enumerate(zip(res.bodies, res.created_ms)):
-                meta = {**metadata, "_id": f"{prefix}{res.first + i}"}
-                mapper.add(out, body, meta, created_ms=ms or None, app_env=res.app_env)
+            mapper.add_encoded(out, res.blob, res.lens, res.created_ms, app_env=res.app_env)
         return out
 
     async def _publish(self, out: Any, key: str, size: int, peer: str) -> int:

@@ -1,0 +1,289 @@
+"""OTLP/JSON walked straight from orjson's document into the mapping's pieces (values.Mapped),
+without protobuf: hex ids, int64 as decimal strings (or numbers), enums as integers or names,
+lowerCamelCase keys and the original snake_case ones, unknown keys ignored (OTLP spec,
+"JSON Protobuf Encoding"; docs/protocols/otlp.md).
+
+`walk` takes only the plain shapes, the ones whose meaning is certain, and gives None for
+anything else: a value of an unexpected type, a null, a key given in both spellings, a number
+out of its field's range, a base64 text that is not canonical, an extension key, a bad id.
+The caller then parses the body with protobuf's own JSON parser (values.parse_json), so
+every request outside the plain shapes, and every malformed one, is answered exactly as
+protobuf decides, its 400 worded as before. tests/test_otlp_records.py checks on generated
+requests that both routes agree.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Any
+
+import orjson
+from opentelemetry.proto.logs.v1.logs_pb2 import SeverityNumber
+
+from bridges.otlp.values import Mapped
+
+__all__ = ["walk"]
+
+_DECIMAL = re.compile(r"-?[0-9]{1,20}")
+_SEVERITY_NAMES = {v.name: v.number for v in SeverityNumber.DESCRIPTOR.values}
+_SEVERITY_MAX = max(_SEVERITY_NAMES.values())
+_U32, _U64, _I64 = (0, 2**32 - 1), (0, 2**64 - 1), (-(2**63), 2**63 - 1)
+_EXACT_FLOAT = 2**53  # an integer for a double: exactly the same double either way
+
+# Each field's code under both of its names (protobuf's JSON takes either).
+_REQUEST = {"resourceLogs": 1, "resource_logs": 1}
+_RESOURCE_LOGS = {"resource": 1, "scopeLogs": 2, "scope_logs": 2, "schemaUrl": 3, "schema_url": 3}
+_RESOURCE = {"attributes": 1, "droppedAttributesCount": 2, "dropped_attributes_count": 2,
+             "entityRefs": 3, "entity_refs": 3}
+_SCOPE_LOGS = {"scope": 1, "logRecords": 2, "log_records": 2, "schemaUrl": 3, "schema_url": 3}
+_SCOPE = {"name": 1, "version": 2, "attributes": 3, "droppedAttributesCount": 4, "dropped_attributes_count": 4}
+_KEY_VALUE = {"key": 1, "value": 2}
+_VALUES = {"values": 1}
+_ANY = {"stringValue": 1, "string_value": 1, "boolValue": 2, "bool_value": 2, "intValue": 3, "int_value": 3,
+        "doubleValue": 4, "double_value": 4, "arrayValue": 5, "array_value": 5, "kvlistValue": 6,
+        "kvlist_value": 6, "bytesValue": 7, "bytes_value": 7, "stringValueStrindex": 8, "string_value_strindex": 8}
+_RECORD = {"timeUnixNano": 1, "time_unix_nano": 1, "observedTimeUnixNano": 11, "observed_time_unix_nano": 11,
+           "severityNumber": 2, "severity_number": 2, "severityText": 3, "severity_text": 3, "body": 5,
+           "attributes": 6, "droppedAttributesCount": 7, "dropped_attributes_count": 7, "flags": 8,
+           "traceId": 9, "trace_id": 9, "spanId": 10, "span_id": 10, "eventName": 12, "event_name": 12}
+
+
+class _Unsure(Exception):
+    """Not a plain shape: protobuf's parser decides."""
+
+
+def walk(body: bytes) -> list[Mapped] | None:
+    """The request's resources, walked; None when protobuf's parser must decide (see the module)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if doc.__class__ is not dict:
+        return None
+    try:
+        return [_resource_logs(rl) for rl in _list(_fields(doc, _REQUEST).get(1))]
+    except (_Unsure, RecursionError):
+        return None
+
+
+def _fields(obj: Any, names: dict[str, int]) -> dict[int, Any]:
+    """A message's known fields by code; unknown keys are ignored, as the bridge always did."""
+    if obj.__class__ is not dict:
+        raise _Unsure
+    out: dict[int, Any] = {}
+    for key, value in obj.items():
+        code = names.get(key)
+        if code is None:
+            if key[:1] == "[":  # extension syntax: protobuf refuses it
+                raise _Unsure
+            continue
+        if code in out or value is None:
+            raise _Unsure
+        out[code] = value
+    return out
+
+
+def _list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if value.__class__ is not list:
+        raise _Unsure
+    return value
+
+
+def _int(value: Any, bounds: tuple[int, int]) -> int:
+    """An integer field: a JSON integer, or its decimal text (ASCII digits only: exactly what
+    `int` and protobuf's parser read alike)."""
+    kind = value.__class__
+    if kind is str and (value.isdigit() and value.isascii() or _DECIMAL.fullmatch(value)) and len(value) <= 21:
+        n = int(value)
+    elif kind is int:
+        n = value
+    else:
+        raise _Unsure
+    if not bounds[0] <= n <= bounds[1]:
+        raise _Unsure
+    return n
+
+
+def _str(value: Any) -> str:
+    if value.__class__ is not str:
+        raise _Unsure
+    return value
+
+
+def _hex(value: Any, size: int) -> str:
+    """A trace or span id as the mapping writes it (lowercase hex); "" when empty."""
+    if value.__class__ is not str or (value and len(value) != 2 * size):
+        raise _Unsure
+    try:
+        return binascii.unhexlify(value).hex()
+    except (binascii.Error, ValueError):
+        raise _Unsure from None
+
+
+def _resource_logs(rl: Any) -> Mapped:
+    f = _fields(rl, _RESOURCE_LOGS)
+    r = _fields(f.get(1, {}), _RESOURCE)
+    if 3 in r:
+        raise _Unsure  # entity refs: not mapped, but protobuf checks them
+    attrs = _attributes(r.get(1))
+    resource: dict[str, Any] = {"attributes": attrs}
+    if dropped := _int(r.get(2, 0), _U32):
+        resource["dropped_attributes_count"] = dropped
+    if schema := _str(f.get(3, "")):
+        resource["schema_url"] = schema
+    return Mapped(attrs, resource, [_scope_logs(sl) for sl in _list(f.get(2))])
+
+
+def _scope_logs(sl: Any) -> tuple[dict[str, Any], list[dict[str, Any]], list[int]]:
+    f = _fields(sl, _SCOPE_LOGS)
+    s = _fields(f.get(1, {}), _SCOPE)
+    scope: dict[str, Any] = {}
+    if name := _str(s.get(1, "")):
+        scope["name"] = name
+    if version := _str(s.get(2, "")):
+        scope["version"] = version
+    if attrs := _attributes(s.get(3)):
+        scope["attributes"] = attrs
+    _int(s.get(4, 0), _U32)  # not mapped, but protobuf checks it
+    if schema := _str(f.get(3, "")):
+        scope["schema_url"] = schema
+    heads: list[dict[str, Any]] = []
+    times: list[int] = []
+    for rec in _list(f.get(2)):
+        head, ms = _head(rec)
+        heads.append(head)
+        times.append(ms)
+    return scope, heads, times
+
+
+def _head(rec: Any) -> tuple[dict[str, Any], int]:
+    """A LogRecord's own fields, in the documented order (records._head's), and its created_at."""
+    if rec.__class__ is not dict:
+        raise _Unsure
+    seen = t = o = severity = dropped = flags = kind = 0
+    text = event = trace = span = ""
+    body: Any = None
+    attrs: dict[str, Any] = {}
+    for key, value in rec.items():  # one pass, no dict of fields: this runs once per record
+        code = _RECORD.get(key)
+        if code is None:
+            if key[:1] == "[":  # extension syntax: protobuf refuses it
+                raise _Unsure
+            continue
+        if seen & (1 << code) or value is None:
+            raise _Unsure
+        seen |= 1 << code
+        if code == 1:  # the times: decimal text under 20 digits fits uint64, read here without a call
+            t = int(value) if value.__class__ is str and len(value) < 20 and value.isdigit() and value.isascii() \
+                else _int(value, _U64)
+        elif code == 11:
+            o = int(value) if value.__class__ is str and len(value) < 20 and value.isdigit() and value.isascii() \
+                else _int(value, _U64)
+        elif code == 5:
+            kind, body = _any(value)
+        elif code == 6:
+            attrs = _attributes(value)
+        elif code == 9:
+            trace = _hex(value, 16)
+        elif code == 10:
+            span = _hex(value, 8)
+        elif code == 2:
+            severity = _severity(value)
+        elif code == 3:
+            text = _str(value)
+        elif code == 8:
+            flags = _int(value, _U32)
+        elif code == 7:
+            dropped = _int(value, _U32)
+        else:
+            event = _str(value)
+    head: dict[str, Any] = {}
+    if kind == 1:
+        head["message"] = body
+    elif kind:
+        head["body"] = body
+    if text:
+        head["severity_text"] = text
+    if severity:
+        head["severity_number"] = severity
+    if attrs:
+        head["attributes"] = attrs
+    if dropped:
+        head["dropped_attributes_count"] = dropped
+    if event:
+        head["event_name"] = event
+    if trace:
+        head["trace_id"] = trace
+    if span:
+        head["span_id"] = span
+    if flags:
+        head["flags"] = flags
+    if t:
+        head["time_unix_nano"] = t
+    if o:
+        head["observed_time_unix_nano"] = o
+    return head, (t or o) // 1_000_000
+
+
+def _severity(value: Any) -> int:
+    if value.__class__ is int and 0 <= value <= _SEVERITY_MAX:
+        return value  # type: ignore[no-any-return]
+    if value.__class__ is str and value in _SEVERITY_NAMES:
+        return _SEVERITY_NAMES[value]
+    raise _Unsure
+
+
+def _attributes(kvs: Any) -> dict[str, Any]:
+    """Key-value pairs as one object; a key given twice keeps its last value."""
+    out: dict[str, Any] = {}
+    for kv in _list(kvs):
+        # The common pairs, {"key": k, "value": {"stringValue": s}} (or a short "intValue"), read
+        # without a call: three per record from the SDKs, and the slow path cost 1 us each.
+        if kv.__class__ is dict and len(kv) == 2:
+            key, value = kv.get("key"), kv.get("value")
+            if key.__class__ is str and value.__class__ is dict and len(value) == 1:
+                [(name, v)] = value.items()
+                if v.__class__ is str:
+                    if name == "stringValue":
+                        out[key] = v
+                        continue
+                    if name == "intValue" and len(v) < 19 and v.isdigit() and v.isascii():  # < 2**63
+                        out[key] = int(v)
+                        continue
+        f = _fields(kv, _KEY_VALUE)
+        out[_str(f.get(1, ""))] = _any(f[2])[1] if 2 in f else None
+    return out
+
+
+def _any(value: Any) -> tuple[int, Any]:
+    """An AnyValue: its kind's code (0: none) and its JSON value (values.any_value's)."""
+    f = _fields(value, _ANY)
+    if not f:
+        return 0, None
+    if len(f) > 1:
+        raise _Unsure  # two values of one oneof
+    [(kind, v)] = f.items()
+    c = v.__class__
+    if kind == 1 and c is str or kind == 2 and c is bool:
+        return kind, v
+    if kind == 3:
+        return kind, _int(v, _I64)
+    if kind == 4:
+        if c is float or c is int and -_EXACT_FLOAT <= v <= _EXACT_FLOAT:
+            return kind, float(v)  # orjson never reads a non-finite number
+    elif kind == 5:
+        return kind, [_any(x)[1] for x in _list(_fields(v, _VALUES).get(1))]
+    elif kind == 6:
+        return kind, _attributes(_fields(v, _VALUES).get(1))
+    elif kind == 7 and c is str:
+        try:
+            canonical = base64.b64encode(base64.b64decode(v, validate=True)).decode("ascii") == v
+        except (binascii.Error, ValueError):
+            canonical = False
+        if canonical:
+            return kind, v
+    raise _Unsure
