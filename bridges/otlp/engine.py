@@ -99,19 +99,24 @@ def gunzip(data: bytes, limit: int) -> bytes:
 def decode(body: bytes, *, json: bool = False, default_environment: str = "default") -> list[ResourceRecords]:
     """Every resource of one request, mapped to dicts; raises `BadRequest` for anything else.
     (The bridge encodes the same walk straight to bytes: records.encode.)"""
+    return records.walk(body, lambda resources: _as_dicts(resources, default_environment), json=json)
+
+
+def _as_dicts(resources: list[records.Mapped], default_environment: str) -> list[ResourceRecords]:
     out: list[ResourceRecords] = []
     first = 0
-    for res in records.walk(body, json=json):
+    for res in resources:
         bodies: list[dict[str, Any]] = []
         created: list[int] = []
-        for scope, heads, times in res.scopes:
-            for head in heads:
+        for scope, recs, head_of in res.scopes:
+            for rec in recs:
+                head, ms = head_of(rec)
                 # `resource` and `scope` are shared by the records of one resource and scope.
-                mapped = {**head, "resource": res.resource}
+                head["resource"] = res.resource
                 if scope:
-                    mapped["scope"] = scope
-                bodies.append(mapped)
-            created.extend(times)
+                    head["scope"] = scope
+                bodies.append(head)
+                created.append(ms)
         out.append(ResourceRecords(app_env_of(res.attributes, default_environment), tuple(bodies), tuple(created), first))
         first += len(bodies)
     return out

@@ -3,9 +3,10 @@ without protobuf: hex ids, int64 as decimal strings (or numbers), enums as integ
 lowerCamelCase keys and the original snake_case ones, unknown keys ignored (OTLP spec,
 "JSON Protobuf Encoding"; docs/protocols/otlp.md).
 
-`walk` takes only the plain shapes, the ones whose meaning is certain, and gives None for
-anything else: a value of an unexpected type, a null, a key given in both spellings, a number
-out of its field's range, a base64 text that is not canonical, an extension key, a bad id.
+`walk` takes only the plain shapes, the ones whose meaning is certain, and raises `Unsure`
+for anything else (a record's fields: when its user walks that record): a value of an
+unexpected type, a null, a key given in both spellings, a number out of its field's range,
+a base64 text that is not canonical, an extension key, a bad id.
 The caller then parses the body with protobuf's own JSON parser (values.parse_json), so
 every request outside the plain shapes, and every malformed one, is answered exactly as
 protobuf decides, its 400 worded as before. tests/test_otlp_records.py checks on generated
@@ -22,9 +23,9 @@ from typing import Any
 import orjson
 from opentelemetry.proto.logs.v1.logs_pb2 import SeverityNumber
 
-from bridges.otlp.values import Mapped
+from bridges.otlp.values import Mapped, Scope
 
-__all__ = ["walk"]
+__all__ = ["Unsure", "walk"]
 
 _DECIMAL = re.compile(r"-?[0-9]{1,20}")
 _SEVERITY_NAMES = {v.name: v.number for v in SeverityNumber.DESCRIPTOR.values}
@@ -50,37 +51,39 @@ _RECORD = {"timeUnixNano": 1, "time_unix_nano": 1, "observedTimeUnixNano": 11, "
            "traceId": 9, "trace_id": 9, "spanId": 10, "span_id": 10, "eventName": 12, "event_name": 12}
 
 
-class _Unsure(Exception):
+_PLANS: dict[tuple[str, ...], tuple[str | None, ...]] = {}
+_MAX_PLANS = 256
+
+
+class Unsure(Exception):
     """Not a plain shape: protobuf's parser decides."""
 
 
-def walk(body: bytes) -> list[Mapped] | None:
-    """The request's resources, walked; None when protobuf's parser must decide (see the module)."""
+def walk(body: bytes) -> list[Mapped]:
+    """The request's resources, walked (each scope's records by `_head`, as its user goes);
+    `Unsure`, now or from `_head`, when protobuf's parser must decide (see the module)."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None
+        raise Unsure from None
     if doc.__class__ is not dict:
-        return None
-    try:
-        return [_resource_logs(rl) for rl in _list(_fields(doc, _REQUEST).get(1))]
-    except (_Unsure, RecursionError):
-        return None
+        raise Unsure
+    return [_resource_logs(rl) for rl in _list(_fields(doc, _REQUEST).get(1))]
 
 
 def _fields(obj: Any, names: dict[str, int]) -> dict[int, Any]:
     """A message's known fields by code; unknown keys are ignored, as the bridge always did."""
     if obj.__class__ is not dict:
-        raise _Unsure
+        raise Unsure
     out: dict[int, Any] = {}
     for key, value in obj.items():
         code = names.get(key)
         if code is None:
             if key[:1] == "[":  # extension syntax: protobuf refuses it
-                raise _Unsure
+                raise Unsure
             continue
         if code in out or value is None:
-            raise _Unsure
+            raise Unsure
         out[code] = value
     return out
 
@@ -89,7 +92,7 @@ def _list(value: Any) -> list[Any]:
     if value is None:
         return []
     if value.__class__ is not list:
-        raise _Unsure
+        raise Unsure
     return value
 
 
@@ -102,33 +105,33 @@ def _int(value: Any, bounds: tuple[int, int]) -> int:
     elif kind is int:
         n = value
     else:
-        raise _Unsure
+        raise Unsure
     if not bounds[0] <= n <= bounds[1]:
-        raise _Unsure
+        raise Unsure
     return n
 
 
 def _str(value: Any) -> str:
     if value.__class__ is not str:
-        raise _Unsure
+        raise Unsure
     return value
 
 
 def _hex(value: Any, size: int) -> str:
     """A trace or span id as the mapping writes it (lowercase hex); "" when empty."""
     if value.__class__ is not str or (value and len(value) != 2 * size):
-        raise _Unsure
+        raise Unsure
     try:
         return binascii.unhexlify(value).hex()
     except (binascii.Error, ValueError):
-        raise _Unsure from None
+        raise Unsure from None
 
 
 def _resource_logs(rl: Any) -> Mapped:
     f = _fields(rl, _RESOURCE_LOGS)
     r = _fields(f.get(1, {}), _RESOURCE)
     if 3 in r:
-        raise _Unsure  # entity refs: not mapped, but protobuf checks them
+        raise Unsure  # entity refs: not mapped, but protobuf checks them
     attrs = _attributes(r.get(1))
     resource: dict[str, Any] = {"attributes": attrs}
     if dropped := _int(r.get(2, 0), _U32):
@@ -138,7 +141,7 @@ def _resource_logs(rl: Any) -> Mapped:
     return Mapped(attrs, resource, [_scope_logs(sl) for sl in _list(f.get(2))])
 
 
-def _scope_logs(sl: Any) -> tuple[dict[str, Any], list[dict[str, Any]], list[int]]:
+def _scope_logs(sl: Any) -> Scope:
     f = _fields(sl, _SCOPE_LOGS)
     s = _fields(f.get(1, {}), _SCOPE)
     scope: dict[str, Any] = {}
@@ -151,80 +154,72 @@ def _scope_logs(sl: Any) -> tuple[dict[str, Any], list[dict[str, Any]], list[int
     _int(s.get(4, 0), _U32)  # not mapped, but protobuf checks it
     if schema := _str(f.get(3, "")):
         scope["schema_url"] = schema
-    heads: list[dict[str, Any]] = []
-    times: list[int] = []
-    for rec in _list(f.get(2)):
-        head, ms = _head(rec)
-        heads.append(head)
-        times.append(ms)
-    return scope, heads, times
+    return scope, _list(f.get(2)), _head
+
+
+def _plan(keys: tuple[str, ...]) -> tuple[str | None, ...]:
+    """Which key of a record holds each field (indexed by field code), for records with these
+    keys in this order: an exporter writes all its records alike, so this is worked out once."""
+    plan = _PLANS.get(keys)
+    if plan is None:
+        fields: list[str | None] = [None] * 13
+        for key in keys:
+            code = _RECORD.get(key)
+            if code is None:
+                if key[:1] == "[":  # extension syntax: protobuf refuses it
+                    raise Unsure
+                continue
+            if fields[code] is not None:  # both spellings
+                raise Unsure
+            fields[code] = key
+        if len(_PLANS) >= _MAX_PLANS:  # bounded: a client choosing its keys cannot grow it
+            _PLANS.clear()
+        plan = _PLANS[keys] = tuple(fields)
+    return plan
+
+
+def _u64(value: Any) -> int:
+    # Decimal text under 20 digits always fits: read without the general checks.
+    if value.__class__ is str and len(value) < 20 and value.isdigit() and value.isascii():
+        return int(value)
+    return _int(value, _U64)
 
 
 def _head(rec: Any) -> tuple[dict[str, Any], int]:
     """A LogRecord's own fields, in the documented order (records._head's), and its created_at."""
     if rec.__class__ is not dict:
-        raise _Unsure
-    seen = t = o = severity = dropped = flags = kind = 0
-    text = event = trace = span = ""
-    body: Any = None
-    attrs: dict[str, Any] = {}
-    for key, value in rec.items():  # one pass, no dict of fields: this runs once per record
-        code = _RECORD.get(key)
-        if code is None:
-            if key[:1] == "[":  # extension syntax: protobuf refuses it
-                raise _Unsure
-            continue
-        if seen & (1 << code) or value is None:
-            raise _Unsure
-        seen |= 1 << code
-        if code == 1:  # the times: decimal text under 20 digits fits uint64, read here without a call
-            t = int(value) if value.__class__ is str and len(value) < 20 and value.isdigit() and value.isascii() \
-                else _int(value, _U64)
-        elif code == 11:
-            o = int(value) if value.__class__ is str and len(value) < 20 and value.isdigit() and value.isascii() \
-                else _int(value, _U64)
-        elif code == 5:
-            kind, body = _any(value)
-        elif code == 6:
-            attrs = _attributes(value)
-        elif code == 9:
-            trace = _hex(value, 16)
-        elif code == 10:
-            span = _hex(value, 8)
-        elif code == 2:
-            severity = _severity(value)
-        elif code == 3:
-            text = _str(value)
-        elif code == 8:
-            flags = _int(value, _U32)
-        elif code == 7:
-            dropped = _int(value, _U32)
-        else:
-            event = _str(value)
+        raise Unsure
+    _, kt, ksev, ktext, _, kbody, kattrs, kdropped, kflags, ktrace, kspan, ko, kevent = _plan(tuple(rec))
     head: dict[str, Any] = {}
-    if kind == 1:
-        head["message"] = body
-    elif kind:
-        head["body"] = body
-    if text:
+    if kbody is not None:
+        kind, body = _any(rec[kbody])
+        if kind == 1:
+            head["message"] = body
+        elif kind:
+            head["body"] = body
+    if ktext is not None and (text := _str(rec[ktext])):
         head["severity_text"] = text
-    if severity:
+    if ksev is not None and (severity := _severity(rec[ksev])):
         head["severity_number"] = severity
-    if attrs:
-        head["attributes"] = attrs
-    if dropped:
+    if kattrs is not None:
+        if rec[kattrs] is None:
+            raise Unsure
+        if attrs := _attributes(rec[kattrs]):
+            head["attributes"] = attrs
+    if kdropped is not None and (dropped := _int(rec[kdropped], _U32)):
         head["dropped_attributes_count"] = dropped
-    if event:
+    if kevent is not None and (event := _str(rec[kevent])):
         head["event_name"] = event
-    if trace:
+    if ktrace is not None and (trace := _hex(rec[ktrace], 16)):
         head["trace_id"] = trace
-    if span:
+    if kspan is not None and (span := _hex(rec[kspan], 8)):
         head["span_id"] = span
-    if flags:
+    if kflags is not None and (flags := _int(rec[kflags], _U32)):
         head["flags"] = flags
-    if t:
+    t = o = 0
+    if kt is not None and (t := _u64(rec[kt])):
         head["time_unix_nano"] = t
-    if o:
+    if ko is not None and (o := _u64(rec[ko])):
         head["observed_time_unix_nano"] = o
     return head, (t or o) // 1_000_000
 
@@ -234,7 +229,7 @@ def _severity(value: Any) -> int:
         return value  # type: ignore[no-any-return]
     if value.__class__ is str and value in _SEVERITY_NAMES:
         return _SEVERITY_NAMES[value]
-    raise _Unsure
+    raise Unsure
 
 
 def _attributes(kvs: Any) -> dict[str, Any]:
@@ -242,18 +237,18 @@ def _attributes(kvs: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kv in _list(kvs):
         # The common pairs, {"key": k, "value": {"stringValue": s}} (or a short "intValue"), read
-        # without a call: three per record from the SDKs, and the slow path cost 1 us each.
+        # without a call: three per record from the SDKs, and the general path costs 1 us each.
         if kv.__class__ is dict and len(kv) == 2:
             key, value = kv.get("key"), kv.get("value")
             if key.__class__ is str and value.__class__ is dict and len(value) == 1:
-                [(name, v)] = value.items()
+                v = value.get("stringValue")
                 if v.__class__ is str:
-                    if name == "stringValue":
-                        out[key] = v
-                        continue
-                    if name == "intValue" and len(v) < 19 and v.isdigit() and v.isascii():  # < 2**63
-                        out[key] = int(v)
-                        continue
+                    out[key] = v
+                    continue
+                v = value.get("intValue")
+                if v.__class__ is str and len(v) < 19 and v.isdigit() and v.isascii():  # < 2**63
+                    out[key] = int(v)
+                    continue
         f = _fields(kv, _KEY_VALUE)
         out[_str(f.get(1, ""))] = _any(f[2])[1] if 2 in f else None
     return out
@@ -265,7 +260,7 @@ def _any(value: Any) -> tuple[int, Any]:
     if not f:
         return 0, None
     if len(f) > 1:
-        raise _Unsure  # two values of one oneof
+        raise Unsure  # two values of one oneof
     [(kind, v)] = f.items()
     c = v.__class__
     if kind == 1 and c is str or kind == 2 and c is bool:
@@ -286,4 +281,4 @@ def _any(value: Any) -> tuple[int, Any]:
             canonical = False
         if canonical:
             return kind, v
-    raise _Unsure
+    raise Unsure

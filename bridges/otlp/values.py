@@ -11,7 +11,7 @@ import base64
 import binascii
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import orjson
 from google.protobuf import json_format
@@ -22,21 +22,26 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from logjam.errors import RemoteProtocolError
 from logjam.validation import is_valid_app_env
 
-__all__ = ["BadRequest", "Mapped", "any_value", "app_env_of", "attributes", "parse_json", "parse_proto"]
+__all__ = ["BadRequest", "Mapped", "Scope", "any_value", "app_env_of", "attributes", "parse_json", "parse_proto"]
 
 SERVICE_NAME = "service.name"
 ENVIRONMENT_KEYS = ("deployment.environment.name", "deployment.environment")
 
 
+# A scope, walked: its `"scope"` object, its records as they came (protobuf messages or JSON
+# objects), and the function giving a record's head (its own fields, as the mapping writes
+# them) and `created_at` in epoch ms (0: the record had no time).
+Scope = tuple[dict[str, Any], Sequence[Any], Callable[[Any], tuple[dict[str, Any], int]]]
+
+
 @dataclass(slots=True)
 class Mapped:
     """One `ResourceLogs`, walked: the resource's attributes (for the app-env), its
-    `"resource"` object, and per scope its `"scope"` object with each record's head and
-    `created_at` in epoch ms (0: the record had no time)."""
+    `"resource"` object, and its scopes, whose records are walked one by one by the user."""
 
     attributes: dict[str, Any]
     resource: dict[str, Any]
-    scopes: list[tuple[dict[str, Any], list[dict[str, Any]], list[int]]]
+    scopes: list[Scope]
 
 
 class BadRequest(RemoteProtocolError):
