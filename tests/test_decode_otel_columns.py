@@ -5,11 +5,16 @@ goes through both and the tables must be equal (tests/test_importer_decode_nativ
 
 from __future__ import annotations
 
+import array
+
 import orjson
 import pytest
 
+from harness.native import c_module
 from importer.decode import BatchBuilder
-from tests.test_importer_decode_native import msg, same
+from importer.decode_native import MODULE, NativeBatchBuilder
+from importer.dedupe import RecentKeys
+from tests.test_importer_decode_native import INGESTED_US, msg, raw_batch, same
 
 pytestmark = pytest.mark.native
 
@@ -100,18 +105,42 @@ def test_an_integer_severity_still_fills_severity_only():
     assert (row["severity"], row["level"]) == (3, "warning")
 
 
+OTLP_BODY = {"message": "GET /", "severity_text": "Information", "severity_number": 9, "attributes": {"k": "v"},
+             "trace_id": TRACE, "span_id": SPAN, "time_unix_nano": 1_795_000_000_000_000_000,
+             "resource": {"attributes": {"service.name": "shop"}}, "scope": {"name": "s"},
+             "@metadata": {"protocol": "otlp", "protocol_version": "1", "_id": "otlp:ab:0"}}
+SYSLOG_BODY = {"message": "disk full", "raw": "<11>1 - h app - - - disk full", "@timestamp": "2026-11-23T12:00:00Z",
+               "syslog": {"format": "rfc5424", "priority": 11, "facility": 1, "severity": 3, "version": 1,
+                          "hostname": "h", "app_name": "app"},
+               "@metadata": {"protocol": "syslog", "protocol_version": "rfc6587", "_id": "i:1"}}
+
+
+def test_otlp_and_syslog_bodies_are_decoded_in_c_not_deferred():
+    """Their new cells are made in C (a deferred row costs the Python path and more)."""
+    b = NativeBatchBuilder(c_module(MODULE), dedupe=RecentKeys())
+    bodies = [OTLP_BODY, {**OTLP_BODY, "trace_id": TRACE.upper(), "severity_text": ""}, SYSLOG_BODY,
+              {"trace": {"id": TRACE}, "span.id": SPAN, "log": {"level": "warn"}}]
+    msgs = [msg(orjson.dumps({**body, "@metadata": {"_id": str(i)}}), seq=i + 1) for i, body in enumerate(bodies)]
+    raw = raw_batch(msgs)
+    picks = array.array("q")
+    for i, m in enumerate(msgs):
+        picks.extend((i, b.name_id(m[0]), b.name_id(m[1]), b.name_id(m[7])))
+    ffi, lib = c_module(MODULE)
+    done = lib.lj_dec_run(b._d, ffi.from_buffer(raw.data), len(raw.data), ffi.from_buffer("uint32_t[]", raw.pos),
+                          ffi.from_buffer("uint64_t[]", raw.meta), raw.n, ffi.from_buffer("int64_t[]", picks),
+                          len(msgs), INGESTED_US)
+    assert (done, b._d.stop) == (len(msgs), 0)
+    rows = b.build().select(["level", "trace_id", "span_id"]).to_pylist()
+    assert [tuple(r.values()) for r in rows] == [("Information", TRACE, SPAN), ("INFO", TRACE, SPAN),
+                                                  ("err", None, None), ("warn", TRACE, SPAN)]
+
+
 def test_otlp_and_syslog_bodies_as_their_bridges_write_them():
     """The bodies of docs/protocols/otlp.md and syslog.md's tables (with the fields around them)."""
-    otlp = {"message": "GET /", "severity_text": "Information", "severity_number": 9, "attributes": {"k": "v"},
-            "trace_id": TRACE, "span_id": SPAN, "time_unix_nano": 1_795_000_000_000_000_000,
-            "resource": {"attributes": {"service.name": "shop"}}, "scope": {"name": "s"},
-            "@metadata": {"protocol": "otlp", "protocol_version": "1", "_id": "otlp:ab:0"}}
+    otlp = OTLP_BODY
     otlp_numbered = {k: v for k, v in otlp.items() if k != "severity_text"}
     otlp_numbered["@metadata"] = {**otlp["@metadata"], "_id": "otlp:ab:1"}  # another record, not a copy
-    syslog = {"message": "disk full", "raw": "<11>1 - h app - - - disk full", "@timestamp": "2026-11-23T12:00:00Z",
-              "syslog": {"format": "rfc5424", "priority": 11, "facility": 1, "severity": 3, "version": 1,
-                         "hostname": "h", "app_name": "app"},
-              "@metadata": {"protocol": "syslog", "protocol_version": "rfc6587", "_id": "i:1"}}
+    syslog = SYSLOG_BODY
     rows = decoded([orjson.dumps(otlp), orjson.dumps(otlp_numbered), orjson.dumps(syslog)])
     assert [(r["level"], r["trace_id"], r["span_id"], r["protocol"]) for r in rows] == [
         ("Information", TRACE, SPAN, "otlp"), ("INFO", TRACE, SPAN, "otlp"), ("err", None, None, "syslog")]
