@@ -192,11 +192,17 @@ def _head(rec: Any) -> tuple[dict[str, Any], int]:
     _, kt, ksev, ktext, _, kbody, kattrs, kdropped, kflags, ktrace, kspan, ko, kevent = _plan(tuple(rec))
     head: dict[str, Any] = {}
     if kbody is not None:
-        kind, body = _any(rec[kbody])
-        if kind == 1:
-            head["message"] = body
-        elif kind:
-            head["body"] = body
+        value = rec[kbody]
+        # The common body, {"stringValue": s}, read without a call.
+        s = value.get("stringValue") if value.__class__ is dict and len(value) == 1 else None
+        if s.__class__ is str:
+            head["message"] = s
+        else:
+            kind, body = _any(value)
+            if kind == 1:
+                head["message"] = body
+            elif kind:
+                head["body"] = body
     if ktext is not None and (text := _str(rec[ktext])):
         head["severity_text"] = text
     if ksev is not None and (severity := _severity(rec[ksev])):

@@ -27,8 +27,7 @@ from bridges.otlp.values import Mapped, Scope, any_value, app_env_of
 
 __all__ = ["Mapped", "Packed", "encode", "walk"]
 
-# A record's fields that are copied as they are when set (not zero, not empty).
-_STRING_VALUE, _INT_VALUE = "string_value", "int_value"
+_STRING_VALUE = "string_value"
 T = TypeVar("T")
 
 
@@ -101,15 +100,16 @@ def _pack(resources: list[Mapped], meta: bytes, default_environment: str) -> lis
 
 
 def _attributes(kvs: Any) -> dict[str, Any]:
-    """`engine.attributes`, with the common kinds (string, int) read without a call."""
+    """`values.attributes`, with the common kinds read cheaply: upb answers an unset member of
+    the oneof with its default, so a non-empty `string_value` (a non-zero `int_value`) is the
+    value, without asking `WhichOneof`; anything else goes to `any_value`."""
     out: dict[str, Any] = {}
     for kv in kvs:
         v = kv.value
-        kind = v.WhichOneof("value")
-        if kind == _STRING_VALUE:
-            out[kv.key] = v.string_value
-        elif kind == _INT_VALUE:
-            out[kv.key] = v.int_value
+        if s := v.string_value:
+            out[kv.key] = s
+        elif i := v.int_value:
+            out[kv.key] = i
         else:
             out[kv.key] = any_value(v)
     return out
@@ -144,11 +144,14 @@ def _head(rec: Any) -> tuple[dict[str, Any], int]:
     """A LogRecord's own fields, in the documented order, and its created_at (epoch ms)."""
     head: dict[str, Any] = {}
     b = rec.body
-    kind = b.WhichOneof("value")
-    if kind == _STRING_VALUE:
-        head["message"] = b.string_value
-    elif kind is not None:
-        head["body"] = any_value(b)
+    if s := b.string_value:  # (see _attributes)
+        head["message"] = s
+    else:
+        kind = b.WhichOneof("value")
+        if kind == _STRING_VALUE:
+            head["message"] = ""
+        elif kind is not None:
+            head["body"] = any_value(b)
     if v := rec.severity_text:
         head["severity_text"] = v
     if v := rec.severity_number:
