@@ -1,7 +1,8 @@
 """Sans-IO syslog framing (RFC 6587 over TCP and TLS, RFC 5426 over UDP): server and client halves.
 
-No sockets here. `SyslogServer.feed(bytes)` cuts a stream into `Frame` events, one per
-syslog message; `datagram(bytes)` is the same for one UDP datagram. The message inside a
+No sockets here. `SyslogServer.feed(bytes)` cuts a stream into syslog messages, handed over
+as `Frames` runs (the messages of one read that share a framing, in order); `datagram(bytes)`
+gives the `Frame` of one UDP datagram. The message inside a
 frame is read by parse.py, which never fails: only the framing can be broken.
 
 Over a stream there are two framings, and the first byte of each message tells them apart
@@ -24,7 +25,6 @@ syslog server has met something else.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from logjam.errors import FrameTooLarge, HeldErrors, LocalProtocolError, RemoteProtocolError
@@ -50,21 +50,45 @@ class Frame:
     framing: str
 
 
+@dataclass(frozen=True, slots=True)
+class Frames:
+    """The messages one `feed` completed in a row, all framed one way: the bytes inside each
+    frame (`raws`, in order) and how (`framing`). A run, not an object per message, since the
+    bridge maps a run in one call."""
+
+    framing: str
+    raws: list[bytes]
+
+    def frames(self) -> list[Frame]:
+        """The run as one `Frame` per message."""
+        return [Frame(raw, self.framing) for raw in self.raws]
+
+
+def datagram_message(data: bytes) -> bytes:
+    """The message of one UDP datagram (RFC 5426): trailing LF and NUL, which some senders add,
+    dropped; empty when there is none."""
+    return data.rstrip(b"\n\0")
+
+
 def datagram(data: bytes) -> Frame | None:
-    """One UDP datagram is one message (RFC 5426); trailing LF and NUL, which some senders add,
-    are dropped. None for an empty datagram."""
-    raw = data.rstrip(b"\n\0")
+    """One UDP datagram is one message (`datagram_message`); None for an empty datagram."""
+    raw = datagram_message(data)
     return Frame(raw, DATAGRAM) if raw else None
 
 
 class SyslogServer(HeldErrors):
-    """The receiving side of a syslog stream: `feed` returns the frames `data` completes."""
+    """The receiving side of a syslog stream: `feed` returns the messages `data` completes, as
+    `Frames` runs (one per stretch of messages framed the same way)."""
 
-    __slots__ = ("max_frame", "_buf", "_error", "frames")
+    __slots__ = ("max_frame", "_buf", "_need", "_lf", "_error", "frames")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.max_frame = max_frame
-        self._buf = bytearray()
+        self._buf = bytearray()  # what is left of the last reads: the start of a message
+        # What that message waits for: its whole count (`_need` bytes), or an LF (`_lf`);
+        # until then a read is only appended, so a message trickling in costs no rescans.
+        self._need = 0
+        self._lf = False
         self._error: RemoteProtocolError | None = None
         self.frames = 0
 
@@ -73,60 +97,96 @@ class SyslogServer(HeldErrors):
         """Part of a message has arrived, not all of it (the host's --frame-timeout runs)."""
         return bool(self._buf)
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes) -> list[Frames]:
         self._raise_held()
-        if data:
-            self._buf += data
-        return self._until_error(self._frames())
-
-    def _frames(self) -> Iterator[Frame]:
-        buf = self._buf
-        while buf:
-            if 48 <= buf[0] <= 57:
-                frame = self._counted(buf)
+        pending = self._buf
+        if pending:
+            pending += data
+            if len(pending) < self._need or (self._lf and b"\n" not in data and len(pending) <= self.max_frame + 1):
+                return []
+            buf = bytes(pending)
+        else:
+            buf = bytes(data)
+        runs: list[Frames] = []
+        pos, end = 0, len(buf)
+        error: RemoteProtocolError | None = None
+        # One pass over the buffer, cut once at the end: per message only a find and a
+        # slice, where a buffer cut per message would move its head each time.
+        while pos < end and error is None:
+            start = pos
+            if 48 <= buf[pos] <= 57:
+                raws, pos, error = self._counted(buf, pos, end)
+                framing = OCTET_COUNTING
             else:
-                frame = self._line(buf)
-            if frame is None:
-                return
-            if frame.raw:
-                self.frames += 1
-                yield frame
+                raws, pos, error = self._lines(buf, pos, end)
+                framing = NON_TRANSPARENT
+            if raws:
+                runs.append(Frames(framing, raws))
+                self.frames += len(raws)
+            elif pos == start:  # a message begun, not complete
+                break
+        self._buf = bytearray(buf[pos:])
+        self._need, self._lf = 0, False
+        if self._buf and error is None:
+            if 48 <= buf[pos] <= 57:
+                sp = buf.find(b" ", pos, pos + LENGTH_DIGITS + 1)
+                if sp > 0:  # a length `_counted` found valid
+                    self._need = sp + 1 - pos + int(buf[pos:sp])
+            else:
+                self._lf = True
+        return self._hold(runs, error)
 
-    def _counted(self, buf: bytearray) -> Frame | None:
-        sp = buf.find(b" ", 0, LENGTH_DIGITS + 1)
-        if sp < 0:
-            if len(buf) > LENGTH_DIGITS or not buf.isdigit():
-                raise SyslogProtocolError(f"octet-counted frame without a valid length: {bytes(buf[:16])!r}",
-                                          reason="bad_frame_length")
-            return None
-        digits = bytes(buf[:sp])
-        if not digits.isdigit() or digits[0] == 48:
-            raise SyslogProtocolError(f"octet-counted frame with length {digits[:16]!r}", reason="bad_frame_length")
-        n = int(digits)
-        if n > self.max_frame:
-            raise FrameTooLarge(f"syslog frame of {n} bytes, the limit is {self.max_frame} (--max-frame-size)")
-        end = sp + 1 + n
-        if len(buf) < end:
-            return None
-        raw = bytes(buf[sp + 1:end])
-        del buf[:end]
-        if raw[-1:] == b"\n":
-            raw = raw[:-1]
-        return Frame(raw, OCTET_COUNTING)
+    def _counted(self, buf: bytes, pos: int, end: int) -> tuple[list[bytes], int, RemoteProtocolError | None]:
+        """The octet-counted messages from `pos` on, up to one that is incomplete, one that
+        breaks the framing (the error) or one framed by LF; and where they end."""
+        raws: list[bytes] = []
+        append, max_frame, find = raws.append, self.max_frame, buf.find
+        while pos < end and 48 <= buf[pos] <= 57:
+            sp = find(b" ", pos, pos + LENGTH_DIGITS + 1)
+            if sp < 0:
+                if end - pos > LENGTH_DIGITS or not buf[pos:].isdigit():
+                    return raws, pos, SyslogProtocolError(
+                        f"octet-counted frame without a valid length: {buf[pos:pos + 16]!r}", reason="bad_frame_length")
+                break
+            digits = buf[pos:sp]
+            if not digits.isdigit() or buf[pos] == 48:
+                return raws, pos, SyslogProtocolError(f"octet-counted frame with length {digits[:16]!r}",
+                                                      reason="bad_frame_length")
+            n = int(digits)
+            if n > max_frame:
+                return raws, pos, FrameTooLarge(
+                    f"syslog frame of {n} bytes, the limit is {max_frame} (--max-frame-size)")
+            stop = sp + 1 + n
+            if stop > end:
+                break
+            # One trailing LF inside the count is dropped (RSYSLOG_SyslogProtocol23Format); n >= 1.
+            raw = buf[sp + 1:stop - 1] if buf[stop - 1] == 10 else buf[sp + 1:stop]
+            pos = stop
+            if raw:
+                append(raw)
+        return raws, pos, None
 
-    def _line(self, buf: bytearray) -> Frame | None:
-        lf = buf.find(b"\n", 0, self.max_frame + 2)
-        if lf < 0:
-            if len(buf) > self.max_frame + 1:
-                raise FrameTooLarge(f"LF-framed syslog message over {self.max_frame} bytes (--max-frame-size)")
-            return None
-        raw = bytes(buf[:lf])
-        del buf[:lf + 1]
-        if raw[-1:] == b"\r":
-            raw = raw[:-1]
-        if len(raw) > self.max_frame:
-            raise FrameTooLarge(f"LF-framed syslog message of {len(raw)} bytes, the limit is {self.max_frame}")
-        return Frame(raw, NON_TRANSPARENT)
+    def _lines(self, buf: bytes, pos: int, end: int) -> tuple[list[bytes], int, RemoteProtocolError | None]:
+        """The LF-framed messages from `pos` on, up to one that is incomplete, one over
+        `max_frame` (the error) or one that begins with a digit; and where they end."""
+        raws: list[bytes] = []
+        append, max_frame, find = raws.append, self.max_frame, buf.find
+        while pos < end and not 48 <= buf[pos] <= 57:
+            lf = find(b"\n", pos, pos + max_frame + 2)
+            if lf < 0:
+                if end - pos > max_frame + 1:
+                    return raws, pos, FrameTooLarge(
+                        f"LF-framed syslog message over {max_frame} bytes (--max-frame-size)")
+                break
+            # A CR before the LF is dropped; empty lines are skipped.
+            stop = lf - 1 if lf > pos and buf[lf - 1] == 13 else lf
+            if stop - pos > max_frame:
+                return raws, pos, FrameTooLarge(
+                    f"LF-framed syslog message of {stop - pos} bytes, the limit is {max_frame}")
+            if stop > pos:
+                append(buf[pos:stop])
+            pos = lf + 1
+        return raws, pos, None
 
     def send(self, reply: object) -> bytes:
         raise LocalProtocolError("syslog over TCP has no replies (RELP has: bridges/syslog/relp.py)")

@@ -21,10 +21,13 @@ an error: the parser takes what it can read and the rest stays in `message`.
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 from typing import Any
 
 _UTC = datetime.timezone.utc
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
+_MS = datetime.timedelta(milliseconds=1)
 FUTURE = datetime.timedelta(days=31)  # how far ahead of the bridge a 3164 timestamp may be
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
@@ -34,6 +37,10 @@ _5424_NAMES = ("timestamp", "hostname", "app_name", "procid", "msgid")
 _fromisoformat = datetime.datetime.fromisoformat
 _TAG = re.compile(r"([^\s\[\]:]{1,64})(?:\[([^\]\s]{0,128})\])?:(?: |$)")
 _SD_ESCAPE = re.compile(r'\\(["\\\]])')
+_SD_ID = re.compile(r"[^ \]]*")
+_SD_PARAM = re.compile(r' ([^=]*)="((?:[^"\\]|\\.)*)"', re.S)
+# `<PRI>`'s digits as the header may write them (one to three, leading zeros too) and their value.
+_PRIS = {f"{p:0{width}d}": p for width in (1, 2, 3) for p in range(min(192, 10 ** width))}
 
 
 def text(data: bytes) -> str:
@@ -65,67 +72,55 @@ def structured_data(sd: str) -> tuple[dict[str, Any], str] | None:
     """Parse SD elements at the start of `sd`; returns (elements, rest) or None when it is not SD."""
     out: dict[str, Any] = {}
     i, n = 0, len(sd)
+    sd_id, sd_param = _SD_ID.match, _SD_PARAM.match
     while i < n and sd[i] == "[":
-        end_id = i + 1
-        while end_id < n and sd[end_id] not in " ]":
-            end_id += 1
+        end_id = sd_id(sd, i + 1).end()  # SD-ID ends at SP or "]"
         if end_id >= n or end_id == i + 1:
             return None
         params: dict[str, Any] = out.setdefault(sd[i + 1:end_id], {})
         i = end_id
-        while i < n and sd[i] == " ":
-            eq = sd.find("=", i + 1)
-            if eq < 0 or eq + 1 >= n or sd[eq + 1] != '"':
-                return None
-            name = sd[i + 1:eq]
-            j = eq + 2
-            value_start = j
-            while j < n and sd[j] != '"':
-                j += 2 if sd[j] == "\\" else 1
-            if j >= n:
-                return None
-            value = _SD_ESCAPE.sub(r"\1", sd[value_start:j])
+        # Each ` NAME="VALUE"`: NAME up to the first "=", VALUE up to the first `"` that no
+        # backslash escapes (a backslash escapes whatever follows it). A SP that does not
+        # begin one leaves `sd[i]` a SP, so the element is not SD (below).
+        while (m := sd_param(sd, i)) is not None:
+            name, value = m.group(1, 2)
+            if "\\" in value:
+                value = _SD_ESCAPE.sub(r"\1", value)
             if name in params:
                 old = params[name]
                 params[name] = (old if isinstance(old, list) else [old]) + [value]
             else:
                 params[name] = value
-            i = j + 1
+            i = m.end()
         if i >= n or sd[i] != "]":
             return None
         i += 1
     return out, sd[i:]
 
 
-def _pri(s: str) -> tuple[int, int]:
-    """(PRI, where the header goes on), or (-1, 0) without a valid `<0..191>`."""
-    if s[:1] != "<":
-        return -1, 0
-    end = s.find(">", 1, 5)
-    digits = s[1:end]
-    if end < 0 or not digits.isdigit() or not digits.isascii():
-        return -1, 0
-    pri = int(digits)
-    return (pri, end + 1) if pri <= 191 else (-1, 0)
-
-
-def _valid_iso(value: str) -> bool:
-    try:
-        _fromisoformat(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _rfc5424(pri: int, s: str, at: int) -> tuple[dict[str, Any], str]:
-    """`s[at:]` follows `<PRI>1 `: the header fields and the message."""
-    fields = s[at:].split(" ", 5)
+def _rfc5424(pri: int, s: str, raw_s: str) -> tuple[dict[str, Any], int]:
+    """The body of `s`, which begins `<PRI>1 `: the header fields and the message; and its time."""
     syslog: dict[str, Any] = {"format": "rfc5424", "priority": pri, "facility": pri >> 3, "severity": pri & 7,
                               "version": 1}
-    for name, value in zip(_5424_NAMES, fields):
-        if value != "-":
-            syslog[name] = value
-    message = fields[5] if len(fields) > 5 else ""
+    # `<PRI>1 ` holds one SP, at its end: splitting all of `s` once more is splitting what follows it.
+    fields = s.split(" ", 6)
+    if len(fields) == 7:  # a whole header: the fields unrolled, as the loop below sets them
+        _, ts, host, app, procid, msgid, message = fields
+        if ts != "-":
+            syslog["timestamp"] = ts
+        if host != "-":
+            syslog["hostname"] = host
+        if app != "-":
+            syslog["app_name"] = app
+        if procid != "-":
+            syslog["procid"] = procid
+        if msgid != "-":
+            syslog["msgid"] = msgid
+    else:
+        for name, value in zip(_5424_NAMES, fields[1:]):
+            if value != "-":
+                syslog[name] = value
+        ts, message = syslog.get("timestamp", "-"), ""
     first = message[:1]
     if first == "-":
         message = message[2:] if message[1:2] == " " else message[1:]
@@ -138,29 +133,61 @@ def _rfc5424(pri: int, s: str, at: int) -> tuple[dict[str, Any], str]:
     # The BOM is MSG's own first bytes; dropped after decoding (U+FEFF).
     if message[:1] == "\ufeff":
         message = message[1:]
-    return syslog, message
+    body: dict[str, Any] = {"message": message, "syslog": syslog, "raw": raw_s}
+    if ts != "-":
+        try:
+            when = _fromisoformat(ts)
+        except ValueError:
+            return body, 0
+        body["@timestamp"] = ts  # RFC 3339, as sent
+        return body, epoch_ms(when)
+    return body, 0
 
 
-def _rfc3164(pri: int, s: str, at: int, received_ms: int) -> tuple[dict[str, Any], str, str | None]:
+def epoch_ms(when: datetime.datetime) -> int:
+    """`when` as epoch milliseconds (UTC when it has no zone), 0 for 1970 or before: the mapper's
+    reading of an `@timestamp` (bridges.host.mapping.parse_timestamp), from the datetime at hand."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_UTC)
+    ms = (when - _EPOCH) // _MS
+    return ms if ms > 0 else 0
+
+
+@functools.lru_cache(maxsize=4096)
+def _inferred(month: int, day: int, hms: tuple[int, int, int], received_ms: int) -> tuple[str, int] | None:
+    """`infer_year` as ISO 8601 text and epoch milliseconds; a burst of lines shares a few
+    timestamps and (over a stream) the time it was received, so each is worked out once."""
+    ts = infer_year(month, day, hms, received_ms)
+    return None if ts is None else (ts.isoformat(), epoch_ms(ts))
+
+
+def _rfc3164(pri: int, s: str, at: int, received_ms: int) -> tuple[dict[str, Any], str, str | None, int]:
+    """The header fields, the message, and `@timestamp` with its epoch ms (None, 0 without one)."""
     header = pri >= 0
     syslog: dict[str, Any] = {"format": "rfc3164", "priority": pri, "facility": pri >> 3, "severity": pri & 7} \
         if header else {"format": "unknown"}
     iso: str | None = None
+    ms = 0
     m = _3164_TS.match(s, at)
     if m is not None:
         syslog["timestamp"] = m.group(0)[:-1]
         month = _MONTHS.get(m.group(1))
-        ts = infer_year(month, int(m.group(2)), (int(m.group(3)), int(m.group(4)), int(m.group(5))), received_ms) \
-            if month else None
-        if ts is not None:
-            iso = ts.isoformat()
+        inferred = _inferred(month, int(m.group(2)), (int(m.group(3)), int(m.group(4)), int(m.group(5))),
+                             received_ms) if month else None
+        if inferred is not None:
+            iso, ms = inferred
         at = m.end()
     else:
         m = _ISO_TS.match(s, at)
         if m is not None:
             value = m.group(0)[:-1]
-            if _valid_iso(value):
+            try:
+                when = _fromisoformat(value)
+            except ValueError:
+                pass
+            else:
                 syslog["timestamp"] = iso = value
+                ms = epoch_ms(when)
                 at = m.end()
     rest = s[at:]
     if m is not None or header:
@@ -176,25 +203,33 @@ def _rfc3164(pri: int, s: str, at: int, received_ms: int) -> tuple[dict[str, Any
             if t.group(2):
                 syslog["procid"] = t.group(2)
             rest = rest[t.end():]
-    return syslog, rest, iso
+    return syslog, rest, iso, ms
 
 
 def parse(raw: bytes, received_ms: int) -> dict[str, Any]:
     """The body of one syslog message; its `@timestamp`, when it has one, is the event's time."""
+    return parse_timed(raw, received_ms)[0]
+
+
+def parse_timed(raw: bytes, received_ms: int) -> tuple[dict[str, Any], int]:
+    """`parse`, and the body's time as the mapper reads its `@timestamp` (`epoch_ms`; 0 when
+    there is none), so that the bridge need not read the text again."""
     try:
         s = raw_s = raw.decode()
     except UnicodeDecodeError:
         s, raw_s = text(raw), raw_text(raw)
-    pri, at = _pri(s)
-    if pri >= 0 and s[at:at + 2] == "1 ":
-        syslog, message = _rfc5424(pri, s, at + 2)
-        body: dict[str, Any] = {"message": message, "syslog": syslog, "raw": raw_s}
-        ts = syslog.get("timestamp")
-        if ts is not None and _valid_iso(ts):
-            body["@timestamp"] = ts  # RFC 3339, as sent
-        return body
-    syslog, message, iso = _rfc3164(pri, s, at, received_ms)
-    body = {"message": message, "syslog": syslog, "raw": raw_s}
+    # `<PRI>`, read here rather than in a function of its own: this runs for every message.
+    pri, at = -1, 0
+    if s[:1] == "<":
+        end = s.find(">", 1, 5)
+        if end > 0:
+            pri = _PRIS.get(s[1:end], -1)
+            if pri >= 0:
+                if s.startswith("1 ", end + 1):
+                    return _rfc5424(pri, s, raw_s)
+                at = end + 1
+    syslog, message, iso, ms = _rfc3164(pri, s, at, received_ms)
+    body: dict[str, Any] = {"message": message, "syslog": syslog, "raw": raw_s}
     if iso is not None:
         body["@timestamp"] = iso
-    return body
+    return body, ms

@@ -7,17 +7,19 @@ commands came, `200 OK` or `500 <reason>`. librelp keeps up to 128 frames unansw
 sends every unanswered one again after a reconnect, so an `rsp 200` is the only thing that
 lets it forget a message: the bridge sends it after the device's 202 (at-least-once).
 
-`RelpServer.feed` returns `Open`, `Syslog` (one trailing LF of the message dropped, as in
-a counted frame) and `Close` events; `send(Response(...))` is the
-bytes of one `rsp`, and refuses an answer out of order. Before `open` only `open` is
+`RelpServer.feed` returns `Open`, `Syslogs` (the `syslog` frames of one read in a row, each
+message with one trailing LF dropped, as in a counted frame) and `Close` events;
+`send(Response(...))` is the bytes of one `rsp`, and `send_ok(txnrs)` those of `rsp 200 OK`
+for a run of them; both refuse an answer out of order. Before `open` only `open` is
 allowed, and nothing after `close`. DATALEN is checked against `max_frame` before anything
 is buffered for it. `RelpClient` is the mirror image, for the tests and `logjam-send`.
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,10 @@ TXNR_DIGITS = 9
 COMMAND_MAX = 32
 RELP_VERSION = "0"
 SOFTWARE = "logjam-mesh"
+# A `syslog` frame's header with data, both numbers without a leading zero (TXNR 0 is refused).
+_SYSLOG_HEADER = re.compile(rb"([1-9][0-9]{0,8}) syslog ([1-9][0-9]{0,8}) ")
+# Any header with data: DATALEN (group 1), and where the data begins.
+_HEADER = re.compile(rb"[0-9]{1,9} [A-Za-z]{1,32} ([0-9]{1,9}) ")
 
 
 # ---------------------------------------------------------------- events and replies
@@ -44,6 +50,19 @@ class Open:
 class Syslog:
     txnr: int
     raw: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Syslogs:
+    """The `syslog` frames one `feed` completed in a row: their TXNRs and messages, in order.
+    A run, not an object per frame, since the bridge maps a run in one call."""
+
+    txnrs: list[int]
+    raws: list[bytes]
+
+    def frames(self) -> list[Syslog]:
+        """The run as one `Syslog` per frame."""
+        return [Syslog(txnr, raw) for txnr, raw in zip(self.txnrs, self.raws)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,31 +102,51 @@ def open_answer() -> bytes:
 class _Framer:
     """Cuts `TXNR SP COMMAND SP DATALEN [SP DATA] LF` frames out of a stream."""
 
-    __slots__ = ("max_frame", "buf")
+    __slots__ = ("max_frame", "buf", "need")
 
     def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
-        self.buf = bytearray()
+        self.buf = bytearray()  # what is left of the last reads: the start of a frame
+        # How long `buf` must be before that frame is whole (0: not known yet); until then a
+        # read is only appended, so a frame trickling in costs no copies of what came before.
+        self.need = 0
+
+    def waiting(self) -> bool:
+        """Whether the frame begun in `buf` is known to be still incomplete."""
+        return len(self.buf) < self.need
+
+    def keep(self, buf: bytes, pos: int) -> None:
+        """Keep `buf[pos:]`, the start of a frame, for the next read, and note how long it must grow."""
+        self.buf = bytearray(buf[pos:])
+        m = _HEADER.match(buf, pos)
+        self.need = m.end() - pos + int(m.group(1)) + 1 if m is not None else 0
 
     def frames(self) -> Iterator[tuple[int, str, bytes]]:
-        buf = self.buf
-        while buf:
-            frame = self._one(buf)
-            if frame is None:
-                return
-            yield frame
+        """Every whole frame in the buffer; the buffer is cut once, after the last."""
+        buf, pos = bytes(self.buf), 0
+        try:
+            while pos < len(buf):
+                got = self.one(buf, pos)
+                if got is None:
+                    return
+                pos = got[3]
+                yield got[0], got[1], got[2]
+        finally:
+            self.keep(buf, pos)
 
-    def _one(self, buf: bytearray) -> tuple[int, str, bytes] | None:
+    def one(self, buf: bytes, pos: int) -> tuple[int, str, bytes, int] | None:
+        """The frame at `pos` and where it ends, or None while it is incomplete."""
         # The header is three SP-separated tokens; DATALEN ends at SP (data follows) or LF (no data).
-        sp1 = buf.find(b" ", 0, TXNR_DIGITS + 1)
-        sp2 = buf.find(b" ", sp1 + 1, sp1 + 2 + COMMAND_MAX) if sp1 > 0 else -1
+        n = len(buf) - pos
+        sp1 = buf.find(b" ", pos, pos + TXNR_DIGITS + 1)
+        sp2 = buf.find(b" ", sp1 + 1, sp1 + 2 + COMMAND_MAX) if sp1 > pos else -1
         if sp2 < 0:
-            if len(buf) > TXNR_DIGITS + 1 + COMMAND_MAX + 1 or (sp1 < 0 and len(buf) > TXNR_DIGITS):
-                raise SyslogProtocolError(f"bad RELP header {bytes(buf[:48])!r}", reason="relp_bad_header")
-            self._digits(bytes(buf[:sp1 if sp1 > 0 else len(buf)]), "TXNR", partial=True)
+            if n > TXNR_DIGITS + 1 + COMMAND_MAX + 1 or (sp1 < 0 and n > TXNR_DIGITS):
+                raise SyslogProtocolError(f"bad RELP header {buf[pos:pos + 48]!r}", reason="relp_bad_header")
+            self._digits(buf[pos:sp1 if sp1 > pos else len(buf)], "TXNR", partial=True)
             return None
-        txnr = self._digits(bytes(buf[:sp1]), "TXNR")
-        command = bytes(buf[sp1 + 1:sp2])
+        txnr = self._digits(buf[pos:sp1], "TXNR")
+        command = buf[sp1 + 1:sp2]
         if not command.isalpha():
             raise SyslogProtocolError(f"bad RELP command {command[:32]!r}", reason="relp_bad_header")
         end_len = sp2 + 1
@@ -117,15 +156,14 @@ class _Framer:
             if end_len - sp2 > 9:
                 raise SyslogProtocolError("RELP DATALEN of more than 9 digits", reason="relp_bad_header")
             return None
-        datalen = self._digits(bytes(buf[sp2 + 1:end_len]), "DATALEN")
+        datalen = self._digits(buf[sp2 + 1:end_len], "DATALEN")
         if datalen > self.max_frame:
             raise FrameTooLarge(f"RELP frame of {datalen} bytes, the limit is {self.max_frame} (--max-frame-size)")
         sep = buf[end_len]
         if datalen == 0:
             if sep != 10:
                 raise SyslogProtocolError("RELP frame with DATALEN 0 not ended by LF", reason="relp_bad_trailer")
-            del buf[:end_len + 1]
-            return txnr, command.decode(), b""
+            return txnr, command.decode(), b"", end_len + 1
         if sep != 32:
             raise SyslogProtocolError("RELP DATALEN not followed by SP", reason="relp_bad_header")
         end = end_len + 1 + datalen
@@ -133,9 +171,7 @@ class _Framer:
             return None
         if buf[end] != 10:
             raise SyslogProtocolError("RELP frame not ended by LF after DATALEN bytes", reason="relp_bad_trailer")
-        data = bytes(buf[end_len + 1:end])
-        del buf[:end + 1]
-        return txnr, command.decode(), data
+        return txnr, command.decode(), buf[end_len + 1:end], end + 1
 
     @staticmethod
     def _digits(token: bytes, what: str, partial: bool = False) -> int:
@@ -173,8 +209,11 @@ class _Half(HeldErrors):
 
     def feed(self, data: bytes) -> list[Any]:
         self._raise_held()
+        framer = self._framer
         if data:
-            self._framer.buf += data
+            framer.buf += data
+        if framer.waiting():
+            return []
         return self._until_error(self._events())
 
     def _events(self) -> Iterator[Any]:
@@ -182,7 +221,7 @@ class _Half(HeldErrors):
 
 
 class RelpServer(_Half):
-    """The receiving side (rsyslog's imrelp's role): `feed` gives `Open`, `Syslog` and `Close`."""
+    """The receiving side (rsyslog's imrelp's role): `feed` gives `Open`, `Syslogs` runs and `Close`."""
 
     __slots__ = ("opened", "closed", "offers")
 
@@ -192,29 +231,79 @@ class RelpServer(_Half):
         self.closed = False
         self.offers: dict[str, str] = {}
 
-    def _events(self) -> Iterator[Any]:
-        for txnr, command, data in self._framer.frames():
-            if self.closed:
-                raise SyslogProtocolError(f"RELP {command} after close", reason="relp_after_close")
-            if txnr == 0 or txnr > MAX_TXNR:
-                raise SyslogProtocolError(f"RELP TXNR {txnr} from a client", reason="relp_bad_txnr")
-            if not self.opened and command != "open":
-                raise SyslogProtocolError(f"RELP {command} before open", reason="relp_not_open")
+    def feed(self, data: bytes) -> list[Any]:
+        self._raise_held()
+        framer = self._framer
+        if framer.buf:
+            framer.buf += data
+            if framer.waiting():
+                return []
+            buf = bytes(framer.buf)
+        else:
+            buf = bytes(data)
+        events: list[Any] = []
+        txnrs: list[int] = []
+        raws: list[bytes] = []
+        pos, end = 0, len(buf)
+        error: RemoteProtocolError | None = None
+        match, max_frame = _SYSLOG_HEADER.match, framer.max_frame
+        try:
+            while pos < end:
+                # The frame nearly every one is, `TXNR syslog DATALEN DATA LF` with both numbers
+                # free of leading zeros, read by one match; any other goes through the framer.
+                m = match(buf, pos) if self.opened and not self.closed else None
+                if m is not None:
+                    datalen = int(m.group(2))
+                    start = m.end()
+                    stop = start + datalen
+                    if datalen <= max_frame and stop < end and buf[stop] == 10:
+                        txnrs.append(int(m.group(1)))
+                        # rsyslog's RSYSLOG_SyslogProtocol23Format ends in LF, as over octet-counted TCP.
+                        raws.append(buf[start:stop - 1] if buf[stop - 1] == 10 else buf[start:stop])
+                        pos = stop + 1
+                        continue
+                got = framer.one(buf, pos)
+                if got is None:
+                    break
+                if txnrs:
+                    self._run(events, txnrs, raws)
+                    txnrs, raws = [], []
+                pos = got[3]
+                self._command(events, got[0], got[1], got[2])
+        except RemoteProtocolError as e:
+            error = e
+        if txnrs:
+            self._run(events, txnrs, raws)
+        framer.keep(buf, pos)
+        return self._hold(events, error)
+
+    def _run(self, events: list[Any], txnrs: list[int], raws: list[bytes]) -> None:
+        self._unanswered.extend(txnrs)
+        events.append(Syslogs(txnrs, raws))
+
+    def _command(self, events: list[Any], txnr: int, command: str, data: bytes) -> None:
+        """A frame the fast path did not take: the rules of the conversation, then its event."""
+        if self.closed:
+            raise SyslogProtocolError(f"RELP {command} after close", reason="relp_after_close")
+        if txnr == 0 or txnr > MAX_TXNR:
+            raise SyslogProtocolError(f"RELP TXNR {txnr} from a client", reason="relp_bad_txnr")
+        if not self.opened and command != "open":
+            raise SyslogProtocolError(f"RELP {command} before open", reason="relp_not_open")
+        if command == "open":
+            if self.opened:
+                raise SyslogProtocolError("a second RELP open", reason="relp_reopen")
             self._unanswered.append(txnr)
-            if command == "open":
-                if self.opened:
-                    raise SyslogProtocolError("a second RELP open", reason="relp_reopen")
-                self.opened = True
-                self.offers = _offers(data)
-                yield Open(txnr, self.offers)
-            elif command == "syslog":
-                # rsyslog's RSYSLOG_SyslogProtocol23Format ends in LF, as over octet-counted TCP.
-                yield Syslog(txnr, data[:-1] if data[-1:] == b"\n" else data)
-            elif command == "close":
-                self.closed = True
-                yield Close(txnr)
-            else:
-                raise SyslogProtocolError(f"RELP command {command!r} was not offered", reason="relp_unknown_command")
+            self.opened = True
+            self.offers = _offers(data)
+            events.append(Open(txnr, self.offers))
+        elif command == "syslog":
+            self._run(events, [txnr], [data[:-1] if data[-1:] == b"\n" else data])
+        elif command == "close":
+            self._unanswered.append(txnr)
+            self.closed = True
+            events.append(Close(txnr))
+        else:
+            raise SyslogProtocolError(f"RELP command {command!r} was not offered", reason="relp_unknown_command")
 
     def send(self, reply: Response | ServerClose) -> bytes:
         if isinstance(reply, ServerClose):
@@ -225,6 +314,19 @@ class RelpServer(_Half):
         self._unanswered.popleft()
         head = f"{reply.code} {reply.text}".encode()
         return frame(reply.txnr, "rsp", head + (b"\n" + reply.data if reply.data else b""))
+
+    def send_ok(self, txnrs: Sequence[int]) -> bytes:
+        """The bytes of `rsp 200 OK` for each of `txnrs`, the oldest unanswered in order: what
+        `send(Response(txnr))` gives for each, joined (a settled batch's answers, in one write)."""
+        unanswered = self._unanswered
+        if len(unanswered) < len(txnrs):
+            raise LocalProtocolError(f"rsp for {len(txnrs)} frames, {len(unanswered)} unanswered")
+        popleft = unanswered.popleft
+        for txnr in txnrs:
+            if unanswered[0] != txnr:
+                raise LocalProtocolError(f"rsp {txnr} out of order (oldest unanswered: {unanswered[0]})")
+            popleft()
+        return b"".join([b"%d rsp 6 200 OK\n" % txnr for txnr in txnrs])
 
 
 class RelpClient(_Half):
