@@ -2,7 +2,8 @@
 
 logjam/ (wire library) <- runtime/ (flags, health, --check) <- devices/, bridges/, table/ (the messages
 table's rules) <- importer/ (logjam-importer), warehouse/ (logjam-spark and its maintenance) <- tools/.
-importer/ and warehouse/ share the table through table/ and never import each other. No module takes
+importer/ and warehouse/ share the table through table/ and never import each other. harness/ serves
+tests/ and benchmarks/, which never import each other, and nothing of the product imports any of them. No module takes
 part in an import cycle, not even through an import inside a function.
 Checked on the source with `ast`, so a stray import fails here, not in a code review.
 """
@@ -16,17 +17,24 @@ import pytest
 
 from harness.processes import REPO
 
+# What tests and benchmarks run on: the product never imports it, and harness/ (shared by both)
+# imports neither of them, so that tests and benchmarks never import each other either.
+TEST_SIDE = {"harness", "tests", "benchmarks"}
 ABOVE = {
-    "logjam": {"runtime", "devices", "bridges", "table", "importer", "warehouse", "tools"},
-    "runtime": {"devices", "bridges", "table", "importer", "warehouse", "tools"},
-    "devices": {"bridges", "table", "importer", "warehouse", "tools"},
-    "bridges": {"devices", "table", "importer", "warehouse", "tools"},
-    "table": {"devices", "bridges", "importer", "warehouse", "tools"},
-    "importer": {"devices", "bridges", "warehouse", "tools"},
-    "warehouse": {"devices", "bridges", "importer", "tools"},
+    "logjam": {"runtime", "devices", "bridges", "table", "importer", "warehouse", "tools", *TEST_SIDE},
+    "runtime": {"devices", "bridges", "table", "importer", "warehouse", "tools", *TEST_SIDE},
+    "devices": {"bridges", "table", "importer", "warehouse", "tools", *TEST_SIDE},
+    "bridges": {"devices", "table", "importer", "warehouse", "tools", *TEST_SIDE},
+    "table": {"devices", "bridges", "importer", "warehouse", "tools", *TEST_SIDE},
+    "importer": {"devices", "bridges", "warehouse", "tools", *TEST_SIDE},
+    "warehouse": {"devices", "bridges", "importer", "tools", *TEST_SIDE},
+    "tools": TEST_SIDE,
+    "harness": {"tests", "benchmarks"},
+    "benchmarks": {"tests"},
+    "tests": {"benchmarks"},
 }
-# Every first-party package: the import-cycle check covers all of their modules.
-PACKAGES = [*ABOVE, "tools"]
+# Every first-party package of the product: the import-cycle check covers all of their modules.
+PACKAGES = [p for p in ABOVE if p not in TEST_SIDE]
 
 
 def imported_packages(path: Path) -> set[str]:
