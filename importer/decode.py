@@ -127,13 +127,12 @@ _OTHER_KEYS = frozenset(("severity_text", "severity_number", "syslog", "trace_id
 _HEX_ID = re.compile("(?:[0-9a-fA-F]{2}){1,32}")
 
 
-def _level(doc: dict[str, Any], others: bool = True) -> str | None:
+def _level(doc: dict[str, Any], v: Any, others: bool = True) -> str | None:
     """`level`, else `log.level` (ECS, nested or dotted), else a string `severity`, else OTLP's
     `severity_text` (non-empty) or its `severity_number` (1..24) as the OTel range's name, else the syslog
     bridge's `syslog.severity` (0..7) as the RFC 5424 keyword. A present value of another type ends the
-    search (NULL), as it always did for the first three. `others`: False when the body has none of
-    _OTHER_KEYS (the last three are then not looked up)."""
-    v = doc.get("level")
+    search (NULL), as it always did for the first three. `v` is the body's `level` (the caller has it);
+    `others`: False when the body has none of _OTHER_KEYS (the last three are then not looked up)."""
     if v is None:
         log = doc.get("log")
         if type(log) is dict:
@@ -335,7 +334,7 @@ class BatchBuilder:
         v = get("host")
         self._host.append(v if v is None or v.__class__ is str else _host(v))
         v = get("level")
-        self._level.append(v if v.__class__ is str else _level(doc, others))
+        self._level.append(v if v.__class__ is str else _level(doc, v, others))
         v = get("action")
         self._action.append(v if v is None or v.__class__ is str else _text(v))
         v = get("request_id")
