@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 from runtime.durable import fsync_file
 from table.paths import partition_dir
 from table.protocol import MOVES, begin_placement, finish_placement, listed_targets
-from table.schema import ARROW_WRITE_OPTIONS, PARTITION_COLUMNS
+from table.layout import placed_file_options
+from table.schema import PARTITION_COLUMNS
 
 
 def runs(table: pa.Table) -> list[tuple[int, int]]:
@@ -54,7 +55,7 @@ def stage(table: pa.Table, staging: Path, root: Path, token: str) -> list[tuple[
             value = table.column("app_env")[start].as_py()
             day = table.column("date")[start].as_py().isoformat()
             staged = staging / f"{token}-{n}.parquet"
-            pq.write_table(data.slice(start, stop - start), staged, **ARROW_WRITE_OPTIONS)
+            pq.write_table(data.slice(start, stop - start), staged, **placed_file_options(stop - start))
             fsync_file(staged)
             target = Path(partition_dir(str(root), value, day)) / f"part-{token}-{n}.snappy.parquet"
             moves.append((str(staged), str(target)))

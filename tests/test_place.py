@@ -16,6 +16,7 @@ import pytest
 
 from importer.decode import BatchBuilder
 from importer.place import place, runs
+from table.layout import LOOKUP_COLUMNS
 from table.protocol import MOVES, recover_placements
 from logjam.message import Message
 from table.paths import partition_dir
@@ -69,6 +70,14 @@ def test_one_file_per_partition_with_every_row_and_nothing_left_staged(tmp_path:
     files = list(root.rglob("*.parquet"))
     assert all(f.name.startswith("part-") for f in files)
     assert "app_env" not in pq.read_schema(files[0]).names  # the partition columns are the directories'
+    for f in files:  # the layout for lookups (table/layout.py): bloom filters on the ids, a page index
+        meta = pq.read_metadata(f)
+        chunks = {meta.row_group(0).column(c).path_in_schema: meta.row_group(0).column(c)
+                  for c in range(meta.num_columns)}
+        assert all(chunks[c].bloom_filter_offset is not None for c in LOOKUP_COLUMNS), f
+        assert {"request_id", "event_id"} <= set(LOOKUP_COLUMNS)
+        assert all(c.has_column_index and c.has_offset_index for c in chunks.values()), f
+        assert chunks["body"].bloom_filter_offset is None
 
 
 _KILL_AT_RENAME = """

@@ -8,7 +8,8 @@ row, a bounded number of files per partition. One compaction pass (warehouse/mai
 1. plans one merge per partition that needs one, after settling what a killed run left;
 2. writes each merge: while the day is open, the files importers place are merged here by
    pyarrow, without Spark (warehouse/arrow_merge.py); the rest (a day's closing merge, which
-   shreds `doc`, and files Spark wrote) Spark reads and writes again, zstd with dictionaries:
+   shreds `doc`, and files Spark wrote) Spark reads and writes again, zstd with dictionaries,
+   each file's rows sorted by `created_at` with bloom filters on the ids (table/layout.py):
    the merges that become one file each share one Spark job (the job's fixed cost is paid once
    per pass, not per partition); a merge into several target-size files has a job of its own.
    Row counts in the Parquet footers must match, or nothing is swapped;
@@ -50,7 +51,8 @@ from runtime.durable import fsync_dir, fsync_file
 from table import protocol
 from table.partition_files import data_files, remove_tree
 from table.protocol import COMPACTED_PREFIX, DEFAULT_GRACE_S, PartitionRef, SwapTimes, root_lock
-from table.schema import COMPACT_OPTIONS, DATA_COLUMNS, spark_read_ddl
+from table.layout import sorted_frame, spark_merge_options
+from table.schema import DATA_COLUMNS, spark_read_ddl
 from warehouse.arrow_merge import merge_files, mergeable
 from warehouse.tiers import FileInfo, Pick, TierPolicy, leveled_name
 
@@ -173,18 +175,22 @@ def write_merges(spark: Any, merges: list[Merge], scratch: Path) -> int:
 
 
 def _spark_merges(spark: Any, merges: list[Merge], scratch: Path) -> None:
+    # Each file's rows sorted by created_at, with bloom filters sized for them (table/layout.py).
     for merge in merges:
         if merge.pick.files > 1:
-            df = _read(spark, merge).coalesce(merge.pick.files)
-            df.write.options(**COMPACT_OPTIONS).mode("overwrite").parquet(f"file://{merge.out}")
+            df = sorted_frame(_read(spark, merge).coalesce(merge.pick.files))
+            options = spark_merge_options(-(-merge.rows // merge.pick.files))
+            df.write.options(**options).mode("overwrite").parquet(f"file://{merge.out}")
             _adopt_output(merge.out, merge.out, merge.pick.level)
     shared = [m for m in merges if m.pick.files == 1]
     for i in range(0, len(shared), MERGES_PER_JOB):
         chunk = shared[i : i + MERGES_PER_JOB]
         job = scratch / uuid.uuid4().hex
         frames = [_read(spark, m).selectExpr("*", f"{k} AS _k") for k, m in enumerate(chunk)]
-        df = _union(frames).repartition(min(len(chunk), 4), "_k")
-        df.write.options(**COMPACT_OPTIONS).mode("overwrite").partitionBy("_k").parquet(f"file://{job}")
+        # Sorted by the tag first, as partitionBy needs anyway, so this adds no second sort.
+        df = sorted_frame(_union(frames).repartition(min(len(chunk), 4), "_k"), "_k")
+        options = spark_merge_options(max(m.rows for m in chunk))
+        df.write.options(**options).mode("overwrite").partitionBy("_k").parquet(f"file://{job}")
         for k, merge in enumerate(chunk):
             merge.out.mkdir(parents=True, exist_ok=True)
             _adopt_output(job / f"_k={k}", merge.out, merge.pick.level)
