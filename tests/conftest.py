@@ -52,6 +52,15 @@ def device():
 
 
 @pytest.fixture
+def native_device(native_mode):
+    """A device on each loop (require, off); `native_mode` gives every bridge the test starts the same.
+    For the tests whose events go through a bridge's device link; the rest take `device`."""
+    dev = start_device(native=native_mode)
+    yield dev
+    assert stop(dev.proc) == 0, dev.output()
+
+
+@pytest.fixture
 def device_factory():
     """Start devices with custom flags: `device_factory(device_id=3, extra=[...])`."""
     started: list[DeviceProcess] = []

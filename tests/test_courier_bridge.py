@@ -5,7 +5,7 @@ flat memory, everything once after resume); bad input next to a good client; TLS
 
 Every test whose events or acknowledgements go through the bridge's device link and the device's
 loop runs twice, under LOGJAM_NATIVE=require (the C link and loop) and off (their Python twins):
-`device` is on each. The courier engine itself is Python on both paths, so the tests that only
+`native_device` is on each. The courier engine itself is Python on both paths, so the tests that only
 assert what it does with a connection that carries no event (handshake, a refused header, PING
 with a body, the idle timeout) run once, with `one_bridge` under the LOGJAM_NATIVE they inherit."""
 
@@ -27,11 +27,10 @@ import pytest
 from bridges.courier.engine import CourierClient, VersionReceived
 from logjam.message import Message
 from tests.bridge_support import BridgeProcess, client_tls, collect, no_more, ready_subscriber, start_bridge, stop_bridge
-from harness.device import start_device
 from harness.courier_client import TestCourierClient
-from harness.processes import start, stop, wait_for
+from harness.processes import wait_for
 
-# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `device` runs on both.
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `native_device` runs on both.
 pytestmark = pytest.mark.native
 
 
@@ -56,31 +55,15 @@ def check_once(got: list[tuple[Message, dict[str, Any]]], expected_n: range) -> 
 
 
 @pytest.fixture
-def device(native_mode):
-    """A device on each loop (require, off); `native_mode` gives every bridge the test starts the same."""
-    dev = start_device(native=native_mode)
-    yield dev
-    assert stop(dev.proc) == 0, dev.output()
-
-
-@pytest.fixture
-def bridge(device):
-    b = start_courier(device.router)
+def bridge(native_device):
+    b = start_courier(native_device.router)
     yield b
     stop_bridge(b)
 
 
 @pytest.fixture
-def one_device():
-    """A device under the LOGJAM_NATIVE the run has: for the tests no event of which reaches it."""
-    dev = start_device()
-    yield dev
-    assert stop(dev.proc) == 0, dev.output()
-
-
-@pytest.fixture
-def one_bridge(one_device):
-    b = start_courier(one_device.router)
+def one_bridge(device):
+    b = start_courier(device.router)
     yield b
     stop_bridge(b)
 
@@ -88,8 +71,8 @@ def one_bridge(one_device):
 # ------------------------------------------------------------------ delivery
 
 @pytest.mark.timeout(60)
-def test_one_event_body_metadata_app_env(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_one_event_body_metadata_app_env(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     run = uuid.uuid4().hex
     with TestCourierClient(bridge.port) as client:
         payload = client.send(events(1, run))
@@ -110,8 +93,8 @@ def test_one_event_body_metadata_app_env(device, bridge) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_1024_event_payloads_jdat_and_evnt(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_1024_event_payloads_jdat_and_evnt(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     run = uuid.uuid4().hex
     with TestCourierClient(bridge.port) as client:
         sent = []
@@ -129,8 +112,8 @@ def test_1024_event_payloads_jdat_and_evnt(device, bridge) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_ten_payloads_pipelined_acked_in_order(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_ten_payloads_pipelined_acked_in_order(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     run = uuid.uuid4().hex
     with TestCourierClient(bridge.port) as client:
         sent = [client.send(events(1024, run, start=k * 1024), kind="EVNT" if k % 3 == 0 else "JDAT") for k in range(10)]
@@ -146,10 +129,10 @@ def test_ten_payloads_pipelined_acked_in_order(device, bridge) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_large_evnt_payload_streams_through(device, bridge) -> None:
+def test_large_evnt_payload_streams_through(native_device, bridge) -> None:
     # 16384 events in one EVNT stream: decoded and forwarded while it still arrives,
     # acknowledged once, completely, and every event published once.
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     run = uuid.uuid4().hex
     n = 16384
     with TestCourierClient(bridge.port) as client:
@@ -164,8 +147,8 @@ def test_large_evnt_payload_streams_through(device, bridge) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_legacy_client_without_handshake(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_legacy_client_without_handshake(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     run = uuid.uuid4().hex
     with TestCourierClient(bridge.port, handshake=False) as client:
         client.send(events(5, run))
@@ -199,15 +182,15 @@ def _acks_of(client: TestCourierClient, nonce: bytes) -> list[tuple[float, int]]
 
 
 @pytest.mark.timeout(120)
-def test_device_paused_partial_acks_flat_memory_then_everything_once(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_device_paused_partial_acks_flat_memory_then_everything_once(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     run = uuid.uuid4().hex
     per, payloads = 1024, 40
     with TestCourierClient(bridge.port) as client:
         client.send(events(per, run))  # warm up: everything works before the pause
         client.wait_all_acked()
         collect(sub, bridge.app_env, per)
-        os.kill(device.proc.pid, signal.SIGSTOP)
+        os.kill(native_device.proc.pid, signal.SIGSTOP)
         try:
             paused_at = time.monotonic()
             first = client.send(events(per, run, start=per, pad=200))
@@ -234,7 +217,7 @@ def test_device_paused_partial_acks_flat_memory_then_everything_once(device, bri
             assert rss_end - rss_mid < 8_000, f"bridge RSS still growing: {rss_mid} -> {rss_end} KiB"
             assert len(client.done) == 1
         finally:
-            os.kill(device.proc.pid, signal.SIGCONT)
+            os.kill(native_device.proc.pid, signal.SIGCONT)
         sender.join(60)
         assert not sender.is_alive()
         client.wait_all_acked(90)
@@ -252,8 +235,8 @@ def _closed_without_ack(client: TestCourierClient) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_corrupt_zlib_closes_only_that_connection(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_corrupt_zlib_closes_only_that_connection(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     run = uuid.uuid4().hex
     with TestCourierClient(bridge.port) as good, TestCourierClient(bridge.port) as bad:
         good.send(events(100, run))
@@ -276,8 +259,8 @@ def test_oversize_length_is_refused_on_the_header(one_bridge) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_unknown_type_gets_question_marks_and_keeps_the_connection(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_unknown_type_gets_question_marks_and_keeps_the_connection(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     run = uuid.uuid4().hex
     with TestCourierClient(bridge.port) as client:
         client.send_raw(b"NEWT\0\0\0\x05hello")
@@ -297,8 +280,8 @@ def test_ping_with_body_closes(one_bridge) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_garbage_connection_next_to_a_good_one(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_garbage_connection_next_to_a_good_one(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     run = uuid.uuid4().hex
     with TestCourierClient(bridge.port) as good:
         good.send(events(500, run))
@@ -316,8 +299,8 @@ def test_garbage_connection_next_to_a_good_one(device, bridge) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_idle_timeout_closes_a_silent_connection(one_device) -> None:
-    b = start_courier(one_device.router, "--idle-timeout", "1")
+def test_idle_timeout_closes_a_silent_connection(device) -> None:
+    b = start_courier(device.router, "--idle-timeout", "1")
     try:
         with TestCourierClient(b.port) as client:
             t0 = time.monotonic()
@@ -328,7 +311,7 @@ def test_idle_timeout_closes_a_silent_connection(one_device) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_after_acks_exits_zero(device, bridge) -> None:
+def test_sigterm_after_acks_exits_zero(native_device, bridge) -> None:
     with TestCourierClient(bridge.port) as client:
         client.send(events(10, "x"))
         client.wait_all_acked()
@@ -340,10 +323,10 @@ def test_sigterm_after_acks_exits_zero(device, bridge) -> None:
 # ------------------------------------------------------------------ TLS
 
 @pytest.mark.timeout(60)
-def test_tls(device, certs) -> None:
-    b = start_courier(device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
+def test_tls(native_device, certs) -> None:
+    b = start_courier(native_device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         with TestCourierClient(b.port, tls=client_tls(certs)) as client:
             client.send(events(50, "tls"), kind="EVNT")
             client.wait_all_acked()
@@ -372,13 +355,13 @@ def _refused(port: int, ctx: ssl.SSLContext) -> bool:
 
 
 @pytest.mark.timeout(90)
-def test_mutual_tls(device, certs) -> None:
+def test_mutual_tls(native_device, certs) -> None:
     b = start_courier(
-        device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+        native_device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
         "--tls-client-ca", str(certs.ca),
     )
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         with TestCourierClient(b.port, tls=client_tls(certs, cert=True)) as client:
             client.send(events(20, "mtls"))
             client.wait_all_acked()

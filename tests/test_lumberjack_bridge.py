@@ -3,7 +3,7 @@ N events in, N Logjam messages out (body, @metadata, app-env, created_ms); acks;
 TLS, mutual TLS; garbage next to a good client; the device paused.
 
 Every test with a device runs twice, under LOGJAM_NATIVE=require (the bridge's C scanner and
-device link, the device's C loop) and off (their Python twins): `device` is on each. The one
+device link, the device's C loop) and off (their Python twins): `native_device` is on each. The one
 without (limits refused at start, before a scanner exists) runs once."""
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ import pytest
 from bridges.lumberjack.bridge import FEED_SLICE
 from bridges.lumberjack.engine import V1, AckFrame, LumberjackClient, encode_data_frame, encode_window
 from logjam.validation import is_valid_app_env
-from harness.device import start_device
-from harness.processes import command, stop, wait_for
+from harness.processes import command, wait_for
 from tests.bridge_support import client_tls, collect, no_more, ready_subscriber, stop_bridge
 from tests.lumberjack_support import start_lumberjack
 
-# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `device` runs on both.
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `native_device` runs on both.
 pytestmark = pytest.mark.native
 
 
@@ -64,23 +63,15 @@ def tagged(n: int, run: str, start: int = 0) -> list[dict]:
 
 
 @pytest.fixture
-def device(native_mode):
-    """A device on each loop (require, off); `native_mode` gives every bridge the test starts the same."""
-    dev = start_device(native=native_mode)
-    yield dev
-    assert stop(dev.proc) == 0, dev.output()
-
-
-@pytest.fixture
-def bridge(device):
-    b = start_lumberjack(device.router)
+def bridge(native_device):
+    b = start_lumberjack(native_device.router)
     yield b
     stop_bridge(b)
 
 
 @pytest.mark.timeout(90)
-def test_v2_events_arrive_once_with_body_metadata_and_app_env(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_v2_events_arrive_once_with_body_metadata_and_app_env(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     client = LumberjackClient()  # counts across windows, like pylogbeat
     run = uuid.uuid4().hex
     with connect(bridge.port) as sock:
@@ -108,12 +99,12 @@ def test_v2_events_arrive_once_with_body_metadata_and_app_env(device, bridge) ->
 
 
 @pytest.mark.timeout(90)
-def test_windows_larger_than_a_batch_arrive_whole_and_in_order(device) -> None:
+def test_windows_larger_than_a_batch_arrive_whole_and_in_order(native_device) -> None:
     """One C frame of 1000 events is split into batches of 128: every event once, in order,
     each with its own seq and key, plain objects and the events C hands to Python alike."""
-    bridge = start_lumberjack(device.router, "--batch-size", "128")
+    bridge = start_lumberjack(native_device.router, "--batch-size", "128")
     try:
-        sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
         client = LumberjackClient(restart_each_window=True)
         run = uuid.uuid4().hex
         events: list = []
@@ -147,8 +138,8 @@ def test_windows_larger_than_a_batch_arrive_whole_and_in_order(device) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_v1_string_maps_line_becomes_message_and_acks_are_version_1(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_v1_string_maps_line_becomes_message_and_acks_are_version_1(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     client = LumberjackClient(version=V1, compress_level=None)
     with connect(bridge.port) as sock:
         acks = send_window(sock, client, [{"line": f"line {i}", "host": "web1", "offset": str(i)} for i in range(20)])
@@ -162,8 +153,8 @@ def test_v1_string_maps_line_becomes_message_and_acks_are_version_1(device, brid
 
 
 @pytest.mark.timeout(60)
-def test_partial_windows_restart_numbering_and_empty_window(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_partial_windows_restart_numbering_and_empty_window(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     client = LumberjackClient(restart_each_window=True)  # Filebeat numbers each window from 1
     with connect(bridge.port) as sock:
         # W 10 announced, only 4 events sent (end of a batch): the 4 must still be acked.
@@ -180,10 +171,10 @@ def test_partial_windows_restart_numbering_and_empty_window(device, bridge) -> N
 
 
 @pytest.mark.timeout(60)
-def test_app_env_field_overrides_and_falls_back(device) -> None:
-    b = start_lumberjack(device.router, "--app-env-field", "fields.service")
+def test_app_env_field_overrides_and_falls_back(native_device) -> None:
+    b = start_lumberjack(native_device.router, "--app-env-field", "fields.service")
     try:
-        sub = ready_subscriber(device.pub, device.router, "shop-prod")
+        sub = ready_subscriber(native_device.pub, native_device.router, "shop-prod")
         client = LumberjackClient()
         with connect(b.port) as sock:
             send_window(sock, client, [{"message": "x", "fields": {"service": "shop-prod"}}, {"message": "y"}])
@@ -198,10 +189,10 @@ def test_app_env_field_overrides_and_falls_back(device) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_tls(device, certs) -> None:
-    b = start_lumberjack(device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
+def test_tls(native_device, certs) -> None:
+    b = start_lumberjack(native_device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         client = LumberjackClient()
         with connect(b.port, client_tls(certs)) as sock:
             send_window(sock, client, [{"message": f"m{i}"} for i in range(50)])
@@ -233,13 +224,13 @@ def _refused(port: int, ctx: ssl.SSLContext) -> bool:
 
 
 @pytest.mark.timeout(60)
-def test_mutual_tls_and_refusals(device, certs) -> None:
+def test_mutual_tls_and_refusals(native_device, certs) -> None:
     b = start_lumberjack(
-        device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+        native_device.router, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
         "--tls-client-ca", str(certs.ca),
     )
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         client = LumberjackClient()
         with connect(b.port, client_tls(certs, cert=True)) as sock:
             send_window(sock, client, [{"message": f"m{i}"} for i in range(20)])
@@ -258,8 +249,8 @@ def test_mutual_tls_and_refusals(device, certs) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_garbage_connections_next_to_a_good_one(device, bridge) -> None:
-    sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+def test_garbage_connections_next_to_a_good_one(native_device, bridge) -> None:
+    sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
     client = LumberjackClient()
     window = client.send([{"message": f"g{i}"} for i in range(10)])
     with connect(bridge.port) as good:
@@ -283,9 +274,9 @@ def test_garbage_connections_next_to_a_good_one(device, bridge) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
-    b = start_lumberjack(device.router)
-    sub = ready_subscriber(device.pub, device.router, b.app_env)
+def test_device_paused_no_ack_flat_memory_then_everything_once(native_device) -> None:
+    b = start_lumberjack(native_device.router)
+    sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
     stopped = False
     halt = threading.Event()  # stops the sender
     done = threading.Event()  # stops the ack reader
@@ -331,7 +322,7 @@ def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
         ack_thread.start()
         wait_for(lambda: acks and acks[-1].seq > 1000, timeout=30, what="acks while the device runs")
 
-        os.kill(device.proc.pid, signal.SIGSTOP)
+        os.kill(native_device.proc.pid, signal.SIGSTOP)
         stopped = True
         # The sender stalls once the bridge stops reading (its buffers are bounded).
         wait_for(lambda: time.monotonic() - last_progress > 1.5, timeout=40, interval=0, what="the sender to be back-pressured")
@@ -346,7 +337,7 @@ def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
         assert rss_later - rss_stalled < 8 * 1024, (rss_stalled, rss_later)
         assert rss_later < 400 * 1024
 
-        os.kill(device.proc.pid, signal.SIGCONT)
+        os.kill(native_device.proc.pid, signal.SIGCONT)
         stopped = False
         halt.set()
         pump_thread.join(5)
@@ -364,16 +355,16 @@ def test_device_paused_no_ack_flat_memory_then_everything_once(device) -> None:
         halt.set()
         done.set()
         if stopped:
-            os.kill(device.proc.pid, signal.SIGCONT)
+            os.kill(native_device.proc.pid, signal.SIGCONT)
         stop_bridge(b)
 
 
 @pytest.mark.timeout(60)
-def test_waiting_client_is_not_idle_while_the_device_is_paused(device) -> None:
-    b = start_lumberjack(device.router, "--idle-timeout", "1")
-    sub = ready_subscriber(device.pub, device.router, b.app_env)
+def test_waiting_client_is_not_idle_while_the_device_is_paused(native_device) -> None:
+    b = start_lumberjack(native_device.router, "--idle-timeout", "1")
+    sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
     client = LumberjackClient()
-    os.kill(device.proc.pid, signal.SIGSTOP)
+    os.kill(native_device.proc.pid, signal.SIGSTOP)
     try:
         with connect(b.port) as sock:
             sock.sendall(client.send([{"message": f"w{i}"} for i in range(50)]))
@@ -389,21 +380,21 @@ def test_waiting_client_is_not_idle_while_the_device_is_paused(device) -> None:
                 assert data, "the bridge closed a client that was waiting for acks"
                 seen += client.feed(data)
             assert seen and all(a.seq == 0 for a in seen)
-            os.kill(device.proc.pid, signal.SIGCONT)
+            os.kill(native_device.proc.pid, signal.SIGCONT)
             sock.settimeout(20)
             assert read_acks_until(sock, client, 50)[-1].seq == 50
         assert len(collect(sub, b.app_env, 50)) == 50
         sub.close()
     finally:
-        os.kill(device.proc.pid, signal.SIGCONT)
+        os.kill(native_device.proc.pid, signal.SIGCONT)
         stop_bridge(b)
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_with_the_device_paused_acks_nothing_and_exits_0(device) -> None:
-    b = start_lumberjack(device.router)
+def test_sigterm_with_the_device_paused_acks_nothing_and_exits_0(native_device) -> None:
+    b = start_lumberjack(native_device.router)
     client = LumberjackClient()
-    os.kill(device.proc.pid, signal.SIGSTOP)
+    os.kill(native_device.proc.pid, signal.SIGSTOP)
     try:
         with connect(b.port) as sock:
             sock.sendall(client.send([{"message": f"t{i}"} for i in range(100)]))
@@ -417,7 +408,7 @@ def test_sigterm_with_the_device_paused_acks_nothing_and_exits_0(device) -> None
             assert all(a.seq == 0 for a in client.feed(rest)), "acked events the device never accepted"
         assert "stopped" in out
     finally:
-        os.kill(device.proc.pid, signal.SIGCONT)
+        os.kill(native_device.proc.pid, signal.SIGCONT)
 
 
 def _metric(port: int, name: str) -> float:
@@ -431,13 +422,13 @@ def _metric(port: int, name: str) -> float:
 
 
 @pytest.mark.timeout(90)
-def test_process_wide_bound_stops_reading_every_client(device) -> None:
+def test_process_wide_bound_stops_reading_every_client(native_device) -> None:
     from harness.processes import free_port
 
     metrics_port = free_port()
-    b = start_lumberjack(device.router, "--max-process-pending-events", "300", "--metrics-port", str(metrics_port))
-    sub = ready_subscriber(device.pub, device.router, b.app_env)
-    os.kill(device.proc.pid, signal.SIGSTOP)
+    b = start_lumberjack(native_device.router, "--max-process-pending-events", "300", "--metrics-port", str(metrics_port))
+    sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
+    os.kill(native_device.proc.pid, signal.SIGSTOP)
     paused = True
     socks = []
     try:
@@ -454,7 +445,7 @@ def test_process_wide_bound_stops_reading_every_client(device) -> None:
         window = len(LumberjackClient(compress_level=None).send([]))
         smallest = len(LumberjackClient(compress_level=None).send([{"message": "c0-0"}])) - window
         assert _metric(metrics_port, received) <= 300 + FEED_SLICE // smallest
-        os.kill(device.proc.pid, signal.SIGCONT)
+        os.kill(native_device.proc.pid, signal.SIGCONT)
         paused = False
         for sock, client in zip(socks, clients):
             assert read_acks_until(sock, client, 2000, timeout=60)[-1].seq == 2000
@@ -463,15 +454,15 @@ def test_process_wide_bound_stops_reading_every_client(device) -> None:
         sub.close()
     finally:
         if paused:
-            os.kill(device.proc.pid, signal.SIGCONT)
+            os.kill(native_device.proc.pid, signal.SIGCONT)
         for sock in socks:
             sock.close()
         stop_bridge(b)
 
 
 @pytest.mark.timeout(60)
-def test_device_rejection_is_not_acked_and_closes_the_connection(device) -> None:
-    b = start_lumberjack(device.router, "--topic", "not-a-logjam-topic")
+def test_device_rejection_is_not_acked_and_closes_the_connection(native_device) -> None:
+    b = start_lumberjack(native_device.router, "--topic", "not-a-logjam-topic")
     client = LumberjackClient()
     try:
         with connect(b.port) as sock:
@@ -487,11 +478,11 @@ def test_device_rejection_is_not_acked_and_closes_the_connection(device) -> None
 
 
 @pytest.mark.timeout(90)
-def test_old_knob_names_still_work_with_one_warning_at_start(device) -> None:
+def test_old_knob_names_still_work_with_one_warning_at_start(native_device) -> None:
     """--pipeline and --max-batch (now --pipeline-depth, --batch-size) are accepted for one release."""
-    bridge = start_lumberjack(device.router, "--pipeline", "1", "--max-batch", "16")
+    bridge = start_lumberjack(native_device.router, "--pipeline", "1", "--max-batch", "16")
     try:
-        sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
         client = LumberjackClient(restart_each_window=True)
         with connect(bridge.port) as sock:
             for _ in range(2):
