@@ -4,9 +4,9 @@ device holds every rsp), app-env from APP-NAME, and a bad frame next to a good c
 util-linux `logger` is the real client here; rsyslog and syslog-ng are in test_syslog_interop.py.
 
 Every test whose messages reach the device runs twice, under LOGJAM_NATIVE=require (the bridge's
-C device link, the device's C loop) and off (their Python twins): `device` is on each. The syslog
+C device link, the device's C loop) and off (their Python twins): `native_device` is on each. The syslog
 engine is Python on both paths, so the frame refused on its length alone (nothing reaches the
-device) runs once, on `one_device`."""
+device) runs once, on `device`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import time
 import urllib.request
@@ -26,39 +25,22 @@ from bridges.syslog.engine import SyslogClient
 from bridges.syslog.relp import RelpClient, Response, ServerClose
 from runtime.health import fetch
 from tests.bridge_support import client_tls, collect, ready_subscriber, stop_bridge
-from harness.device import start_device
-from harness.processes import free_port, stop, wait_for
+from harness.processes import free_port, wait_for
 from tests.test_tls_reload import der, install, reloads, tls_connect
 from tests.tls_certs import make_certs
 from tests.syslog_support import landed_once, relp_send, run_id, start_syslog, tls_flags
 
-# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `device` runs on both.
+# Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `native_device` runs on both.
 pytestmark = pytest.mark.native
 
 N = 200
 LOGGER = shutil.which("logger")
 
 
-@pytest.fixture
-def device(native_mode):
-    """A device on each loop (require, off); `native_mode` gives every bridge the test starts the same."""
-    dev = start_device(native=native_mode)
-    yield dev
-    assert stop(dev.proc) == 0, dev.output()
-
-
-@pytest.fixture
-def one_device():
-    """A device under the LOGJAM_NATIVE the run has: for a test no message of which reaches it."""
-    dev = start_device()
-    yield dev
-    assert stop(dev.proc) == 0, dev.output()
-
-
-def test_both_framings_on_one_connection_with_5424_fields(device) -> None:
-    b = start_syslog(device.router)
+def test_both_framings_on_one_connection_with_5424_fields(native_device) -> None:
+    b = start_syslog(native_device.router)
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         run = run_id()
         counted, lf = SyslogClient("octet-counting"), SyslogClient("lf")
         with socket.create_connection(("127.0.0.1", b.port)) as s:
@@ -83,10 +65,10 @@ def test_both_framings_on_one_connection_with_5424_fields(device) -> None:
 
 @pytest.mark.skipif(LOGGER is None, reason="util-linux logger is not installed")
 @pytest.mark.parametrize("mode", ["octet-count", "lf", "udp"])
-def test_logger(device, mode: str) -> None:
-    b = start_syslog(device.router, udp=True)
+def test_logger(native_device, mode: str) -> None:
+    b = start_syslog(native_device.router, udp=True)
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         run = run_id()
         flags = {"octet-count": ["--tcp", "--octet-count"], "lf": ["--tcp"], "udp": ["--udp"]}[mode]
         lines = "".join(f"run {run} {i}\n" for i in range(N))
@@ -105,12 +87,12 @@ def test_logger(device, mode: str) -> None:
         stop_bridge(b)
 
 
-def test_rfc3164_and_app_env_from_app_name(device) -> None:
+def test_rfc3164_and_app_env_from_app_name(native_device) -> None:
     env = "prod"
-    b = start_syslog(device.router, "--app-name-environment", env)
+    b = start_syslog(native_device.router, "--app-name-environment", env)
     try:
-        sub = ready_subscriber(device.pub, device.router, f"billing-{env}")
-        fallback = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, f"billing-{env}")
+        fallback = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         run = run_id()
         with socket.create_connection(("127.0.0.1", b.port)) as s:
             s.sendall(b"".join(b"<38>Jan  5 01:02:03 host-a billing[77]: run %b %d\n" % (run.encode(), i)
@@ -129,10 +111,10 @@ def test_rfc3164_and_app_env_from_app_name(device) -> None:
         stop_bridge(b)
 
 
-def test_tls_octet_counted(device, certs) -> None:
-    b = start_syslog(device.router, *tls_flags(certs))
+def test_tls_octet_counted(native_device, certs) -> None:
+    b = start_syslog(native_device.router, *tls_flags(certs))
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         run = run_id()
         client = SyslogClient()
         with socket.create_connection(("127.0.0.1", b.port)) as raw:
@@ -145,10 +127,10 @@ def test_tls_octet_counted(device, certs) -> None:
         stop_bridge(b)
 
 
-def test_relp_acks_each_message_after_the_device(device) -> None:
-    b = start_syslog(device.router, "--relp")
+def test_relp_acks_each_message_after_the_device(native_device) -> None:
+    b = start_syslog(native_device.router, "--relp")
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         run = run_id()
         answers = relp_send(b.port, [b"<13>1 - h relpapp - - - run %b %d" % (run.encode(), i) for i in range(N)])
         assert [a.txnr for a in answers] == list(range(1, N + 3))
@@ -163,23 +145,23 @@ def test_relp_acks_each_message_after_the_device(device) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_relp_paused_device_holds_every_rsp(device) -> None:
-    b = start_syslog(device.router, "--relp")
+def test_relp_paused_device_holds_every_rsp(native_device) -> None:
+    b = start_syslog(native_device.router, "--relp")
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         run = run_id()
         client = RelpClient()
         with socket.create_connection(("127.0.0.1", b.port), timeout=30) as s:
             s.sendall(client.send("open"))
             wait_for(lambda: client.feed(s.recv(4096)) != [], timeout=10, what="open rsp")
-            os.kill(device.proc.pid, signal.SIGSTOP)
+            os.kill(native_device.proc.pid, signal.SIGSTOP)
             try:
                 s.sendall(b"".join(client.send("syslog", b"<13>run %b %d" % (run.encode(), i)) for i in range(20)))
                 s.settimeout(2)
                 with pytest.raises(socket.timeout):
                     s.recv(4096)  # nothing is answered while the device cannot accept
             finally:
-                os.kill(device.proc.pid, signal.SIGCONT)
+                os.kill(native_device.proc.pid, signal.SIGCONT)
             s.settimeout(30)
             got: list[Response] = []
             while client.unanswered:
@@ -191,10 +173,10 @@ def test_relp_paused_device_holds_every_rsp(device) -> None:
         stop_bridge(b)
 
 
-def test_bad_relp_frame_closes_only_that_connection(device) -> None:
-    b = start_syslog(device.router, "--relp")
+def test_bad_relp_frame_closes_only_that_connection(native_device) -> None:
+    b = start_syslog(native_device.router, "--relp")
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         with socket.create_connection(("127.0.0.1", b.port), timeout=10) as bad:
             bad.sendall(b"1 syslog 3 abc\n")  # before open
             assert bad.recv(100) == b""
@@ -207,8 +189,8 @@ def test_bad_relp_frame_closes_only_that_connection(device) -> None:
     assert "relp_not_open" in out
 
 
-def test_oversize_counted_frame_is_refused_on_its_length(one_device) -> None:
-    b = start_syslog(one_device.router, "--max-frame-size", "1000")
+def test_oversize_counted_frame_is_refused_on_its_length(device) -> None:
+    b = start_syslog(device.router, "--max-frame-size", "1000")
     try:
         with socket.create_connection(("127.0.0.1", b.port), timeout=10) as s:
             s.sendall(b"99999999 <13>x")
@@ -219,16 +201,16 @@ def test_oversize_counted_frame_is_refused_on_its_length(one_device) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_sighup_reloads_the_tls_certificate(device, tmp_path) -> None:
+def test_sighup_reloads_the_tls_certificate(native_device, tmp_path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a, b = make_certs(tmp_path / "a"), make_certs(tmp_path / "b")
     cert, key = tmp_path / "server.crt", tmp_path / "server.key"
     install(a.server_cert, a.server_key, cert, key)
     mport = free_port()
-    bridge = start_syslog(device.router, "--tls-cert", str(cert), "--tls-key", str(key), "--metrics-port", str(mport))
+    bridge = start_syslog(native_device.router, "--tls-cert", str(cert), "--tls-key", str(key), "--metrics-port", str(mport))
     try:
-        sub = ready_subscriber(device.pub, device.router, bridge.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, bridge.app_env)
         run = run_id()
         with tls_connect(bridge.port, a.ca) as old:
             assert old.getpeercert(binary_form=True) == der(a.server_cert)
@@ -251,16 +233,16 @@ def test_sighup_reloads_the_tls_certificate(device, tmp_path) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_udp_while_the_device_is_stopped_drops_and_counts(device) -> None:
+def test_udp_while_the_device_is_stopped_drops_and_counts(native_device) -> None:
     """UDP cannot push back: with 64 batches waiting on a stopped device and one more batch of
     256 gathered behind them, further datagrams are dropped and counted; what was kept lands
     once the device resumes (at-most-once)."""
     mport = free_port()
-    b = start_syslog(device.router, "--metrics-port", str(mport), udp=True)
+    b = start_syslog(native_device.router, "--metrics-port", str(mport), udp=True)
     try:
-        sub = ready_subscriber(device.pub, device.router, b.app_env)
+        sub = ready_subscriber(native_device.pub, native_device.router, b.app_env)
         run = run_id()
-        os.kill(device.proc.pid, signal.SIGSTOP)
+        os.kill(native_device.proc.pid, signal.SIGSTOP)
         try:
             sent = 400
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -280,7 +262,7 @@ def test_udp_while_the_device_is_stopped_drops_and_counts(device) -> None:
                          what="every datagram received or counted as dropped")
             lost = int(c["logjam_bridge_datagrams_dropped_total"])
         finally:
-            os.kill(device.proc.pid, signal.SIGCONT)
+            os.kill(native_device.proc.pid, signal.SIGCONT)
         assert 0 < lost <= sent - 64 - 256, c
         got = collect(sub, b.app_env, sent - lost, timeout=30)
         assert len(got) == sent - lost
@@ -290,8 +272,8 @@ def test_udp_while_the_device_is_stopped_drops_and_counts(device) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_relp_at_shutdown_answers_what_was_forwarded_then_says_serverclose(device) -> None:
-    b = start_syslog(device.router, "--relp")
+def test_relp_at_shutdown_answers_what_was_forwarded_then_says_serverclose(native_device) -> None:
+    b = start_syslog(native_device.router, "--relp")
     stopped = False
     try:
         client = RelpClient()

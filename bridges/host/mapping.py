@@ -174,14 +174,15 @@ class EventMapper:
             self._on_fallback()
         return self.app_env
 
-    def _take_keys(self, n: int) -> int:
-        """Reserve n consecutive key numbers; returns the first."""
+    def take_keys(self, n: int) -> int:
+        """Reserve n consecutive key numbers; returns the first. For a protocol that writes its
+        own `@metadata` (bridges/syslog/bridge.py) and must number its keys from the same counter."""
         first = self._next_n
         self._next_n = first + n
         return first
 
     def _next_key(self) -> str:
-        return f"{self.instance}:{self._take_keys(1)}"
+        return f"{self.instance}:{self.take_keys(1)}"
 
     def _with_metadata(self, body: dict[str, Any], metadata: dict[str, Any]) -> None:
         """Set body["@metadata"]: ours merged over the event's, with the idempotency key (never mutates `metadata`)."""
@@ -222,7 +223,7 @@ class EventMapper:
                 if "_id" in metadata:
                     meta = orjson.dumps(metadata, default=str)
                 else:
-                    key = b'"_id":"%b%d"}' % (self._key_prefix, self._take_keys(1))
+                    key = b'"_id":"%b%d"}' % (self._key_prefix, self.take_keys(1))
                     meta = orjson.dumps(metadata, default=str)[:-1] + (b"," + key if metadata else key)
                 ts = parse_timestamp(body.get("@timestamp"))
                 out.add(app_env or self.app_env_for(body), b'%b,"@metadata":%b}' % (text[:-1], meta),

@@ -387,8 +387,8 @@ def map_run(mapper: EventMapper, out: Batches, raws: list[bytes], common: dict[s
     encoded once per run and the time taken from the parse instead of read again from the
     text. Runs of messages with the same app-env go to the mapper as one packed blob."""
     # The key numbers come from the mapper's one counter, so that every key of the process is
-    # `<instance>:<n>` from one sequence, as `add` numbers them (it has no public name for this).
-    key = mapper._take_keys(len(raws))
+    # `<instance>:<n>` from one sequence, as `add` numbers them.
+    key = mapper.take_keys(len(raws))
     prefix = orjson.dumps(f"{mapper.instance}:")[1:-1].replace(b"%", b"%%")
     head = orjson.dumps(common, default=str)[:-1].replace(b"%", b"%%")  # `{...` of the common part
     sep = b"," if len(head) > 1 else b""
