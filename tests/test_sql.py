@@ -91,3 +91,58 @@ def test_a_master_url_runs_a_classic_session_over_the_same_files(spark_server, t
                        capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [orjson.loads(line) for line in r.stdout.splitlines()] == [{"app_env": "sqlclassic-prod", "n": 5}]
+
+
+@pytest.mark.timeout(240)
+def test_trace_prints_one_request_across_streams_and_days_in_time_order(spark_server, tmp_path) -> None:
+    """`--trace ID`: the rows of a request id or a trace id (matched lowercased), from every stream, oldest
+    first, with how many days were searched; `--days` narrows the search, `--json` gives the rows."""
+    import datetime
+
+    warehouse = tmp_path / "wh"
+    database = database_for(warehouse)
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    trace = "4BF92F3577B34DA6A3CE929D0E0E4736"
+    rows = [  # (app_env, seconds before now, body): out of time order on purpose
+        ("payments-prod", 30, {"message": "charge card", "trace_id": trace.lower(), "level": "info"}),
+        ("web-prod", 86_400 + 60, {"message": "GET /checkout", "request_id": "req-42", "level": "info"}),
+        ("orders-prod", 45, {"message": "order stored", "traceId": trace, "level": "warn"}),
+        ("web-prod", 40, {"message": "another request", "request_id": "req-43"}),
+        ("orders-prod", 20, {"message": "no id at all"}),
+    ]
+    b = BatchBuilder()
+    for seq, (app_env, ago, body) in enumerate(rows, 1):
+        at = int((now - datetime.timedelta(seconds=ago)).timestamp() * 1000)
+        b.add(Message.build(app_env, "logs.trace", body, seq=seq, device=5, created_ms=at), time.time_ns() // 1000)
+    spark = spark_server.session()
+    TableWriter(database, 0, ensure_table(spark, database, str(warehouse / "messages"))).write(spark, b.build())
+
+    def trace_of(ident: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([command("logjam-sql"), "--trace", ident, "--spark", spark_server.url, "--warehouse",
+                               str(warehouse), "--database", database, *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    r = trace_of(trace)
+    assert r.returncode == 0, r.stderr
+    head, *lines = r.stdout.splitlines()
+    assert head.startswith(f"{trace}: 2 rows from 2 streams, searched 2 days (")
+    assert ["orders-prod" in lines[0], "payments-prod" in lines[1]] == [True, True], lines
+    assert "order stored" in lines[0] and "+    0.000s" in lines[0] and "+   15.000s" in lines[1]
+
+    r = trace_of("req-42")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith("req-42: 1 row from 1 stream, searched 2 days")
+    r = trace_of("req-42", "--days", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["req-42: 0 rows from 0 streams, searched 1 day "
+                                     f"({now.date()} .. {now.date()})"]
+
+    r = trace_of(trace, "--json")
+    assert r.returncode == 0, r.stderr
+    got = [orjson.loads(line) for line in r.stdout.splitlines()]
+    assert [(g["app_env"], g["message"], g["trace_id"]) for g in got] == [
+        ("orders-prod", "order stored", trace.lower()), ("payments-prod", "charge card", trace.lower())]
+    assert "2 rows from 2 streams" in r.stderr
+
+    r = subprocess.run([command("logjam-sql"), "SELECT 1", "--trace", "x"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not both" in r.stderr

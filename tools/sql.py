@@ -1,5 +1,8 @@
 """`logjam-sql "SELECT ..."`: run a query against the `logjam.messages` table and print the result.
 
+`logjam-sql --trace ID` prints every row of one request or trace instead (tools/trace.py);
+`--compact` and `--retention-days` run a maintenance pass.
+
 It talks to `logjam-spark` through Spark Connect (or starts a classic session for a master
 URL such as `local[2]`), makes `--database` the current database so that `messages` alone
 names the table (`logjam.messages` works too), and creates the table first if this Spark
@@ -25,12 +28,13 @@ from table.protocol import DEFAULT_GRACE_S
 from warehouse.config import MaintenanceConfig
 from warehouse.maintenance import maintenance_pass
 from table.paths import table_path
-from table.schema import DEFAULT_DATABASE
+from table.schema import DEFAULT_DATABASE, qualified
 from table.checks import local_dir, spark_url
 from table.session import DEFAULT_SPARK, is_connect, open_session, resolve_warehouse
 from runtime import lifecycle
 from runtime.check import Checker
 from runtime.config import add_config_flag, from_flags, parse_config, setup_logging
+from tools import trace
 
 log = logging.getLogger("logjam-sql")
 
@@ -39,7 +43,9 @@ log = logging.getLogger("logjam-sql")
 class SqlConfig:
     """What one logjam-sql run does (the flags below have the help)."""
 
-    query: str | None  # None: a maintenance pass (--compact / --retention-days)
+    query: str | None  # None: --trace, or a maintenance pass (--compact / --retention-days)
+    trace: str | None  # a request id or trace id to show every row of (tools/trace.py)
+    days: int  # --trace searches the last N days (0: all)
     compact: bool
     older_than: float
     compact_grace: float
@@ -65,6 +71,9 @@ class SqlConfig:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="logjam-sql", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("query", nargs="?", help='SQL, e.g. "SELECT app_env, count(*) FROM messages GROUP BY 1"')
+    p.add_argument("--trace", metavar="ID",
+                   help="every row with this request_id or trace_id, from every stream, as a timeline")
+    p.add_argument("--days", type=int, default=0, metavar="N", help="--trace searches the last N days (default: all)")
     p.add_argument("--compact", action="store_true",
                    help="compact closed partitions now (as logjam-spark does on a schedule), instead of a query")
     p.add_argument("--older-than", type=duration, default=3600.0, metavar="AGE",
@@ -146,6 +155,8 @@ def run(config: SqlConfig) -> int:
         spark.client.disable_reattachable_execute()
     try:
         ensure_table(spark, config.database, table_path(resolve_warehouse(spark, config.warehouse)))
+        if config.trace is not None:
+            return show_trace(spark, config)
         if config.query is None:
             return maintain(spark, config)
         spark.sql(f"USE `{config.database}`")
@@ -176,6 +187,18 @@ def run(config: SqlConfig) -> int:
     return 0
 
 
+def show_trace(spark: Any, config: SqlConfig) -> int:
+    """`--trace ID`: the timeline (tools/trace.py); with --json, one object a row and the header on stderr."""
+    timeline = trace.find(spark, qualified(config.database), config.trace or "", config.days)
+    if config.json:
+        print(trace.header(timeline), file=sys.stderr)
+        for row in timeline.rows:
+            sys.stdout.write(orjson.dumps(row, default=_json_default, option=orjson.OPT_NAIVE_UTC).decode() + "\n")
+    else:
+        print(trace.render(timeline, config.max_width and max(config.max_width, 100)))
+    return 0
+
+
 def maintain(spark: Any, config: SqlConfig) -> int:
     """`--compact` / `--retention-days` without a query: one maintenance pass, then a summary line."""
     done = maintenance_pass(spark, config.database, config.maintenance, compact=config.compact,
@@ -190,10 +213,13 @@ def check_sql(config: SqlConfig) -> int:
     c = Checker("logjam-sql")
     spark_url(c, "--spark", config.spark)
     local_dir(c, "--warehouse", config.warehouse)
-    if config.query is None and not (config.compact or config.retention_days):
-        c.error("give a query, or --compact / --retention-days")
+    if config.query is None and config.trace is None and not (config.compact or config.retention_days):
+        c.error("give a query, --trace ID, or --compact / --retention-days")
     if config.query is not None:
         c.would_run(f"on {config.spark}, database {config.database}: {config.query}")
+    if config.trace is not None:
+        days = f"the last {config.days} days" if config.days > 0 else "every day"
+        c.would_run(f"find the rows of request or trace id {config.trace!r} in {config.database}.messages, {days}")
     if config.compact:
         c.would_run(f"compact partitions of {config.database}.messages closed at least {config.older_than:g}s ago")
     if config.retention_days:
@@ -206,8 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, config = parse_config(parser, argv, SqlConfig.from_flags)
     if args.check:
         return check_sql(config)
-    if config.query is None and not (config.compact or config.retention_days):
-        parser.error("give a query, or --compact / --retention-days")
+    if config.query is not None and config.trace is not None:
+        parser.error("give a query or --trace, not both")
+    if config.query is None and config.trace is None and not (config.compact or config.retention_days):
+        parser.error("give a query, --trace ID, or --compact / --retention-days")
     setup_logging("logjam-sql", config.verbose)
     if not config.verbose:
         logging.getLogger().setLevel(logging.WARNING)
