@@ -157,14 +157,16 @@ def _e2e_rows(n: int, batch: int) -> list[pa.Table]:
 def _spark_job(spark: Any, table: pa.Table, root: str, stage: Path, encoder: Any) -> None:
     """One batch the way an importer wrote it before it placed its own files: staged with `doc`
     encoded, then read and written again by one Spark job."""
-    from table.schema import DOC_COLUMN, staged_ddl
+    from table.schema import DOC_COLUMN, spark_read_ddl
 
     stage.mkdir(parents=True, exist_ok=True)
     path = stage / f"{uuid.uuid4().hex}.parquet"
     table = table.sort_by(_SORT)
     pq.write_table(table.append_column(DOC_COLUMN, encoder.column(table)), path, compression="snappy",
                    row_group_size=max(1024, -(-table.num_rows // 16)))
-    _append(spark.read.schema(staged_ddl()).parquet(f"file://{path}"), root)
+    # The file's data columns, `doc` as a VARIANT, and the partition columns it holds too, which `_append` partitions by.
+    staged = f"{spark_read_ddl(data_only=True)}, `app_env` STRING, `date` DATE"
+    _append(spark.read.schema(staged).parquet(f"file://{path}"), root)
     path.unlink()
 
 

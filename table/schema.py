@@ -118,11 +118,6 @@ def conform(table: pa.Table) -> pa.Table:
                                  for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
 
 
-def staged_ddl() -> str:
-    """The columns of a file an importer stages with `doc` encoded, `doc` read as a VARIANT."""
-    return ", ".join([f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA] + [f"`{DOC_COLUMN}` VARIANT"])
-
-
 def qualified(database: str = DEFAULT_DATABASE) -> str:
     return f"`{database}`.`{TABLE_NAME}`"
 

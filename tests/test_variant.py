@@ -37,7 +37,7 @@ from importer.decode import BatchBuilder
 from importer.variant import MODULE, DocEncoder
 from importer.variant_py import MAX_PART, PyDocEncoder
 from logjam import native
-from table.schema import DOC_ARROW_TYPE, DOC_EXPR, staged_ddl
+from table.schema import DOC_ARROW_TYPE, DOC_EXPR, spark_read_ddl
 from tests.conftest import NATIVE_MODES, native_env
 from harness.native import c_module
 
@@ -125,10 +125,10 @@ def sparks(spark: Any, tmp: Path, table: pa.Table) -> list[tuple[bytes, bytes] |
 
 
 def read_back(spark: Any, tmp: Path, table: pa.Table) -> list[tuple[str | None, str | None]]:
-    """(`to_json` of the encoder's `doc` read as a staged file is, `to_json(try_parse_json(body))`) per row."""
+    """(`to_json` of the encoder's `doc` read as Spark reads a placed file, `to_json(try_parse_json(body))`) per row."""
     path = tmp / f"staged-{uuid.uuid4().hex}.parquet"
     pq.write_table(table.append_column("doc", encoder().column(table)), path)
-    rows = spark.read.schema(staged_ddl()).parquet(f"file://{path}") \
+    rows = spark.read.schema(spark_read_ddl(data_only=True)).parquet(f"file://{path}") \
         .selectExpr("seq", "to_json(doc)", "to_json(try_parse_json(body))").orderBy("seq").collect()
     return [(r[1], r[2]) for r in rows]
 
@@ -166,7 +166,7 @@ def test_lookups_in_large_objects_find_every_field(spark: Any, tmp_path: Path, n
     table = staged([json.dumps({k: i for i, k in enumerate(keys)}).encode()])
     path = tmp_path / "large.parquet"
     pq.write_table(table.append_column("doc", encoder().column(table)), path)
-    df = spark.read.schema(staged_ddl()).parquet(f"file://{path}")
+    df = spark.read.schema(spark_read_ddl(data_only=True)).parquet(f"file://{path}")
     exprs = [f"variant_get(doc, '$[\"{k}\"]', 'int')" for k in keys]
     assert list(df.selectExpr(*exprs).collect()[0]) == list(range(len(keys)))
 
