@@ -120,9 +120,11 @@ def _host(v: Any) -> str | None:
 _OTEL_LEVELS = ("TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL")
 # RFC 5424's severity keywords, 0..7.
 _SYSLOG_LEVELS = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
+# Where an id is read from, in order (`_id`): `<x>_id`, the object `<x>` (its `id`) else `<x>.id`, `<x>Id`.
+_TRACE_KEYS = ("trace_id", "trace", "trace.id", "traceId")
+_SPAN_KEYS = ("span_id", "span", "span.id", "spanId")
 # The top-level keys any of the columns below come from but the ones every body is asked for.
-_OTHER_KEYS = frozenset(("severity_text", "severity_number", "syslog", "trace_id", "trace", "trace.id", "traceId",
-                         "span_id", "span", "span.id", "spanId"))
+_OTHER_KEYS = frozenset(("severity_text", "severity_number", "syslog", *_TRACE_KEYS, *_SPAN_KEYS))
 # A trace or span id: hex digits, an even number of them, at most 64 (W3C/OTel ids are 32 and 16).
 _HEX_ID = re.compile("(?:[0-9a-fA-F]{2}){1,32}")
 
@@ -171,23 +173,22 @@ def _hex_id(v: Any) -> str | None:
 
 
 def _ids(doc: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(trace_id, span_id): `trace_id`, else `trace.id` (ECS, nested or dotted, as `log.level`), else
-    `traceId` (OTLP/JSON's spelling); the same for `span`. The first of them present and not null is
-    the one read, then checked by `_hex_id`."""
-    get = doc.get
-    t = get("trace_id")
-    if t is None:
-        p = get("trace")
-        t = p.get("id") if type(p) is dict else get("trace.id")
-        if t is None:
-            t = get("traceId")
-    s = get("span_id")
-    if s is None:
-        p = get("span")
-        s = p.get("id") if type(p) is dict else get("span.id")
-        if s is None:
-            s = get("spanId")
-    return _hex_id(t), _hex_id(s)
+    """(trace_id, span_id), each read by `_id`."""
+    return _id(doc, _TRACE_KEYS), _id(doc, _SPAN_KEYS)
+
+
+def _id(doc: dict[str, Any], keys: tuple[str, str, str, str]) -> str | None:
+    """`<x>_id`, else `<x>.id` (ECS, nested or dotted, as `log.level`), else `<x>Id` (OTLP/JSON's
+    spelling), `keys` naming them for one x. The first of them present and not null is the one
+    read, then checked by `_hex_id`."""
+    flat, nested, dotted, camel = keys
+    v = doc.get(flat)
+    if v is None:
+        p = doc.get(nested)
+        v = p.get("id") if type(p) is dict else doc.get(dotted)
+        if v is None:
+            v = doc.get(camel)
+    return _hex_id(v)
 
 
 def _sparse(values: dict[int, str], rows: int) -> pa.Array:

@@ -287,18 +287,26 @@ static int s_hex_id(lj_dec_t *d, int col, const jv_t *v) {
     return 0;
 }
 
-/* decode.py's _ids, for one of them: `<x>_id`, else `<x>.id` (nested, else dotted), else `<x>Id`;
+/* ECS's `<x>.<key>`, nested or dotted: `key` of `obj` when that is an object (looked up into
+ * `slot`), else the dotted key's value. Sets *v; -DEFER when the object cannot be read here. */
+static int nested_or_dotted(const jv_t *obj, const char *const *key, const jv_t *dotted, jv_t *slot,
+                            const jv_t **v) {
+    if (obj->kind != V_OBJ) {
+        *v = dotted;
+        return 0;
+    }
+    if (lookup(obj, key, 1, slot)) return -DEFER;
+    *v = slot;
+    return 0;
+}
+
+/* decode.py's _id: `<x>_id`, else `<x>.id` (nested, else dotted), else `<x>Id`;
  * the first present and not null, checked by s_hex_id. */
 static int s_id(lj_dec_t *d, int col, const jv_t *f, int k_id, int k_obj, int k_dot, int k_camel) {
     jv_t id[1] = {{0}};
     const jv_t *v = &f[k_id];
     if (absent(v)) {
-        if (f[k_obj].kind == V_OBJ) {
-            if (lookup(&f[k_obj], ID_KEYS, 1, id)) return -DEFER;
-            v = &id[0];
-        } else {
-            v = &f[k_dot];
-        }
+        if (nested_or_dotted(&f[k_obj], ID_KEYS, &f[k_dot], id, &v)) return -DEFER;
         if (absent(v)) v = &f[k_camel];
     }
     return s_hex_id(d, col, v);
@@ -332,12 +340,7 @@ static int body_cells(lj_dec_t *d, const jv_t *f, const jv_t *meta, const jv_t *
     /* level: level, else log.level (nested or dotted), else a string severity, else level_from_numbers */
     const jv_t *lv = &f[K_LEVEL];
     if (absent(lv)) {
-        if (f[K_LOG].kind == V_OBJ) {
-            if (lookup(&f[K_LOG], LOG_KEYS, 1, log)) return -DEFER;
-            lv = &log[0];
-        } else {
-            lv = &f[K_LOG_LEVEL];
-        }
+        if (nested_or_dotted(&f[K_LOG], LOG_KEYS, &f[K_LOG_LEVEL], log, &lv)) return -DEFER;
         if (absent(lv)) lv = f[K_SEVERITY].kind == V_STR ? &f[K_SEVERITY] : NULL; /* NULL: level_from_numbers */
     }
     if ((g = lv ? s_text(d, LJ_S_LEVEL, lv) : level_from_numbers(d, f))) return g;
