@@ -5,16 +5,11 @@ goes through both and the tables must be equal (tests/test_importer_decode_nativ
 
 from __future__ import annotations
 
-import array
-
 import orjson
 import pytest
 
-from harness.native import c_module
 from importer.decode import BatchBuilder
-from importer.decode_native import MODULE, NativeBatchBuilder
-from importer.dedupe import RecentKeys
-from tests.test_importer_decode_native import INGESTED_US, msg, raw_batch, same
+from tests.test_importer_decode_native import in_c_alone, msg, same
 
 pytestmark = pytest.mark.native
 
@@ -116,21 +111,11 @@ SYSLOG_BODY = {"message": "disk full", "raw": "<11>1 - h app - - - disk full", "
 
 
 def test_otlp_and_syslog_bodies_are_decoded_in_c_not_deferred():
-    """Their new cells are made in C (a deferred row costs the Python path and more)."""
-    b = NativeBatchBuilder(c_module(MODULE), dedupe=RecentKeys())
+    """Their new cells are made in C (`in_c_alone`: no row deferred to the Python path)."""
     bodies = [OTLP_BODY, {**OTLP_BODY, "trace_id": TRACE.upper(), "severity_text": ""}, SYSLOG_BODY,
               {"trace": {"id": TRACE}, "span.id": SPAN, "log": {"level": "warn"}}]
     msgs = [msg(orjson.dumps({**body, "@metadata": {"_id": str(i)}}), seq=i + 1) for i, body in enumerate(bodies)]
-    raw = raw_batch(msgs)
-    picks = array.array("q")
-    for i, m in enumerate(msgs):
-        picks.extend((i, b.name_id(m[0]), b.name_id(m[1]), b.name_id(m[7])))
-    ffi, lib = c_module(MODULE)
-    done = lib.lj_dec_run(b._d, ffi.from_buffer(raw.data), len(raw.data), ffi.from_buffer("uint32_t[]", raw.pos),
-                          ffi.from_buffer("uint64_t[]", raw.meta), raw.n, ffi.from_buffer("int64_t[]", picks),
-                          len(msgs), INGESTED_US)
-    assert (done, b._d.stop) == (len(msgs), 0)
-    rows = b.build().select(["level", "trace_id", "span_id"]).to_pylist()
+    rows = in_c_alone(msgs).select(["level", "trace_id", "span_id"]).to_pylist()
     assert [tuple(r.values()) for r in rows] == [("Information", TRACE, SPAN), ("INFO", TRACE, SPAN),
                                                   ("err", None, None), ("warn", TRACE, SPAN)]
 

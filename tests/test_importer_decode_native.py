@@ -65,13 +65,19 @@ def python_path(msgs: list[Msg], dedupe: bool = True) -> tuple:
     return b.build(), results, b.duplicates, b.parse_errors
 
 
+def picks_of(b: NativeBatchBuilder, msgs: list[Msg]) -> array.array:
+    """Every message picked, in order: (index, app_env's name id, topic's, journal's or -1), as the receiver picks."""
+    picks = array.array("q")
+    for i, m in enumerate(msgs):
+        picks.extend((i, b.name_id(m[0]), b.name_id(m[1]), b.name_id(m[7]) if m[7] is not None else -1))
+    return picks
+
+
 def c_path(msgs: list[Msg], dedupe: bool = True, cap: int = 8192) -> tuple:
     """The C decoder over one drained chunk, with chunks of `cap` rows (built as GroupCommit builds them)."""
     b = NativeBatchBuilder(c_module(MODULE), dedupe=RecentKeys() if dedupe else None, cap=cap)
     raw = raw_batch(msgs)
-    picks = array.array("q")
-    for i, m in enumerate(msgs):
-        picks.extend((i, b.name_id(m[0]), b.name_id(m[1]), b.name_id(m[7]) if m[7] is not None else -1))
+    picks = picks_of(b, msgs)
     tables, results, k, body_bytes = [], [], 0, 0
     while k < len(msgs):
         k = b.add_picks(raw, picks, k, INGESTED_US, results)
@@ -98,6 +104,20 @@ def same(msgs: list[Msg], dedupe: bool = True, cap: int = 8192) -> pa.Table:
         ref.add_raw(*m[:7], INGESTED_US, m[7])
     assert got_body_bytes == ref.body_bytes
     return want
+
+
+def in_c_alone(msgs: list[Msg]) -> pa.Table:
+    """The C decoder's rows for `msgs` from one `lj_dec_run`, which must decode every one itself,
+    deferring none to the Python path (a deferred row costs the Python path and more)."""
+    b = NativeBatchBuilder(c_module(MODULE), dedupe=RecentKeys())
+    raw = raw_batch(msgs)
+    picks = picks_of(b, msgs)
+    ffi, lib = c_module(MODULE)
+    done = lib.lj_dec_run(b._d, ffi.from_buffer(raw.data), len(raw.data), ffi.from_buffer("uint32_t[]", raw.pos),
+                          ffi.from_buffer("uint64_t[]", raw.meta), raw.n, ffi.from_buffer("int64_t[]", picks),
+                          len(msgs), INGESTED_US)
+    assert (done, b._d.stop) == (len(msgs), 0)
+    return b.build()
 
 
 VECTORS: list[bytes] = [
@@ -276,19 +296,9 @@ def test_switched_off_the_importer_takes_the_python_path(monkeypatch):
 
 
 def test_e2e_bodies_are_decoded_in_c_not_deferred():
-    """The bodies the mesh carries take the C path (a deferred row costs the Python path and more)."""
-    b = NativeBatchBuilder(c_module(MODULE), dedupe=RecentKeys())
-    msgs = [msg(e2e_body(random.Random(i), i), seq=i + 1) for i in range(100)]
-    raw = raw_batch(msgs)
-    picks = array.array("q")
-    for i, m in enumerate(msgs):
-        picks.extend((i, b.name_id(m[0]), b.name_id(m[1]), b.name_id(m[7])))
-    ffi, lib = c_module(MODULE)
-    done = lib.lj_dec_run(b._d, ffi.from_buffer(raw.data), len(raw.data), ffi.from_buffer("uint32_t[]", raw.pos),
-                          ffi.from_buffer("uint64_t[]", raw.meta), raw.n, ffi.from_buffer("int64_t[]", picks), 100,
-                          INGESTED_US)
-    assert (done, b._d.stop) == (100, 0)
-    assert orjson.loads(b.build().column("body")[0].as_py())["@metadata"]["_id"]
+    """The bodies the mesh carries take the C path."""
+    table = in_c_alone([msg(e2e_body(random.Random(i), i), seq=i + 1) for i in range(100)])
+    assert orjson.loads(table.column("body")[0].as_py())["@metadata"]["_id"]
 
 
 class FillingSequencer:
