@@ -31,8 +31,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # harness/ is not installed
+
+from harness.cpu import fine_cpu_seconds  # noqa: E402
+
 BIN = Path(sys.executable).parent
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 APP = b"bench-app-production"
@@ -62,25 +65,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of `pid` (ZeroMQ I/O threads included).
-
-    From /proc/<pid>/task/*/schedstat in nanoseconds where the kernel has it: the
-    clock-tick figures of /proc/<pid>/stat are too coarse for runs of a fraction of a
-    CPU-second. (The device's threads live as long as it does, so none are missed.)
-    """
-    try:
-        total = 0
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        return total / 1e9
-    except (OSError, ValueError, IndexError):
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def rss_mb(pid: int) -> tuple[float, float]:
@@ -277,7 +261,7 @@ def run(target: Target, producers: int, per_producer: int, sample_rss: bool = Fa
     time.sleep(0.3)  # let in-flight probes pass before the CPU baseline
 
     total = producers * per_producer
-    cpu0 = cpu_seconds(target.proc.pid)
+    cpu0 = fine_cpu_seconds(target.proc.pid)
     t0 = time.monotonic()
     samples: list[tuple[float, float]] = []
     baseline = rss_mb(target.proc.pid)[0]
@@ -294,7 +278,7 @@ def run(target: Target, producers: int, per_producer: int, sample_rss: bool = Fa
             break
         time.sleep(0.1 if sample_rss else 0.05)
     elapsed = time.monotonic() - t0
-    cpu = cpu_seconds(target.proc.pid) - cpu0
+    cpu = fine_cpu_seconds(target.proc.pid) - cpu0
     peak = rss_mb(target.proc.pid)[1]
     done.set()
     for p in prods:

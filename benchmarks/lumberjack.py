@@ -40,11 +40,11 @@ import pylogbeat  # noqa: E402
 
 from bridges.lumberjack.engine import JsonFrames, LumberjackClient, LumberjackServer  # noqa: E402
 from benchmarks.device_ceiling import Counter, counting_sub, describe, device_ceiling  # noqa: E402
+from harness.cpu import cpu_seconds  # noqa: E402
 from harness.device import start_device  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 WINDOW = 2048
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 APP_ENV = "lumberjack-bench"
 
 
@@ -122,12 +122,6 @@ def through_bridge(dev, port: int, windows: list[bytes]) -> float:
     if counter.done_at is None:
         raise SystemExit(f"subscriber counted {counter.counted} of {total}")
     return total / (max(counter.done_at, t_acked) - t0)
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def rss_kib(pid: int) -> dict[str, int]:

@@ -47,7 +47,7 @@ from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
 from table import layout  # noqa: E402
 from table.catalog import ensure_table  # noqa: E402
 from warehouse.maintenance import MaintenanceConfig, maintenance_pass  # noqa: E402
-from harness.mesh import children, cpu  # noqa: E402
+from harness.cpu import tree_cpu_seconds  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 TABLES = {"month": True, "month_845b5a7": False}  # database: written for lookups
@@ -154,8 +154,7 @@ def compact(sessions: dict[str, Any]) -> dict[str, tuple[int, float, float]]:
 
 def server_cpu() -> float:
     """CPU seconds of logjam-spark and its JVM so far."""
-    pids = [SERVER_PID, *children(SERVER_PID)]
-    return sum(cpu({"spark": pids}).values())
+    return tree_cpu_seconds(SERVER_PID)
 
 
 def best_of(spark: Any, sql: str, repeat: int) -> tuple[float, list[tuple]]:

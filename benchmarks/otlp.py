@@ -45,7 +45,8 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeL
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource  # noqa: E402
 
 from benchmarks.device_ceiling import Counter, counting_sub  # noqa: E402
-from benchmarks.lumberjack import WINDOW, cpu_seconds, make_event, make_windows, through_bridge  # noqa: E402
+from benchmarks.lumberjack import WINDOW, make_event, make_windows, through_bridge  # noqa: E402
+from harness.cpu import cpu_seconds  # noqa: E402
 from bridges.otlp import engine, records  # noqa: E402
 from bridges.host.mapping import parse_timestamp  # noqa: E402
 from harness.device import start_device  # noqa: E402

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
 from bridges.rustlog import engine as e  # noqa: E402
+from harness.cpu import cpu_seconds  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RECORDS, RECORD_SIZE = 1000, 200
@@ -88,15 +89,6 @@ def decode_only(all_frames: list[bytes]) -> tuple[float, float]:
         best = max(best, n / (time.perf_counter() - start))
         best_cpu = max(best_cpu, n / max(time.process_time() - cpu, 1e-9))
     return best, best_cpu
-
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process: what it cost, whatever else the shared machine is doing."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 class Client:

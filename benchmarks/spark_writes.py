@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from harness.cpu import tree_cpu_seconds  # noqa: E402
 from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS  # noqa: E402
 
 _SORT = [("app_env", "ascending"), ("date", "ascending")]
@@ -117,20 +118,6 @@ def _classic_main(data: str, batch_rows: int, v2: bool, tmp: str) -> None:
     rate = sum(t.num_rows for t in batches) / (time.perf_counter() - started)
     print(json.dumps({"rows_per_s": rate}))
     spark.stop()
-
-
-def _jvm_cpu_seconds(pid: int) -> float:
-    """CPU time of a process and its children (logjam-spark and the JVM it launched)."""
-    from harness.mesh import children, CLK_TCK
-
-    total = 0.0
-    for p in [pid, *children(pid)]:
-        try:
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(f[11]) + int(f[12])) / CLK_TCK
-        except OSError:
-            pass
-    return total
 
 
 def _e2e_rows(n: int, batch: int) -> list[pa.Table]:
@@ -215,10 +202,10 @@ def _cpu_main(argv: Sequence[str]) -> int:
         for name, write in ways.items():
             for t in tables:
                 write(t)
-            cpu0, own0, t0 = _jvm_cpu_seconds(spark_proc.pid), time.process_time(), time.perf_counter()
+            cpu0, own0, t0 = tree_cpu_seconds(spark_proc.pid), time.process_time(), time.perf_counter()
             for t in tables:
                 write(t)
-            cpu, own, elapsed = (_jvm_cpu_seconds(spark_proc.pid) - cpu0, time.process_time() - own0,
+            cpu, own, elapsed = (tree_cpu_seconds(spark_proc.pid) - cpu0, time.process_time() - own0,
                                  time.perf_counter() - t0)
             per_row.append(cpu / rows * 1e6)
             print(f"  {name}: logjam-spark {per_row[-1]:.1f} us per row ({cpu:.1f} s), the writer's own process "

@@ -43,7 +43,8 @@ from bridges.syslog.bridge import map_run  # noqa: E402
 from bridges.syslog.relp import RelpClient, Response  # noqa: E402
 from benchmarks.device_ceiling import Counter, counting_sub  # noqa: E402
 from benchmarks.lumberjack import APP_ENV as LUMBERJACK_APP_ENV  # noqa: E402
-from benchmarks.lumberjack import WINDOW, cpu_seconds, through_bridge  # noqa: E402
+from benchmarks.lumberjack import WINDOW, through_bridge  # noqa: E402
+from harness.cpu import cpu_seconds  # noqa: E402
 from harness.device import start_device  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 

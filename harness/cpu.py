@@ -1,0 +1,44 @@
+"""CPU seconds of the processes a benchmark measures, read from /proc: what each cost, whatever else
+the shared machine is doing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from harness.mesh import children
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, every thread of it (ended ones included), from /proc/<pid>/stat in
+    clock ticks. OSError once the process is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def fine_cpu_seconds(pid: int) -> float:
+    """The CPU time of every live thread of a process, from /proc/<pid>/task/*/schedstat in
+    nanoseconds where the kernel has it (else `cpu_seconds`): clock ticks are too coarse for runs of
+    a fraction of a CPU-second. Threads that ended are missed, so only for a process whose threads
+    live as long as it does (the device's, ZeroMQ I/O threads included)."""
+    try:
+        total = 0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        return cpu_seconds(pid)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """`cpu_seconds` of a process and of every descendant it has now (logjam-spark and the JVM it
+    launched); one that ended meanwhile counts nothing."""
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        try:
+            total += cpu_seconds(p)
+        except OSError:
+            pass
+    return total
