@@ -2,8 +2,8 @@
 
 When the importer shares the table's filesystem with Spark, it writes one Parquet file per
 partition of the batch (the rows are sorted by app_env and date already, `doc` encoded by
-importer/variant.py) into the staging directory of its own root, and the commit protocol
-(table/protocol.py) renames each into its partition's directory: what Spark's file committer
+importer/variant.py) into the staging directory of its own root, and the commit protocol's
+placement (table/placement.py) renames each into its partition's directory: what Spark's file committer
 did at job commit, without the job. The catalog's part (registering new partitions,
 following a compaction's swap) stays with Spark.
 
@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 
 from runtime.durable import fsync_file
 from table.paths import partition_dir
-from table.protocol import MOVES, begin_placement, finish_placement, listed_targets
 from table.layout import placed_file_options
+from table.placement import MOVES, begin_placement, finish_placement, listed_targets
 from table.schema import PARTITION_COLUMNS
 
 

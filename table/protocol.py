@@ -1,6 +1,8 @@
 """The table's commit protocol: every state a partition's files can be in, and every move between them.
 
-docs/reliability.md ("The table's commit protocol") is this module in prose; the names match.
+docs/reliability.md ("The table's commit protocol") is this module in prose, with the two it
+builds on: table/marker.py (what `_compaction.json` says, and its deadlines) and table/placement.py
+(a batch's list of moves); the names match.
 A partition `(importer I, app_env A, date D)` has the directory
 `<table>/importer=I/app_env=A/date=D/` (its *dir*). Its states:
 
@@ -34,12 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -47,130 +48,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from logjam.errors import CorruptStore
 from runtime.durable import fsync_dir, replace_file
+from table.marker import COMPACTED_PREFIX, MARKER, Deadline, Marker, TornMarker, read_marker, write_marker
 from table.partition_files import data_files, importer_roots, partition_dirs, remove_tree
 from table.paths import NAME_FILE, local_path, unescape_partition_value
+from table.placement import MOVES, abandon_placement, finish_placement, listed_targets, read_list
 from table.schema import partition_clause, qualified, sql_string
 
 log = logging.getLogger(__name__)
 
-MARKER = "_compaction.json"
 DROPPING = "_dropping"
 LOCK = "_lock"
-COMPACTED_PREFIX = "_compacted-"
-MOVES = ".moves"
 DROPPED_PREFIX = "_dropped-"
 # How long replaced files stay readable after a swap, so that a query planned before it can still read them.
 DEFAULT_GRACE_S = 300.0
-
-
-class TornMarker(CorruptStore):
-    """`_compaction.json` does not parse: rebuilt from the catalog and the directory (`load_marker`)."""
-
-    reason = "torn_marker"
-
-
-# -- time ------------------------------------------------------------------------------------------------------------
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-BOOT = _boot_id()
-
-
-@dataclass(frozen=True, slots=True)
-class Deadline:
-    """When a retired entry may go: on this boot's monotonic clock, with the wall clock for after a reboot.
-
-    A query planned before a swap runs in a process of this boot (or of another machine, for
-    which the wall clock is all there is), so the monotonic clock decides while the boot is
-    the same: a forward step of the wall clock cannot delete files a planned query still reads.
-    """
-
-    boot: str
-    mono: float
-    wall: float
-
-    @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(BOOT, time.monotonic() + seconds, time.time() + seconds)
-
-    def passed(self, mono: float | None = None, wall: float | None = None) -> bool:
-        if self.boot and self.boot == BOOT:
-            return (time.monotonic() if mono is None else mono) >= self.mono
-        return (time.time() if wall is None else wall) >= self.wall
-
-    def to_json(self) -> dict[str, Any]:
-        return {"boot": self.boot, "mono": self.mono, "wall": self.wall}
-
-    @classmethod
-    def from_json(cls, raw: Any) -> Deadline:
-        if isinstance(raw, dict):
-            return cls(str(raw.get("boot", "")), float(raw.get("mono", 0.0)), float(raw.get("wall", 0.0)))
-        return cls("", 0.0, float(raw))  # markers before this module held epoch seconds
-
-
-# -- the marker ------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Marker:
-    """What `_compaction.json` says. `state` is "swapping" from just before the catalog is changed until after."""
-
-    gen: int
-    state: str = "done"
-    retire: dict[str, Deadline] = field(default_factory=dict)  # files of the dir replaced by `_compacted-<gen>/`
-    retire_dirs: dict[str, Deadline] = field(default_factory=dict)  # older `_compacted-<k>/` dirs replaced by it
-    previous: dict | None = None  # while swapping: the marker to restore if the swap did not happen
-
-    @property
-    def location(self) -> str:
-        return f"{COMPACTED_PREFIX}{self.gen}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"gen": self.gen, "state": self.state, "previous": self.previous,
-                "retire": {k: d.to_json() for k, d in self.retire.items()},
-                "retire_dirs": {k: d.to_json() for k, d in self.retire_dirs.items()}}
-
-    @classmethod
-    def from_json(cls, raw: dict) -> Marker:
-        at = raw.get("retire_at", 0.0)
-
-        def deadlines(entries: Any) -> dict[str, Deadline]:
-            if isinstance(entries, dict):
-                return {str(k): Deadline.from_json(v) for k, v in entries.items()}
-            return {str(name): Deadline.from_json(at) for name in entries or []}
-        return cls(gen=int(raw["gen"]), state=str(raw.get("state", "done")), retire=deadlines(raw.get("retire")),
-                   retire_dirs=deadlines(raw.get("retire_dirs")), previous=raw.get("previous"))
-
-
-def read_marker(pdir: Path) -> Marker | None:
-    """The marker of a partition dir, None without one; TornMarker when it does not parse."""
-    try:
-        text = (pdir / MARKER).read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        marker = Marker.from_json(json.loads(text))
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise TornMarker(f"{pdir / MARKER}: {e}") from e
-    if marker.state not in ("done", "swapping"):
-        raise TornMarker(f"{pdir / MARKER}: state {marker.state!r}")
-    return marker
-
-
-def write_marker(pdir: Path, marker: Marker | None) -> None:
-    """Replace the marker durably (fsynced file and dir); None removes it."""
-    path = pdir / MARKER
-    if marker is None:
-        path.unlink(missing_ok=True)
-        fsync_dir(pdir)
-    else:
-        replace_file(path, json.dumps(marker.to_json()).encode())
 
 
 # -- partitions, the lock, the catalog ------------------------------------------------------------------------------
@@ -344,60 +235,7 @@ def needs_follow(pdir: Path) -> bool:
     return marker is not None and (marker.state == "swapping" or bool(strays(pdir, marker)))
 
 
-# -- the importer's moves --------------------------------------------------------------------------------------------
-
-Move = tuple[str, str]  # (staged file, target file in a partition dir)
-
-
-def begin_placement(staging: Path, token: str, moves: list[Move], replaces: str | None = None) -> Path:
-    """Name a batch's staged files and their targets in `<token>.moves`, durably: from here on the batch is
-    finished, never written again (`finish_placement`). `replaces`: the token of a listed batch whose
-    unplaced rest this batch carries (quarantine), abandoned once this list is durable."""
-    listed = staging / f"{token}{MOVES}"
-    replace_file(listed, json.dumps({"moves": moves, "replaces": replaces}))
-    if replaces is not None:
-        abandon_placement(staging, replaces)
-    return listed
-
-
-def _read_list(listed: Path) -> tuple[list[Move], str | None]:
-    raw = json.loads(listed.read_text())
-    if isinstance(raw, list):  # lists written before `replaces`
-        return [(str(a), str(b)) for a, b in raw], None
-    return [(str(a), str(b)) for a, b in raw["moves"]], raw.get("replaces")
-
-
-def listed_targets(listed: Path) -> list[Move]:
-    return _read_list(listed)[0]
-
-
-def finish_placement(listed: Path) -> int:
-    """Rename every listed file still staged into its partition, make it durable, drop the list (lock held).
-
-    A staged file that is gone was renamed by an earlier attempt: each file is placed once,
-    however often this runs. Returns the files renamed now."""
-    moves = listed_targets(listed)
-    renamed = 0
-    for staged, target in moves:
-        if os.path.exists(staged):
-            os.rename(staged, target)
-            renamed += 1
-    for directory in sorted({os.path.dirname(t) for _, t in moves}):
-        fsync_dir(directory)
-    listed.unlink()
-    fsync_dir(listed.parent)
-    return renamed
-
-
-def abandon_placement(staging: Path, token: str) -> None:
-    """Forget a listed batch: its staged files first, then its list (whose rest another list carries)."""
-    listed = staging / f"{token}{MOVES}"
-    if listed.exists():
-        for staged, _ in listed_targets(listed):
-            Path(staged).unlink(missing_ok=True)
-        listed.unlink()
-        fsync_dir(staging)
-
+# -- the importer's start: placements a killed process listed (table/placement.py) -----------------------------------
 
 def recover_placements(staging: Path, root: Path | None,
                        ensure_dirs: Callable[[list[Path]], None] = lambda dirs: None) -> int:
@@ -410,7 +248,7 @@ def recover_placements(staging: Path, root: Path | None,
     with root_lock(root):
         lists = sorted(staging.glob(f"*{MOVES}"))
         for listed in lists:  # a list that replaces another was durable: the other one's rest is not to be placed
-            replaced = _read_list(listed)[1]
+            replaced = read_list(listed)[1]
             if replaced is not None:
                 abandon_placement(staging, replaced)
         for listed in lists:
