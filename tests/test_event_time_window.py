@@ -17,7 +17,6 @@ import datetime
 import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -27,11 +26,10 @@ from importer.decode import BatchBuilder
 from importer.write import TableWriter
 from table.catalog import ensure_table
 from table.event_time import EventWindow
-from table.protocol import live_files, read_marker
-from table.paths import partition_dir
-from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, partition_clause, qualified, table_ddl, with_doc
+from table.schema import qualified
 from harness.processes import command, wait_for
 from tests.lumberjack_support import start_lumberjack
+from tests.older_table import APP_ENV, compacted, older_table, write_as_before
 from tests.bridge_support import stop_bridge
 from tests.spark_fixture import database_for
 from tests.test_importer import Importer
@@ -142,27 +140,18 @@ def test_a_table_and_files_from_before_the_mark_read_null_and_compact(spark_serv
     read NULL there, and compaction merges old and new files into one with the marks kept."""
     warehouse = tmp_path / "wh"
     spark = spark_server.session()
-    database = database_for(warehouse)
-    location = str(warehouse / "messages")
-    old_ddl = table_ddl(database, location).replace(", `created_out_of_window` BOOLEAN", "")
-    assert "created_out_of_window" not in old_ddl
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database}`")
-    spark.sql(old_ddl)
+    database, location = older_table(spark, warehouse, ", `created_out_of_window` BOOLEAN")
     arrived_us = time.time_ns() // 1000 - 86_400_000_000  # yesterday: a closed day, which compaction merges
     day = (EPOCH + datetime.timedelta(microseconds=arrived_us)).date().isoformat()
 
     def batch(first_seq: int, created_ms: list[int]) -> pa.Table:
         b = BatchBuilder(window=EventWindow(RETENTION_DAYS))
         for i, c in enumerate(created_ms):
-            b.add_raw("old-prod", "logs", b'{"message":"m"}', 0, 3, c, first_seq + i, arrived_us)
+            b.add_raw(APP_ENV, "logs", b'{"message":"m"}', 0, 3, c, first_seq + i, arrived_us)
         return b.build()
 
-    root = f"{location}/importer=0"
-    before = batch(1, [arrived_us // 1000] * 2).drop_columns(["created_out_of_window"])  # as the old version wrote
-    with_doc(spark.createDataFrame(before)).write.options(**WRITE_OPTIONS).mode("append") \
-        .partitionBy(*PARTITION_COLUMNS).parquet(root)
-    spark.sql(f"ALTER TABLE {qualified(database)} ADD {partition_clause(0, 'old-prod', day)} "
-              f"LOCATION '{partition_dir(root, 'old-prod', day)}'")
+    write_as_before(spark, database, location,
+                    batch(1, [arrived_us // 1000] * 2).drop_columns(["created_out_of_window"]), day)
 
     ensure_table(spark, database, location)  # as every importer and logjam-spark do on start
     assert "created_out_of_window" in spark.table(f"{database}.messages").columns
@@ -171,12 +160,5 @@ def test_a_table_and_files_from_before_the_mark_read_null_and_compact(spark_serv
     expected = [(1, None, day), (2, None, day), (3, None, day), (4, True, day)]
     assert [tuple(r) for r in spark.sql(query).collect()] == expected
 
-    done = subprocess.run([command("logjam-sql"), "--spark", spark_server.url, "--warehouse", str(warehouse),
-                           "--database", database, "--compact", "--older-than", "0", "--compact-grace", "0"],
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr + done.stdout
-    pdir = Path(partition_dir(str(warehouse / "messages" / "importer=0"), "old-prod", day))
-    marker = read_marker(pdir)
-    assert marker is not None and marker.state == "done", done.stdout
-    assert len(live_files(pdir)) == 1
+    assert len(compacted(spark_server.url, database, location, day)) == 1
     assert [tuple(r) for r in spark.sql(query).collect()] == expected
