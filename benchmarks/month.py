@@ -10,7 +10,7 @@ day's closing merge by Spark, the open day's merges by pyarrow.
 
 The same rows are built twice, into two tables: `month`, laid out as this build writes
 (table/layout.py: bloom filters on the ids, page indexes, rows sorted by `created_at`), and
-`month_845b5a7`, as 845b5a7 wrote them (the layout's `FOR_LOOKUPS` off, and Spark's INT96
+`month_845b5a7`, as 845b5a7 wrote them (`Layout(for_lookups=False)`, and Spark's INT96
 timestamps, that build's default, in the reference's own Spark session).
 
 With `--keep DIR` the warehouse and the metastore stay in DIR, and a rerun with the same
@@ -44,13 +44,13 @@ from benchmarks.query import disk  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
 from importer.write import TableWriter  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
-from table import layout  # noqa: E402
 from table.catalog import ensure_table  # noqa: E402
+from table.layout import Layout  # noqa: E402
 from warehouse.maintenance import MaintenanceConfig, maintenance_pass  # noqa: E402
 from harness.cpu import tree_cpu_seconds  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
-TABLES = {"month": True, "month_845b5a7": False}  # database: written for lookups
+TABLES = {"month": Layout(), "month_845b5a7": Layout(for_lookups=False)}  # database: its layout
 APPS = ("shop", "billing", "search", "auth", "admin", "catalog", "cart", "payments", "mailer", "media",
         "profile", "reports", "reviews", "stock", "shipping", "pricing", "gateway", "notify", "feeds", "ads")
 ENVS = ("prod", "preprod")
@@ -122,9 +122,7 @@ def build(sessions: dict[str, Any], writers: dict[str, TableWriter], args: argpa
             builder.add_raw(names[seq % len(names)], "logs.rails", raw, 0, 1, created, seq, ingested)
         rows = builder.build()
         for database, writer in writers.items():
-            layout.FOR_LOOKUPS = TABLES[database]
             writer.write(sessions[database], rows)
-        layout.FOR_LOOKUPS = True
     return needles
 
 
@@ -135,20 +133,16 @@ def compact(sessions: dict[str, Any]) -> dict[str, tuple[int, float, float]]:
     config = MaintenanceConfig(compact_grace=0)
     done = {db: (0, 0.0, 0.0) for db in TABLES}
     busy = set(TABLES)
-    try:
-        while busy:
-            for db in [db for db in TABLES if db in busy]:
-                layout.FOR_LOOKUPS = TABLES[db]
-                t, cpu = time.perf_counter(), time.process_time() + server_cpu()
-                result = maintenance_pass(sessions[db], db, config, compact=True, older_than=0)
-                assert not result.failed, f"{db}: {result.failed} merges failed"
-                merges, seconds, cpu_s = done[db]
-                done[db] = (merges + result.compacted, seconds + time.perf_counter() - t,
-                            cpu_s + time.process_time() + server_cpu() - cpu)
-                if not result.compacted:
-                    busy.discard(db)
-    finally:
-        layout.FOR_LOOKUPS = True
+    while busy:
+        for db in [db for db in TABLES if db in busy]:
+            t, cpu = time.perf_counter(), time.process_time() + server_cpu()
+            result = maintenance_pass(sessions[db], db, config, compact=True, older_than=0, layout=TABLES[db])
+            assert not result.failed, f"{db}: {result.failed} merges failed"
+            merges, seconds, cpu_s = done[db]
+            done[db] = (merges + result.compacted, seconds + time.perf_counter() - t,
+                        cpu_s + time.process_time() + server_cpu() - cpu)
+            if not result.compacted:
+                busy.discard(db)
     return done
 
 
@@ -170,7 +164,7 @@ def session(url: str, database: str) -> Any:
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.remote(url).create()
-    if not TABLES[database]:  # 845b5a7 left Spark's default: INT96, without statistics
+    if not TABLES[database].for_lookups:  # 845b5a7 left Spark's default: INT96, without statistics
         spark.conf.set("spark.sql.parquet.outputTimestampType", "INT96")
     return spark
 
@@ -184,8 +178,8 @@ def run(url: str, base: Path, args: argparse.Namespace) -> int:
     if built.get("sizes") != sizes:
         now = datetime.datetime.now(datetime.timezone.utc)
         days = days_of(args.days, now.date())
-        writers = {db: TableWriter(db, 0, ensure_table(sessions[db], db, str(base / "warehouse" / db)))
-                   for db in TABLES}
+        writers = {db: TableWriter(db, 0, ensure_table(sessions[db], db, str(base / "warehouse" / db)),
+                               layout=TABLES[db]) for db in TABLES}
         t = time.perf_counter()
         needles = build(sessions, writers, args, streams(args.app_envs), days, now)
         placed = time.perf_counter() - t

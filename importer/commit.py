@@ -45,6 +45,7 @@ from importer.spill import Spill
 from importer.variant import DocEncoder
 from table import protocol
 from table.catalog import Partitions, seqs_in_table
+from table.layout import LOOKUPS, Layout
 from table.partitioning import PartitionMap, partitions_of
 from table.paths import QUARANTINE, local_path, output_root, partition_dir, staging_dir
 from table.schema import DOC_COLUMN, PARTITION_COLUMNS, WRITE_OPTIONS, with_doc
@@ -64,8 +65,9 @@ class TableTarget:
 
     def __init__(self, database: str, importer: int, location: str, *, staging: bool = True,
                  partition_map: PartitionMap | None = None,
-                 on_lock_wait: Callable[[float], None] = lambda seconds: None) -> None:
+                 on_lock_wait: Callable[[float], None] = lambda seconds: None, layout: Layout = LOOKUPS) -> None:
         self.database = database
+        self.layout = layout  # how placed files are written (table/layout.py)
         self.importer = importer
         self.on_lock_wait = on_lock_wait
         self.root = output_root(location, importer)
@@ -135,7 +137,7 @@ class TableTarget:
                     assert self.staging is not None and self.root_dir is not None
                     doc = self.doc_encoder.column(mapped)
                     place(mapped.append_column(DOC_COLUMN, doc), self.staging, self.root_dir, commit.token,
-                          lambda missing: self._ensure_dirs(spark, missing, dirs), commit.replaces)
+                          lambda missing: self._ensure_dirs(spark, missing, dirs), commit.replaces, self.layout)
                     commit.placed = True
             else:
                 self._ensure_dirs(spark, list(dirs), dirs)

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from runtime.durable import fsync_file
 from table.paths import partition_dir
-from table.layout import placed_file_options
+from table.layout import LOOKUPS, Layout
 from table.placement import MOVES, begin_placement, finish_placement, listed_targets
 from table.schema import PARTITION_COLUMNS
 
@@ -45,8 +45,9 @@ def runs(table: pa.Table) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
-def stage(table: pa.Table, staging: Path, root: Path, token: str) -> list[tuple[str, str]]:
-    """Write and fsync one staged file per partition; returns (staged, target) pairs. Nothing is placed yet."""
+def stage(table: pa.Table, staging: Path, root: Path, token: str, layout: Layout = LOOKUPS) -> list[tuple[str, str]]:
+    """Write and fsync one staged file per partition, laid out by `layout`; returns (staged, target) pairs.
+    Nothing is placed yet."""
     staging.mkdir(parents=True, exist_ok=True)
     data = table.drop_columns(list(PARTITION_COLUMNS))
     moves: list[tuple[str, str]] = []
@@ -55,7 +56,7 @@ def stage(table: pa.Table, staging: Path, root: Path, token: str) -> list[tuple[
             value = table.column("app_env")[start].as_py()
             day = table.column("date")[start].as_py().isoformat()
             staged = staging / f"{token}-{n}.parquet"
-            pq.write_table(data.slice(start, stop - start), staged, **placed_file_options(stop - start))
+            pq.write_table(data.slice(start, stop - start), staged, **layout.placed_file_options(stop - start))
             fsync_file(staged)
             target = Path(partition_dir(str(root), value, day)) / f"part-{token}-{n}.snappy.parquet"
             moves.append((str(staged), str(target)))
@@ -72,16 +73,18 @@ def unstage(staging: Path, token: str) -> None:
 
 
 def place(table: pa.Table, staging: Path, root: Path, token: str,
-          ensure_dirs: Callable[[list[Path]], None] = lambda dirs: None, replaces: str | None = None) -> int:
+          ensure_dirs: Callable[[list[Path]], None] = lambda dirs: None, replaces: str | None = None,
+          layout: Layout = LOOKUPS) -> int:
     """Place `table` (sorted, `app_env` holding directory values, `doc` encoded) into its partitions under
     `root` as the batch `token`; returns the files renamed by this call. Call with the root's lock held.
 
     `ensure_dirs(dirs)` is given the partition dirs that are missing or being dropped, to register
     them before anything is renamed into them. `replaces`: the token of a listed batch whose unplaced
-    rest `table` is (quarantine); it is abandoned once this batch is listed."""
+    rest `table` is (quarantine); it is abandoned once this batch is listed. `layout`: how its files
+    are written (table/layout.py)."""
     listed = staging / f"{token}{MOVES}"
     if not listed.exists():
-        begin_placement(staging, token, stage(table, staging, root, token), replaces)
+        begin_placement(staging, token, stage(table, staging, root, token, layout), replaces)
     waiting = [Path(t).parent for s, t in listed_targets(listed) if Path(s).exists()]
     ensure_dirs(sorted(set(waiting)))
     return finish_placement(listed)

@@ -36,6 +36,7 @@ from importer.commit import Commit, TableTarget
 from importer.failures import describe
 from importer.plan import Planner
 from importer.spill import Spill
+from table.layout import LOOKUPS, Layout
 from table.partitioning import PartitionMap
 from table.paths import QUARANTINE
 
@@ -51,9 +52,9 @@ class TableWriter:
 
     def __init__(self, database: str, importer: int, location: str, *, staging: bool = True,
                  partition_map: PartitionMap | None = None, spill_dir: Path | None = None,
-                 on_lock_wait: Callable[[float], None] = lambda seconds: None) -> None:
+                 on_lock_wait: Callable[[float], None] = lambda seconds: None, layout: Layout = LOOKUPS) -> None:
         self.target = TableTarget(database, importer, location, staging=staging, partition_map=partition_map,
-                                  on_lock_wait=on_lock_wait)
+                                  on_lock_wait=on_lock_wait, layout=layout)
         self.spill = Spill(spill_dir) if spill_dir is not None else None
         self.planner = Planner(self.target, self.spill)
         self._loaded = False

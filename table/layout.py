@@ -11,13 +11,15 @@ id's column of every file of every partition. Three things let a reader skip ins
   file a Spark merge writes (a day's closing merge included).
 
 The writers: an importer's placed file (importer/place.py), an open day's merge by pyarrow
-(warehouse/arrow_merge.py) and a merge by Spark (warehouse/compaction.py). Each takes the
-options below for the rows it writes; the base options (compression, dictionaries) stay in
-table/schema.py.
+(warehouse/arrow_merge.py) and a merge by Spark (warehouse/compaction.py). Each is handed a
+`Layout` (`TableWriter`'s and `maintenance_pass`'s `layout`, LOOKUPS unless a caller says
+otherwise) and takes its options for the rows it writes; the base options (compression,
+dictionaries) stay in table/schema.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from table.schema import ARROW_MERGE_OPTIONS, ARROW_WRITE_OPTIONS, COMPACT_OPTIONS, FILE_SCHEMA
@@ -37,51 +39,52 @@ BLOOM_FPP = 0.01
 MAX_BLOOM_NDV = 1_000_000
 
 
-# Whether files are written for lookups. Only benchmarks/month.py turns it off, to build the
-# same rows as 845b5a7 laid them out (its reference): no bloom filters, no page index from
-# pyarrow, no sorting; Spark's INT96 timestamps are that run's own session setting.
-FOR_LOOKUPS = True
-
-
-def sorted_rows(table: Any) -> Any:
-    """An Arrow table's rows in `created_at` order (stable: rows of one time keep their order)."""
-    return table.sort_by(SORT_COLUMN) if FOR_LOOKUPS else table
-
-
-def sorted_frame(df: Any, *first: str) -> Any:
-    """A Spark DataFrame whose rows are sorted within each of its partitions by `first`, then `created_at`."""
-    return df.sortWithinPartitions(*first, SORT_COLUMN) if FOR_LOOKUPS else df
-
-
 def _ndv(rows: int, row_group_rows: int | None = None) -> int:
     return max(1, min(rows, row_group_rows or MAX_BLOOM_NDV, MAX_BLOOM_NDV))
 
 
-def _arrow_lookups(rows: int, row_group_rows: int | None) -> dict[str, Any]:
-    if not FOR_LOOKUPS:
-        return {}
-    ndv = _ndv(rows, row_group_rows)
-    return {"write_page_index": True,
-            "bloom_filter_options": {c: {"ndv": ndv, "fpp": BLOOM_FPP} for c in LOOKUP_COLUMNS}}
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How a writer lays out the table's files. `for_lookups` False: none of the above (no bloom
+    filters, no page index from pyarrow, no sorting), as 845b5a7 wrote them, which only
+    benchmarks/month.py asks for, to build its reference table."""
+
+    for_lookups: bool = True
+
+    def sorted_rows(self, table: Any) -> Any:
+        """An Arrow table's rows in `created_at` order (stable: rows of one time keep their order)."""
+        return table.sort_by(SORT_COLUMN) if self.for_lookups else table
+
+    def sorted_frame(self, df: Any, *first: str) -> Any:
+        """A Spark DataFrame whose rows are sorted within each of its partitions by `first`, then `created_at`."""
+        return df.sortWithinPartitions(*first, SORT_COLUMN) if self.for_lookups else df
+
+    def placed_file_options(self, rows: int) -> dict[str, Any]:
+        """pyarrow's options for an importer's placed file of `rows` rows (one row group)."""
+        return {**ARROW_WRITE_OPTIONS, **self._arrow_lookups(rows, None)}
+
+    def arrow_merge_options(self, rows: int, row_group_rows: int) -> dict[str, Any]:
+        """pyarrow's options for an open day's merge of `rows` rows in row groups of `row_group_rows`."""
+        return {**ARROW_MERGE_OPTIONS, **self._arrow_lookups(rows, row_group_rows)}
+
+    def spark_merge_options(self, rows: int) -> dict[str, str]:
+        """Spark's (parquet-mr's) options for a merge of at most `rows` rows a file. parquet-mr
+        writes page indexes by default; bloom filters only for the columns named."""
+        ndv = str(_ndv(rows))
+        options = dict(COMPACT_OPTIONS)
+        for c in LOOKUP_COLUMNS if self.for_lookups else ():
+            options[f"parquet.bloom.filter.enabled#{c}"] = "true"
+            options[f"parquet.bloom.filter.expected.ndv#{c}"] = ndv
+            options[f"parquet.bloom.filter.fpp#{c}"] = str(BLOOM_FPP)
+        return options
+
+    def _arrow_lookups(self, rows: int, row_group_rows: int | None) -> dict[str, Any]:
+        if not self.for_lookups:
+            return {}
+        ndv = _ndv(rows, row_group_rows)
+        return {"write_page_index": True,
+                "bloom_filter_options": {c: {"ndv": ndv, "fpp": BLOOM_FPP} for c in LOOKUP_COLUMNS}}
 
 
-def placed_file_options(rows: int) -> dict[str, Any]:
-    """pyarrow's options for an importer's placed file of `rows` rows (one row group)."""
-    return {**ARROW_WRITE_OPTIONS, **_arrow_lookups(rows, None)}
-
-
-def arrow_merge_options(rows: int, row_group_rows: int) -> dict[str, Any]:
-    """pyarrow's options for an open day's merge of `rows` rows in row groups of `row_group_rows`."""
-    return {**ARROW_MERGE_OPTIONS, **_arrow_lookups(rows, row_group_rows)}
-
-
-def spark_merge_options(rows: int) -> dict[str, str]:
-    """Spark's (parquet-mr's) options for a merge of at most `rows` rows a file. parquet-mr
-    writes page indexes by default; bloom filters only for the columns named."""
-    ndv = str(_ndv(rows))
-    options = dict(COMPACT_OPTIONS)
-    for c in LOOKUP_COLUMNS if FOR_LOOKUPS else ():
-        options[f"parquet.bloom.filter.enabled#{c}"] = "true"
-        options[f"parquet.bloom.filter.expected.ndv#{c}"] = ndv
-        options[f"parquet.bloom.filter.fpp#{c}"] = str(BLOOM_FPP)
-    return options
+# The layout every writer of the product uses.
+LOOKUPS = Layout()

@@ -51,7 +51,7 @@ from runtime.durable import fsync_dir, fsync_file
 from table import protocol
 from table.partition_files import data_files, remove_tree
 from table.protocol import COMPACTED_PREFIX, DEFAULT_GRACE_S, PartitionRef, SwapTimes, root_lock
-from table.layout import sorted_frame, spark_merge_options
+from table.layout import LOOKUPS, Layout
 from table.schema import DATA_COLUMNS, spark_read_ddl
 from warehouse.arrow_merge import merge_files, mergeable
 from warehouse.tiers import FileInfo, Pick, TierPolicy, leveled_name
@@ -156,8 +156,9 @@ def plan(spark: Any, database: str, part: PartitionRef, policy: TierPolicy, *, c
     return Merge(part, pick, sources, gen, _rows(list(sources)), closed)
 
 
-def write_merges(spark: Any, merges: list[Merge], scratch: Path) -> int:
-    """Write every merge's output into its `_compacted-<gen>/` dir; returns how many Spark wrote.
+def write_merges(spark: Any, merges: list[Merge], scratch: Path, layout: Layout = LOOKUPS) -> int:
+    """Write every merge's output into its `_compacted-<gen>/` dir, laid out by `layout`; returns how
+    many Spark wrote.
 
     An open day's merge of files importers placed is written here by pyarrow; the others by
     Spark, where merges into one file share one job: each partition's rows are tagged, hashed
@@ -167,19 +168,19 @@ def write_merges(spark: Any, merges: list[Merge], scratch: Path) -> int:
     by_spark = []
     for merge in merges:
         if not merge.closed and mergeable(merge.sources):
-            merge_files(merge.sources, merge.out, merge.pick.level, merge.pick.files)
+            merge_files(merge.sources, merge.out, merge.pick.level, merge.pick.files, layout)
         else:
             by_spark.append(merge)
-    _spark_merges(spark, by_spark, scratch)
+    _spark_merges(spark, by_spark, scratch, layout)
     return len(by_spark)
 
 
-def _spark_merges(spark: Any, merges: list[Merge], scratch: Path) -> None:
+def _spark_merges(spark: Any, merges: list[Merge], scratch: Path, layout: Layout) -> None:
     # Each file's rows sorted by created_at, with bloom filters sized for them (table/layout.py).
     for merge in merges:
         if merge.pick.files > 1:
-            df = sorted_frame(_read(spark, merge).coalesce(merge.pick.files))
-            options = spark_merge_options(-(-merge.rows // merge.pick.files))
+            df = layout.sorted_frame(_read(spark, merge).coalesce(merge.pick.files))
+            options = layout.spark_merge_options(-(-merge.rows // merge.pick.files))
             df.write.options(**options).mode("overwrite").parquet(f"file://{merge.out}")
             _adopt_output(merge.out, merge.out, merge.pick.level)
     shared = [m for m in merges if m.pick.files == 1]
@@ -188,8 +189,8 @@ def _spark_merges(spark: Any, merges: list[Merge], scratch: Path) -> None:
         job = scratch / uuid.uuid4().hex
         frames = [_read(spark, m).selectExpr("*", f"{k} AS _k") for k, m in enumerate(chunk)]
         # Sorted by the tag first, as partitionBy needs anyway, so this adds no second sort.
-        df = sorted_frame(_union(frames).repartition(min(len(chunk), 4), "_k"), "_k")
-        options = spark_merge_options(max(m.rows for m in chunk))
+        df = layout.sorted_frame(_union(frames).repartition(min(len(chunk), 4), "_k"), "_k")
+        options = layout.spark_merge_options(max(m.rows for m in chunk))
         df.write.options(**options).mode("overwrite").partitionBy("_k").parquet(f"file://{job}")
         for k, merge in enumerate(chunk):
             merge.out.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from table.catalog import table_location
+from table.layout import LOOKUPS, Layout
 from table import protocol
 from table.protocol import live_files, local_partitions
 from warehouse.compaction import (
@@ -150,8 +151,8 @@ class PassResult:
 
 def maintenance_pass(spark: Any, database: str, config: MaintenanceConfig, metrics: TableMetrics | None = None,
                      *, compact: bool = True, older_than: float | None = None, retention: bool = True,
-                     throttle: Throttle | None = None) -> PassResult:
-    """One pass of retention, compaction and cleanup over the table. Returns counts."""
+                     throttle: Throttle | None = None, layout: Layout = LOOKUPS) -> PassResult:
+    """One pass of retention, compaction and cleanup over the table, merges laid out by `layout`. Returns counts."""
     location = table_location(spark, database)
     table_dir = local_path(location)
     result = PassResult()
@@ -173,7 +174,7 @@ def maintenance_pass(spark: Any, database: str, config: MaintenanceConfig, metri
     if compact:
         try:
             _compact_all(spark, database, config, location, table_dir, result, metrics,
-                         config.compact_older_than if older_than is None else older_than, throttle)
+                         config.compact_older_than if older_than is None else older_than, throttle, layout)
         except Exception as e:  # noqa: BLE001 (a merge job's failure: its output is reaped by the next pass)
             log.error("compaction pass failed: %s", first_line(e))
             result.failed += 1
@@ -221,7 +222,7 @@ class Throttle:
 
 def _compact_all(spark: Any, database: str, config: MaintenanceConfig, location: str, table_dir: Any,
                  result: PassResult, metrics: TableMetrics | None, older_than: float,
-                 throttle: Throttle | None = None) -> None:
+                 throttle: Throttle | None, layout: Layout) -> None:
     started = time.monotonic()
     policy = TierPolicy(target_bytes=config.compact_target_bytes, fanin=config.compact_fanin,
                         max_level=config.compact_max_level)
@@ -242,7 +243,7 @@ def _compact_all(spark: Any, database: str, config: MaintenanceConfig, location:
                 merges.append(merge)
         merges = throttle.admit(merges) if throttle is not None else merges
         planned = time.monotonic()
-        by_spark = write_merges(spark, merges, table_dir / SCRATCH) if merges else 0
+        by_spark = write_merges(spark, merges, table_dir / SCRATCH, layout) if merges else 0
         written = time.monotonic()
         held = metrics.lock_hold.observe if metrics is not None else (lambda seconds: None)
         for merge, done in swap_all(spark, database, merges, config.compact_grace, held):
