@@ -5,7 +5,9 @@ new files into one."""
 
 from __future__ import annotations
 
+import datetime
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,12 @@ from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, partition_clause, qua
 from tests.spark_fixture import database_for
 
 APP_ENV = "old-prod"
+
+
+def yesterday() -> tuple[int, str]:
+    """An arrival time of yesterday, in microseconds, and its date: a closed day, which compaction merges."""
+    arrived_us = time.time_ns() // 1000 - 86_400_000_000
+    return arrived_us, datetime.datetime.fromtimestamp(arrived_us / 1e6, datetime.timezone.utc).date().isoformat()
 
 
 def older_table(spark: Any, warehouse: Path, without: str) -> tuple[str, str]:

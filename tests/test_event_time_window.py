@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import subprocess
-import time
 import uuid
 
 import pyarrow as pa
@@ -29,7 +28,7 @@ from table.event_time import EventWindow
 from table.schema import qualified
 from harness.processes import command, wait_for
 from tests.lumberjack_support import start_lumberjack
-from tests.older_table import APP_ENV, compacted, older_table, write_as_before
+from tests.older_table import APP_ENV, compacted, older_table, write_as_before, yesterday
 from tests.bridge_support import stop_bridge
 from tests.spark_fixture import database_for
 from tests.test_importer import Importer
@@ -141,8 +140,7 @@ def test_a_table_and_files_from_before_the_mark_read_null_and_compact(spark_serv
     warehouse = tmp_path / "wh"
     spark = spark_server.session()
     database, location = older_table(spark, warehouse, ", `created_out_of_window` BOOLEAN")
-    arrived_us = time.time_ns() // 1000 - 86_400_000_000  # yesterday: a closed day, which compaction merges
-    day = (EPOCH + datetime.timedelta(microseconds=arrived_us)).date().isoformat()
+    arrived_us, day = yesterday()
 
     def batch(first_seq: int, created_ms: list[int]) -> pa.Table:
         b = BatchBuilder(window=EventWindow(RETENTION_DAYS))

@@ -5,9 +5,6 @@ there, new rows carry them, and compaction merges old and new files into one tha
 
 from __future__ import annotations
 
-import datetime
-import time
-
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,9 +14,8 @@ from importer.decode import BatchBuilder
 from importer.write import TableWriter
 from table.catalog import ensure_table
 from table.schema import qualified
-from tests.older_table import APP_ENV, compacted, older_table, write_as_before
+from tests.older_table import APP_ENV, compacted, older_table, write_as_before, yesterday
 
-EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
 NEW = ("trace_id", "span_id")
@@ -30,8 +26,7 @@ def test_an_older_table_gains_the_id_columns_on_start_and_compaction_keeps_them(
     warehouse = tmp_path / "wh"
     spark = spark_server.session()
     database, location = older_table(spark, warehouse, ", `trace_id` STRING, `span_id` STRING")
-    arrived_us = time.time_ns() // 1000 - 86_400_000_000  # yesterday: a closed day, which compaction merges
-    day = (EPOCH + datetime.timedelta(microseconds=arrived_us)).date().isoformat()
+    arrived_us, day = yesterday()
 
     def batch(first_seq: int, bodies: list[dict]) -> pa.Table:
         b = BatchBuilder()
