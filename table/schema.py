@@ -1,4 +1,4 @@
-"""The `messages` table: its Arrow schema (what an importer stages), its catalog DDL, and how its files are written.
+"""The `messages` table: its Arrow schema (an importer's decoded rows), its catalog DDL, and how its files are written.
 
 docs/schema.md describes every column. Partition columns: `importer` (the worker that
 wrote the row), `app_env` and `date`. In the catalog and in `SELECT *` they come last,
@@ -57,9 +57,9 @@ ARROW_SCHEMA = pa.schema([
 
 COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
 
-# `doc`: the body parsed as JSON when it is a JSON object, else NULL. An importer that stages its
-# rows stages `doc` too, encoded (importer/variant.py); otherwise Spark makes it in the write's
-# plan (`with_doc`). Objects only, because a single
+# `doc`: the body parsed as JSON when it is a JSON object, else NULL. An importer that places its
+# own files writes `doc` into them, encoded (importer/variant.py); under --no-staging Spark makes
+# it in the write's plan (`with_doc`). Objects only, because a single
 # top-level scalar or array among a file's rows makes Spark (4.3) write none of the file's `doc`
 # shredded (measured); such a body is still whole in `body`. docs/schema.md has the rest.
 DOC_COLUMN = "doc"

@@ -43,7 +43,7 @@ def test_the_ring_survives_a_reopen_and_forgets_the_oldest(tmp_path):
     again.remember(b"k6", 9)  # the stamps go on from the newest read back
     assert again.home_of(b"k3") is None and again.home_of(b"k6") == 9
     again.close()
-    # A file of another size (other --homes-slots, a torn create) is started afresh, not misread.
+    # A file of another size (another number of slots, a torn create) is started afresh, not misread.
     path.write_bytes(b"\x01" * 10)
     fresh = BatchHomes(path, slots=4)
     assert len(fresh) == 0 and path.stat().st_size == 4 * 24

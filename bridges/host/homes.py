@@ -68,7 +68,7 @@ class BatchHomes:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         data = os.pread(self._fd, size + 1, 0)
         if len(data) != size:
-            # New, or written with another --homes-slots: start empty rather than misread it.
+            # New, or written with another number of slots: start empty rather than misread it.
             os.ftruncate(self._fd, 0)
             os.ftruncate(self._fd, size)
             return
