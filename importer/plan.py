@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 # streams that flow keep landing. A new partition costs a metastore registration and a file of
 # its own: 2-3 ms each on a quiet machine, ten times that on a busy one, so the budget follows
 # what the last jobs cost, aiming at NEW_PARTITION_JOB_SECONDS a job. Two such jobs, one under
-# way and the one a row rides in, plus the 2 s group commit, keep a flowing stream within 10 s.
+# way and the one a row rides in, plus the 0.5 s group commit, keep a flowing stream within 10 s.
 NEW_PARTITIONS_PER_JOB = 100  # the first job's budget
 NEW_PARTITIONS_RANGE = (16, 2000)
 NEW_PARTITION_JOB_SECONDS = 2.5

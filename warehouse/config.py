@@ -25,7 +25,7 @@ class MaintenanceConfig:
 
     retention_days: int = 0  # 0: keep everything
     compact: bool = True  # compact on a schedule (--no-compact turns it off)
-    compact_interval: float = 15.0
+    compact_interval: float = 5.0
     compact_fanin: int = FANIN
     compact_max_level: int = MAX_LEVEL
     compact_throughput: float = 2.0  # MiB/s; 0: no limit

@@ -32,7 +32,7 @@ from typing import Sequence
 TARGET_BYTES = 128 * 2**20
 OPEN_FULL_BYTES = 8 * 2**20
 FANIN = 10
-MAX_LEVEL = 4
+MAX_LEVEL = 5
 
 _LEVEL = re.compile(r"L(\d{1,3})-")
 
