@@ -1,7 +1,7 @@
 """An open day's merges written by pyarrow in this process, without a Spark job.
 
 While a day is open, compaction merges each partition's files level by level
-(warehouse/tiers.py): ten of an importer's 2-s files into one, ten of those into one, and so
+(warehouse/tiers.py): ten of an importer's 0.5-s files into one, ten of those into one, and so
 on. Those files are the ones importers place (importer/place.py): the data columns and `doc`
 as Parquet's unshredded Variant group, schema `table.schema.FILE_SCHEMA`. Merging them needs
 no query engine: this reads their row groups and writes them again, zstd with the

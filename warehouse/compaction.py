@@ -1,7 +1,7 @@
 """Compaction: merge a partition's small files into fewer, larger ones, and swap them in atomically.
 
-Every group commit adds one file per partition it touches (43,200 a day at one commit every
-2 s), so partitions are compacted while their day is still being written. Which files are
+Every group commit adds one file per partition it touches (172,800 a day at an importer's commit
+every 0.5 s), so partitions are compacted while their day is still being written. Which files are
 merged is the tier policy's choice (warehouse/tiers.py): a bounded number of rewrites per
 row, a bounded number of files per partition. One compaction pass (warehouse/maintenance.py,
 `_compact_all`):

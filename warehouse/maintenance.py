@@ -53,7 +53,8 @@ def add_maintenance_flags(p: argparse.ArgumentParser) -> None:
                    help="drop partitions whose date is more than N days before today (default 0: keep everything)")
     p.add_argument("--no-compact", dest="compact", action="store_false", help="do not compact on a schedule")
     p.add_argument("--compact-interval", type=float, default=d.compact_interval, metavar="SECONDS",
-                   help="seconds between compaction passes, which keep today's partitions few-filed too (default 15)")
+                   help="seconds between compaction passes, which keep today's partitions few-filed too "
+                        f"(default {d.compact_interval:g})")
     p.add_argument("--compact-fanin", type=int, default=d.compact_fanin, metavar="N",
                    help=f"while a day is open, merge N files of one level into one of the next (default {FANIN})")
     p.add_argument("--compact-max-level", type=int, default=d.compact_max_level, metavar="N",
