@@ -11,7 +11,7 @@ import os
 import socket
 from pathlib import Path
 
-from table.session import LOG4J_CONFIG, driver_address
+from table.session import CLASSIC_CONF, DISCOVERY, LOG4J_CONFIG, driver_address
 from warehouse.config import SparkServerConfig
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -48,6 +48,8 @@ def spark_conf(config: SparkServerConfig) -> dict[str, str]:
         # Timestamps as INT64 microseconds, as pyarrow writes them: Spark's default (INT96) gets no
         # min/max statistics and no page index from parquet-mr, so a time range skips nothing.
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # Partition directories listed by the driver, not by a job of their own (table/session.py).
+        DISCOVERY: CLASSIC_CONF[DISCOVERY],
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": f"file://{SCHEDULER_POOLS}",
     }
