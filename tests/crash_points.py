@@ -6,27 +6,26 @@ unlink, rmdir below the table's location) or one catalog change (an ALTER statem
 child counts them as the real code makes them, so a test can kill it at each step in turn
 (`kill_at`, until it finishes unkilled) or stop it there (`stopped_at`). Nothing of the code
 under test is replaced: the counters only wrap the calls.
+
+Each child is forked from a server process that has already imported the modules every
+operation needs (multiprocessing's forkserver with a preload): a fresh process, killed for
+real, without the second or more of imports a new interpreter spends before its first step.
 """
 
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 import time
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-
-_CHILD = """
-import sys
-sys.path.insert(0, {root!r})
-from tests.crash_points import child_main
-child_main({spec!r})
-"""
+# What the children import before their first step, imported once in the fork server instead.
+PRELOAD = ["tests.crash_points", "pyspark.sql.connect.session", "pyarrow.parquet", "importer.write",
+           "importer.commit", "table.protocol", "warehouse.maintenance", "warehouse.retention"]
 
 
 def _spark(url: str) -> Any:
@@ -112,39 +111,91 @@ def child_main(spec: dict) -> None:
 def _spec(tmp: Path, url: str, database: str, location: str, operation: str, **extra: Any) -> dict:
     table_dir = location[len("file:"):] if location.startswith("file:") else location
     return {"url": url, "database": database, "location": location, "table_dir": "/" + table_dir.lstrip("/"),
-            "operation": operation, "steps_file": str(tmp / f"steps-{operation}-{time.monotonic_ns()}"), **extra}
+            "operation": operation, "steps_file": str(tmp / f"steps-{operation}-{time.monotonic_ns()}"),
+            "err_file": str(tmp / f"stderr-{operation}-{time.monotonic_ns()}"), **extra}
 
 
-def run_child(spec: dict) -> subprocess.Popen:
-    code = _CHILD.format(root=str(ROOT), spec=spec)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+class Child:
+    """One child process running an operation; what it wrote to stderr goes to a file beside its spec."""
+
+    def __init__(self, process: BaseProcess, err: Path) -> None:
+        self.process = process
+        self.err = err
+
+    @property
+    def pid(self) -> int:
+        assert self.process.pid is not None
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code, -N for a signal N, None while it runs (or is stopped)."""
+        return self.process.exitcode
+
+    def wait(self, timeout: float) -> int:
+        """Its exit code; a child still running after `timeout` seconds is killed, and the test fails."""
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join(10)
+            raise AssertionError(f"a child still ran after {timeout}s:\n{self.errors()}")
+        return self.process.exitcode
+
+    def errors(self) -> str:
+        """The end of what it wrote to stderr (a traceback when it failed)."""
+        try:
+            return self.err.read_text(errors="replace")[-3000:]
+        except FileNotFoundError:
+            return ""
+
+
+def _child_entry(spec: dict) -> None:
+    """In the forked child: stdout dropped, stderr into its file (for the test's message), then the operation."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    err = os.open(spec["err_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(err, 2)
+    child_main(spec)
+
+
+def _forkserver() -> Any:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # takes effect when the server starts, at the first child
+    return context
+
+
+def run_child(spec: dict) -> Child:
+    """Start the operation in a child forked from the (preloaded) fork server."""
+    process = _forkserver().Process(target=_child_entry, args=(spec,), name=f"crash-{spec['operation']}")
+    process.start()
+    return Child(process, Path(spec["err_file"]))
 
 
 def kill_at(tmp: Path, url: str, database: str, location: str, operation: str, at: int, **extra: Any) -> bool:
     """Run the operation and kill -9 it at step `at`; True if it was killed there (False: it finished first)."""
     spec = _spec(tmp, url, database, location, operation, at=at, **extra)
     child = run_child(spec)
-    _, err = child.communicate(timeout=180)
-    if child.returncode == 0:
+    code = child.wait(timeout=180)
+    if code == 0:
         return False
-    assert child.returncode == -signal.SIGKILL, err.decode(errors="replace")[-3000:]
+    assert code == -signal.SIGKILL, child.errors()
     return True
 
 
 def stopped_at(tmp: Path, url: str, database: str, location: str, operation: str, at: int,
-               **extra: Any) -> subprocess.Popen | None:
+               **extra: Any) -> Child | None:
     """Start the operation and return it stopped (SIGSTOP) at step `at`; None if it finished before."""
     spec = _spec(tmp, url, database, location, operation, at=at, how="stop", **extra)
     child = run_child(spec)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        if child.poll() is not None:
-            assert child.returncode == 0, child.stderr.read().decode(errors="replace")[-3000:]
+        if child.returncode is not None:
+            assert child.returncode == 0, child.errors()
             return None
         if _state(child.pid) == "T":
             return child
         time.sleep(0.02)
-    child.kill()
+    child.process.kill()
     raise AssertionError(f"{operation} neither stopped at step {at} nor finished")
 
 
@@ -156,10 +207,9 @@ def _state(pid: int) -> str:
     return stat[stat.rindex(")") + 2]
 
 
-def resume(child: subprocess.Popen, timeout: float = 180) -> None:
+def resume(child: Child, timeout: float = 180) -> None:
     os.kill(child.pid, signal.SIGCONT)
-    _, err = child.communicate(timeout=timeout)
-    assert child.returncode == 0, err.decode(errors="replace")[-3000:]
+    assert child.wait(timeout) == 0, child.errors()
 
 
 def today() -> datetime.date:

@@ -10,8 +10,11 @@ The operations run in real child processes against the session's real Spark (tes
 
 from __future__ import annotations
 
+import collections
 import datetime
+import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +33,20 @@ from warehouse.maintenance import maintenance_pass
 pytestmark = pytest.mark.timeout(900)
 TODAY = cp.today()
 OLD = TODAY - datetime.timedelta(days=30)
+
+
+class Seen:
+    """How often each seq is in the table at one moment (a null seq counts as a row, not as a seq)."""
+
+    def __init__(self, per_seq: dict[int | None, int]) -> None:
+        self.per_seq = per_seq
+
+    def counts(self, seqs: range | None = None) -> tuple[int, int]:
+        """(rows, distinct seqs), as `count(*), count(DISTINCT seq)` of the table, of `seqs` or of all."""
+        if seqs is None:
+            return sum(self.per_seq.values()), sum(1 for seq in self.per_seq if seq is not None)
+        hits = [n for seq, n in self.per_seq.items() if seq is not None and seqs.start <= seq < seqs.stop]
+        return sum(hits), len(hits)
 
 
 class Table:
@@ -63,9 +80,14 @@ class Table:
         return seqs
 
     def counts(self, seqs: range | None = None) -> tuple[int, int]:
-        where = f"WHERE seq BETWEEN {seqs.start} AND {seqs.stop - 1}" if seqs else ""
-        row = self.spark.sql(f"SELECT count(*), count(DISTINCT seq) FROM {self.database}.messages {where}").collect()[0]
-        return int(row[0]), int(row[1])
+        """(rows, distinct seqs) the table shows now, of `seqs` or of all."""
+        return self.seen().counts(seqs)
+
+    def seen(self) -> Seen:
+        """What a reader sees now, read in one query, for several checks of the same moment."""
+        # Every row's seq, counted here: a scan without the shuffle a GROUP BY or DISTINCT costs Spark.
+        rows = self.spark.sql(f"SELECT seq FROM {self.database}.messages").collect()
+        return Seen(collections.Counter(row[0] for row in rows))
 
     def pdir(self, app_env: str, day: datetime.date = TODAY) -> Path:
         return Path(partition_dir(str(self.table_dir / "importer=0"), app_env, day.isoformat()))
@@ -98,6 +120,30 @@ def _kill(t: Table, operation: str, at: int, **extra) -> bool:
     return cp.kill_at(t.tmp, t.url, t.database, t.location, operation, at, **extra)
 
 
+def _finished_or_waiting_on(thread: threading.Thread, lock: Path, timeout: float) -> None:
+    """Wait until `thread` has ended or waits for the flock of `lock` (/proc/locks: "->", this pid), at most
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        thread.join(0.02)
+        if not thread.is_alive() or _waiting_for(lock):
+            return
+
+
+def _waiting_for(lock: Path) -> bool:
+    """Whether a thread of this process is blocked in flock() on `lock`."""
+    try:
+        st = lock.stat()
+    except FileNotFoundError:
+        return False
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if fields[1:3] == ["->", "FLOCK"] and fields[5] == str(os.getpid()) and fields[6] == inode:
+            return True
+    return False
+
+
 def _each_step(limit: int = 200):
     """1, 2, ... until the caller reports the operation finished before being killed there (every step covered)."""
     for at in range(1, limit + 1):
@@ -121,12 +167,13 @@ def test_a_commit_killed_at_every_step_is_whole_or_absent_after_recovery(spark_s
             assert at > 6 and t.counts(seqs) == (len(seqs), len(seqs))
             break
         t.recover()
-        count, distinct = t.counts(seqs)
+        seen = t.seen()
+        count, distinct = seen.counts(seqs)
         assert count == distinct and count in (0, len(seqs)), f"killed at step {at}: {count} of {len(seqs)}"
         if count:
             landed.append(seqs)
         for done in landed:
-            assert t.counts(done) == (len(done), len(done)), f"killed at step {at}"
+            assert seen.counts(done) == (len(done), len(done)), f"killed at step {at}"
         t.assert_clean()
 
 
@@ -159,10 +206,11 @@ def test_an_importer_start_killed_at_every_step_finishes_the_listed_placement(sp
         seqs = half_placed()
         killed = _kill(t, "start", at)
         t.recover()
-        assert t.counts(seqs) == (len(seqs), len(seqs)), f"start killed at step {at}"
+        seen = t.seen()
+        assert seen.counts(seqs) == (len(seqs), len(seqs)), f"start killed at step {at}"
         landed.append(seqs)
         for done in landed:
-            assert t.counts(done) == (len(done), len(done)), f"start killed at step {at}"
+            assert seen.counts(done) == (len(done), len(done)), f"start killed at step {at}"
         t.assert_clean()
         if not killed:
             break
@@ -215,7 +263,9 @@ def test_an_importer_start_at_every_step_of_a_merge_leaves_its_output_alone(spar
 
         thread = threading.Thread(target=importer)
         thread.start()
-        thread.join(5)  # holding the root's lock, the stopped compaction keeps it waiting
+        # Holding the root's lock, the stopped compaction keeps it waiting; it gets up to 5 s to do harm
+        # otherwise, and once it waits on the lock there is nothing more it can do before the resume.
+        _finished_or_waiting_on(thread, t.table_dir / "importer=0" / protocol.LOCK, 5)
         cp.resume(child)
         thread.join(120)
         assert done == [None], done
@@ -239,8 +289,9 @@ def test_retention_killed_at_every_step_drops_whole_and_the_day_takes_rows_again
             break
         cp.OPERATIONS["start"](t.spark, {"database": t.database, "location": t.location})
         cp.OPERATIONS["retention"](t.spark, {"database": t.database, "location": t.location, "days": 7})
-        assert t.counts(keep) == (len(keep), len(keep))
-        assert t.counts() == (len(keep), len(keep)), f"killed at step {at}: old rows left"
+        seen = t.seen()
+        assert seen.counts(keep) == (len(keep), len(keep))
+        assert seen.counts() == (len(keep), len(keep)), f"killed at step {at}: old rows left"
         assert not t.pdir("old-prod", OLD).exists() and not t.pdir("gone-prod", OLD).parent.exists()
         # The same writer, whose registration of the dropped partition is still cached, lands late rows there.
         late = t.land({"old-prod": 2}, day=OLD)
