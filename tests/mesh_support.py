@@ -1,26 +1,28 @@
-"""A whole mesh under the real supervisord on test ports, and helpers to drive and query it."""
+"""Helpers for tests that drive a whole mesh (harness.mesh.Mesh, the one way tests and benchmarks run
+one): a mesh of a test's own (`started_mesh`), probes, sending through every path, and what landed.
+The mesh most tests share is tests/mesh_conftest_plugin.py's `shared_mesh`."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import orjson
 from pylogbeat import PyLogBeatClient
 
 from logjam.compression import decompress
-from tools.mesh import DEFAULTS, DEVICE_PORTS, device_port, ensure_keys, mesh_environment
-from logjam.curve import ClientKey
 from logjam.message import Message
 from logjam.producer import Producer
 from logjam.replay import ReplayClient
-from harness.mesh import PORT_STEP, mesh_ports
-from harness.processes import REPO, command, port_open, wait_for
+from harness.mesh import Mesh
+from harness.processes import command, wait_for
 
+# LOGJAM_* settings of every test mesh over the defaults: two Spark cores, whatever the host has.
+TEST_SETTINGS = {"LOGJAM_SPARK_MASTER": "local[2]"}
 
 PROTOCOL_PORTS = {
     "lumberjack": "LOGJAM_LUMBERJACK_PORT",
@@ -32,93 +34,18 @@ PROTOCOL_PORTS = {
 }
 
 
-class Mesh:
-    def __init__(self, data_dir: Path, devices: int = 2, importers: int = 2, extra: dict[str, str] | None = None) -> None:
-        base = dict(os.environ)
-        for key in DEFAULTS:
-            base.pop(key, None)
-        base.update(mesh_ports(devices, importers))
-        base.update(LOGJAM_DATA_DIR=str(data_dir), LOGJAM_BIND="127.0.0.1", LOGJAM_IMPORTERS=str(importers),
-                    LOGJAM_DEVICES=str(devices), LOGJAM_DEVICE_PORT_STEP=str(PORT_STEP), LOGJAM_SPARK_MASTER="local[2]")
-        base.update(extra or {})
-        self.devices = devices
-        self.importers = importers
-        self.config = REPO / "supervisord.conf"
-        self.env = mesh_environment(self.config, base)
-        # As `make up` does before supervisord starts anything; tests connect with the client key.
-        self.key = ClientKey.from_dir(ensure_keys(self.env))
-        self.proc = subprocess.Popen(
-            [command("supervisord"), "-c", str(self.config), "-n"], env=self.env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+@contextmanager
+def started_mesh(data: Path, ready_timeout: float = 180, **mesh_args) -> Iterator[Mesh]:
+    """A mesh that is up and importing (`mesh_args` go to Mesh; `extra` over TEST_SETTINGS); shut down after.
 
-    def port(self, key: str, device: int = 0) -> int:
-        """The port of `key`; for a per-device port (tools.mesh.DEVICE_PORTS), device `device`'s."""
-        return device_port(self.env, key, device) if key in DEVICE_PORTS else int(self.env[key])
-
-    def device_id(self, device: int) -> int:
-        return int(self.env["LOGJAM_DEVICE_ID"]) + device
-
-    def ctl(self, *args: str) -> str:
-        return subprocess.run(
-            [command("supervisorctl"), "-c", str(self.config), *args], env=self.env,
-            capture_output=True, text=True, timeout=60,
-        ).stdout
-
-    def states(self) -> dict[str, tuple[str, str]]:
-        out = {}
-        for line in self.ctl("status").splitlines():
-            parts = line.split()
-            if len(parts) >= 2:
-                out[parts[0]] = (parts[1], line)
-        return out
-
-    def pid(self, name: str) -> int:
-        return int(self.ctl("pid", name).strip())
-
-    def sql(self, query: str) -> list[dict]:
-        res = subprocess.run(
-            [command("logjam-sql"), "--json", "--max-rows", "0", "--spark", f"sc://127.0.0.1:{self.port('LOGJAM_SPARK_PORT')}",
-             "--warehouse", f"{self.env['LOGJAM_DATA_DIR']}/warehouse", query],
-            capture_output=True, text=True, timeout=120,
-        )
-        assert res.returncode == 0, res.stderr[-3000:]
-        return [orjson.loads(line) for line in res.stdout.splitlines() if line.strip()]
-
-    def logs(self) -> str:
-        out = []
-        for path in sorted(Path(self.env["LOGJAM_DATA_DIR"], "logs").glob("*.log")):
-            out.append(f"== {path.name}\n" + path.read_text(errors="replace")[-2000:])
-        return "\n".join(out)
-
-    def shutdown(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def running_mesh(tmp_path_factory, ready_timeout: float = 180, **mesh_args):
-    """Generator for a module-scoped fixture: a mesh that is up and importing (`mesh_args` go to Mesh)."""
-    m = Mesh(tmp_path_factory.mktemp("mesh") / "data", **mesh_args)
+    Up (every program RUNNING, every importer subscribed) within `ready_timeout` + 60 s; then, as
+    PUB/SUB drops what a subscriber has not joined for, probes until they reach Spark through every
+    device and importer, within `ready_timeout`.
+    """
+    extra = {**TEST_SETTINGS, **mesh_args.pop("extra", {})}
+    m = Mesh(data, extra=extra, session=False, ready_timeout=ready_timeout + 60, **mesh_args)
     try:
-        def up() -> bool:
-            assert m.proc.poll() is None, "supervisord exited"
-            states = m.states()
-            return (
-                len(states) == 8 + m.devices + m.importers and all(s == "RUNNING" for s, _ in states.values())
-                and all(port_open(m.port(k)) for k in PROTOCOL_PORTS.values())
-                and port_open(m.port("LOGJAM_SPARK_PORT"))
-            )
-
         try:
-            wait_for(up, timeout=240, interval=1, what="every program RUNNING and listening")
-            # RUNNING is not subscribed: importers first wait for Spark. Until the
-            # lossless-delivery journal exists, PUB/SUB drops what a subscriber has not
-            # joined for, so wait until probes reach Spark through both workers.
             wait_until_importing(m, f"ready-{uuid.uuid4().hex[:8]}", timeout=ready_timeout)
         except AssertionError:
             raise AssertionError(f"mesh did not come up: {m.states()}\n{m.logs()}") from None
@@ -144,6 +71,25 @@ def wait_until_importing(mesh: Mesh, marker: str, timeout: float = 180) -> None:
             (mesh.device_id(k), a) for k in range(mesh.devices) for a in ("lumberjack-default", "mesh-a")}
 
     wait_for(probe, timeout=timeout, interval=2, what="probes through every device and importer")
+
+
+def probe_every_device(mesh: Mesh, marker: str, timeout: float = 180) -> None:
+    """One probe per device and importer (app-envs of both workers), sent once, until all of them land.
+
+    Sent once, not per round as `wait_until_importing` does: nothing of it lands after this returns
+    (a test counting a whole table next sees no stray rows)."""
+    want = {(mesh.device_id(k), a) for k in range(mesh.devices) for a in ("lumberjack-default", "mesh-a")}
+    for k in range(mesh.devices):
+        with Producer(f"tcp://127.0.0.1:{mesh.port('LOGJAM_ROUTER_PORT', k)}", curve=mesh.key) as p:
+            for app_env in ("lumberjack-default", "mesh-a"):
+                p.submit(app_env, "logs.mesh", {"message": f"{marker} d{k}"})
+            assert p.flush().accepted == 2, f"device {k} did not accept the probe"
+
+    def landed_all() -> bool:
+        rows = mesh.sql(f"SELECT DISTINCT device, app_env FROM messages WHERE body LIKE '%{marker}%'")
+        return {(r["device"], r["app_env"]) for r in rows} == want
+
+    wait_for(landed_all, timeout=timeout, interval=2, what=f"probe {marker} through every device and importer")
 
 
 def send(mesh: Mesh, protocol: str, lines: list[str]) -> None:

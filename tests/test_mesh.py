@@ -26,7 +26,7 @@ from pylogbeat import PyLogBeatClient
 
 from harness.processes import command, port_open, wait_for
 from tests.mesh_support import (
-    EXPECTED_ROUTE, landed, repeated_event_ids, running_mesh, send_everywhere, wait_landed, wait_until_importing,
+    EXPECTED_ROUTE, landed, repeated_event_ids, send_everywhere, wait_landed, wait_until_importing,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -45,9 +45,10 @@ KEY_FORMATS = {
 }
 
 
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    yield from running_mesh(tmp_path_factory)
+@pytest.fixture
+def mesh(shared_mesh):
+    """The run's shared mesh (tests/mesh_conftest_plugin.py): each test keeps to its own run id."""
+    return shared_mesh
 
 
 def test_events_from_every_path_land_exactly_once(mesh):
@@ -86,6 +87,7 @@ def test_events_from_every_path_land_exactly_once(mesh):
     assert roots == ["importer=0", "importer=1"]
 
 
+@pytest.mark.disturbs_mesh
 def test_killed_importer_is_restarted_and_later_traffic_lands(mesh):
     name = "logjam-importer:logjam-importer-0"
     old = mesh.pid(name)
@@ -184,6 +186,7 @@ def table_metrics(mesh) -> dict[str, float]:
             if line.startswith("logjam_") and " " in line}
 
 
+@pytest.mark.disturbs_mesh
 def test_the_table_answers_jdbc_and_keeps_its_partitions_across_a_spark_restart(mesh):
     run = f"jdbc-{uuid.uuid4().hex[:8]}"
     send_everywhere(mesh, run, 5)

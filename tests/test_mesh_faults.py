@@ -28,19 +28,20 @@ from pylogbeat import PyLogBeatClient
 
 from logjam.producer import Producer, ReplyTimeout
 from harness.processes import command, wait_for
-from tests.mesh_support import (
-    PROTOCOL_PORTS, Mesh, importer_duplicates_dropped, journaled, landed, repeated_event_ids, running_mesh,
-)
+from harness.mesh import Mesh
+from tests.mesh_support import PROTOCOL_PORTS, importer_duplicates_dropped, journaled, landed, repeated_event_ids
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.disturbs_mesh]
 
 # CRC32 puts lumberjack-default on worker 0 and mesh-a on worker 1.
 APP_ENVS = ("lumberjack-default", "mesh-a")
 
 
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    yield from running_mesh(tmp_path_factory)
+@pytest.fixture
+def mesh(shared_mesh):
+    """The run's shared mesh (tests/mesh_conftest_plugin.py): each test keeps to its own run id, and
+    supervisord has restarted (or the test continued) what it disturbed."""
+    return shared_mesh
 
 
 class DealerLoad(threading.Thread):

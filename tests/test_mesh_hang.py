@@ -23,11 +23,11 @@ import pytest
 
 from bridges.lumberjack.engine import LumberjackClient
 from harness.processes import wait_for
-from tests.mesh_support import landed, running_mesh, send
+from tests.mesh_support import landed, send
 from tests.test_bridge_hardening import metric
 from tests.test_health import healthz
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.disturbs_mesh]
 
 CONNECTIONS = 4
 WINDOW = 25
@@ -36,9 +36,11 @@ BEFORE_S = 10.0
 STOP_S = 15.0  # the issue stopped it 40 s; the default --device-deadline is 5 s
 
 
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    yield from running_mesh(tmp_path_factory)
+@pytest.fixture
+def mesh(shared_mesh):
+    """The run's shared mesh (tests/mesh_conftest_plugin.py): each test keeps to its own run id, and
+    supervisord has restarted (or the test continued) what it disturbed."""
+    return shared_mesh
 
 
 class Shipper(threading.Thread):

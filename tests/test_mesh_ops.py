@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from runtime.health import fetch
-from tools.mesh import DEFAULTS, mesh_environment, metrics_ports
+from tools.mesh import metrics_ports
 from harness.processes import REPO, command, wait_for
-from harness.mesh import PORT_STEP, mesh_ports
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -31,34 +30,11 @@ def mesh_cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess
                           text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    data = tmp_path_factory.mktemp("opsmesh") / "data"
-    env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
-    env.update(mesh_ports(2, 2))
-    env.update(LOGJAM_DATA_DIR=str(data), LOGJAM_BIND="127.0.0.1", LOGJAM_IMPORTERS="2", LOGJAM_DEVICES="2",
-               LOGJAM_DEVICE_PORT_STEP=str(PORT_STEP), LOGJAM_SPARK_MASTER="local[2]")
-    env = mesh_environment(REPO / "supervisord.conf", env)
-    out = data / "mesh-up.out"
-    with open(out, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "tools.mesh", "up"], cwd=REPO, env=env, stdout=f,
-                                stderr=subprocess.STDOUT)
-    try:
-        def up() -> bool:
-            assert proc.poll() is None, out.read_text()
-            text = out.read_text()
-            assert "mesh not fully up" not in text, text
-            return "logjam-mesh is up" in text
-
-        wait_for(up, timeout=300, interval=1, what="python -m tools.mesh up to announce the mesh")
-        yield env
-    finally:
-        mesh_cli(env, "down")
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+@pytest.fixture
+def mesh(shared_mesh) -> dict[str, str]:
+    """The environment of the run's shared mesh (tests/mesh_conftest_plugin.py), which
+    `python -m tools.mesh up` started and announced: what `make up`, `make status` and the tools see."""
+    return shared_mesh.env
 
 
 def ports(env: dict[str, str]) -> dict[str, int]:
@@ -83,21 +59,31 @@ def test_every_process_serves_metrics_and_healthz(mesh) -> None:
     assert set(spark["checks"]) == {"jvm", "connect", "jdbc"}
 
 
+def last_write(port: int) -> float:
+    """An importer's logjam_importer_last_write_timestamp_seconds (0 before its first write)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    stamp = [line for line in text.splitlines() if line.startswith("logjam_importer_last_write_timestamp_seconds{")]
+    return float(stamp[0].rsplit(" ", 1)[1]) if stamp else 0.0
+
+
 def test_importer_healthz_reports_its_last_write(mesh) -> None:
     run = uuid.uuid4().hex[:8]
+    importers = [p for name, p in ports(mesh).items() if name.startswith("logjam-importer-")]
+    # The shared mesh's importers have written before: this test's write is the one after these.
+    before = {p: last_write(p) for p in importers}
     res = subprocess.run([command("logjam-send"), "lumberjack", "--to", f"127.0.0.1:{mesh['LOGJAM_LUMBERJACK_PORT']}",
                           *[f"{run} {i}" for i in range(20)]], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     # The bridge's window went to one of the two devices, so to the importer that owns it.
-    importers = [p for name, p in ports(mesh).items() if name.startswith("logjam-importer-")]
-    written = lambda: [p for p in importers if "last write" in healthz(p)[1]["checks"]["writes"]["detail"]]  # noqa: E731
+    written = lambda: [p for p in importers if "last write" in healthz(p)[1]["checks"]["writes"]["detail"]  # noqa: E731
+                       and last_write(p) > before[p]]
     wait_for(written, timeout=120, interval=0.5, what="an importer to commit a batch")
     port = written()[0]
     status, doc = healthz(port)
     assert status == 200 and doc["checks"]["spark"]["ok"], doc
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     stamp = [line for line in text.splitlines() if line.startswith("logjam_importer_last_write_timestamp_seconds{")]
-    assert stamp and float(stamp[0].rsplit(" ", 1)[1]) > 0
+    assert stamp and float(stamp[0].rsplit(" ", 1)[1]) > max(before[port], 0)
 
 
 def health_lines(out: str) -> list[str]:
@@ -107,6 +93,7 @@ def health_lines(out: str) -> list[str]:
     return tail.strip().splitlines()
 
 
+@pytest.mark.disturbs_mesh
 def test_status_shows_health_and_follows_a_stopped_device(mesh) -> None:
     res = mesh_cli(mesh, "status")
     assert res.returncode == 0, res.stdout + res.stderr
@@ -134,7 +121,8 @@ def test_status_shows_health_and_follows_a_stopped_device(mesh) -> None:
     wait_for(lambda: mesh_cli(mesh, "status").returncode == 0, timeout=60, interval=1, what="every process healthy again")
 
 
-def test_curve_guards_tcp_ipc_serves_the_host_and_the_quickstart_tools_need_no_flags(mesh, tmp_path: Path) -> None:
+def test_curve_guards_tcp_ipc_serves_the_host_and_the_quickstart_tools_need_no_flags(mesh, shared_mesh,
+                                                                                      tmp_path: Path) -> None:
     """`make up` made the keys and every device serves this host over ipc (mode 0700 and 0600).
     logjam-send and logjam-tail, with no flag but $LOGJAM_DATA_DIR (as in the quickstart's shell),
     find the mesh: send goes to device 0 over ipc, tail follows every device. Over TCP the
@@ -149,7 +137,7 @@ def test_curve_guards_tcp_ipc_serves_the_host_and_the_quickstart_tools_need_no_f
         assert ipc.stat().st_mode & 0o777 == 0o700 and ipc.stat().st_uid == os.geteuid()
         assert sorted(p.name for p in ipc.iterdir()) == ["pub", "pull", "replay", "router", "stats"]
         assert all(p.stat().st_mode & 0o777 == 0o600 for p in ipc.iterdir())
-    banner = (data / "mesh-up.out").read_text()
+    banner = shared_mesh.output()
     assert "CURVE           every ZeroMQ TCP port" in banner and "/device[-K]/ipc/<socket> (mode 0700, no CURVE)" in banner
     device = healthz(ports(mesh)["logjam-device"])[1]
     assert device["checks"]["curve"]["detail"].startswith("CURVE on router, pull, pub, stats, replay"), device

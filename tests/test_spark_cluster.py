@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.mesh import Mesh
 from harness.processes import command, free_port, port_open, stop, wait_for
 from tests.spark_fixture import SparkServer
 from tests.test_importer import Importer
@@ -104,8 +105,7 @@ def test_two_devices_two_importers_on_two_workers_survive_a_device_sigkill(tmp_p
     SIGKILLed; every acknowledged event lands exactly once, and tasks ran on both workers."""
     from pyspark.find_spark_home import _find_spark_home
 
-    from tests.mesh_support import running_mesh
-    from tests.test_mesh_faults import BeatsLoad, DealerLoad, run_fault
+    from tests.mesh_support import started_mesh
 
     home = Path(_find_spark_home())
     port, ui = free_port(), free_port()
@@ -116,40 +116,43 @@ def test_two_devices_two_importers_on_two_workers_survive_a_device_sigkill(tmp_p
         procs.append(spark_class(home, tmp_path / f"worker-{w}.log", "org.apache.spark.deploy.worker.Worker",
                                  f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
                                  "--webui-port", str(free_port()), "--work-dir", str(work)))
-    mesh_gen = None
     try:
         wait_for(lambda: master_state(ui).get("aliveworkers", 0) == 2, timeout=180, interval=0.5,
                  what="both standalone workers to register")
         # The first writes wait for both executors to start (a minute or more on a busy 2-core host).
-        mesh_gen = running_mesh(tmp_path_factory, ready_timeout=600, devices=2, importers=2,
-                                extra={"LOGJAM_SPARK_MASTER": f"spark://127.0.0.1:{port}"})
-        mesh = next(mesh_gen)
-        dealer = DealerLoad(mesh, f"cdev-{os.urandom(4).hex()}", resend=True)
-        beats = BeatsLoad(mesh, f"clj-{os.urandom(4).hex()}")
-        out, lj = run_fault(mesh, "logjam-device", dealer, beats)
-        out.report("cluster: device SIGKILL, Producer resending timed-out batches", f", never acked {len(dealer.unacked)}")
-        lj.report("cluster: device SIGKILL, pylogbeat through the lumberjack bridge")
-        assert all(out.counts[m] == 1 for m in out.acked), \
-            sorted((m, out.counts[m]) for m in out.acked if out.counts[m] != 1)[:10]
-        out.check_keys()
-        assert all(lj.counts[m] == 1 for m in lj.acked - beats.resent)
-        lj.check_keys()
-        # Each importer landed only its own device. (The bridge's one pylogbeat connection has a
-        # home device, whichever answered first with the fewest connections, so which devices
-        # carried it depends on the start; the Producer's rows are device 0's.)
-        owned = {(0, mesh.device_id(0)), (1, mesh.device_id(1))}
-        for run_id in (beats.run_id, dealer.run_id):
-            rows = mesh.sql(f"SELECT importer, device, count(*) AS n FROM messages WHERE body LIKE '%{run_id}%' "
-                            "GROUP BY 1, 2")
-            assert rows and {(r["importer"], r["device"]) for r in rows} <= owned, rows
-        # The rows were written by tasks on both workers' executors, for the mesh's Spark server.
-        assert master_state(ui)["activeapps"][0]["name"] == "logjam Spark server"
-        for work in works:
-            logs = list(work.glob("app-*/*/stderr"))
-            assert logs and any("Finished task" in p.read_text(errors="replace") for p in logs), \
-                f"no task finished on the executor under {work}"
+        with started_mesh(tmp_path_factory.mktemp("mesh") / "data", ready_timeout=600, devices=2, importers=2,
+                          extra={"LOGJAM_SPARK_MASTER": f"spark://127.0.0.1:{port}"}) as mesh:
+            run_cluster_fault(mesh, ui, works)
     finally:
-        if mesh_gen is not None:
-            mesh_gen.close()  # runs running_mesh's finally: the mesh shuts down
         for p in reversed(procs):
             stop(p, timeout=60)
+
+
+def run_cluster_fault(mesh: Mesh, ui: int, works: list[Path]) -> None:
+    """Device 0 SIGKILLed under load on the cluster mesh; what landed, and where its tasks ran."""
+    from tests.test_mesh_faults import BeatsLoad, DealerLoad, run_fault
+
+    dealer = DealerLoad(mesh, f"cdev-{os.urandom(4).hex()}", resend=True)
+    beats = BeatsLoad(mesh, f"clj-{os.urandom(4).hex()}")
+    out, lj = run_fault(mesh, "logjam-device", dealer, beats)
+    out.report("cluster: device SIGKILL, Producer resending timed-out batches", f", never acked {len(dealer.unacked)}")
+    lj.report("cluster: device SIGKILL, pylogbeat through the lumberjack bridge")
+    assert all(out.counts[m] == 1 for m in out.acked), \
+        sorted((m, out.counts[m]) for m in out.acked if out.counts[m] != 1)[:10]
+    out.check_keys()
+    assert all(lj.counts[m] == 1 for m in lj.acked - beats.resent)
+    lj.check_keys()
+    # Each importer landed only its own device. (The bridge's one pylogbeat connection has a
+    # home device, whichever answered first with the fewest connections, so which devices
+    # carried it depends on the start; the Producer's rows are device 0's.)
+    owned = {(0, mesh.device_id(0)), (1, mesh.device_id(1))}
+    for run_id in (beats.run_id, dealer.run_id):
+        rows = mesh.sql(f"SELECT importer, device, count(*) AS n FROM messages WHERE body LIKE '%{run_id}%' "
+                        "GROUP BY 1, 2")
+        assert rows and {(r["importer"], r["device"]) for r in rows} <= owned, rows
+    # The rows were written by tasks on both workers' executors, for the mesh's Spark server.
+    assert master_state(ui)["activeapps"][0]["name"] == "logjam Spark server"
+    for work in works:
+        logs = list(work.glob("app-*/*/stderr"))
+        assert logs and any("Finished task" in p.read_text(errors="replace") for p in logs), \
+            f"no task finished on the executor under {work}"
