@@ -159,7 +159,7 @@ def test_writes_failing_for_every_stream_turn_healthz_unhealthy_and_land_once_me
                                what="/healthz to say the writes fail")
         assert "path in the way" in doc["checks"]["writes"]["detail"], doc
         staging.unlink()
-        wait_for(lambda: df.where(df.topic == "logs.test").count() >= total, timeout=120, interval=1,
+        wait_for(lambda: df.where(df.topic == "logs.test").count() >= total, timeout=120, interval=0.25,
                  what="the rows once the path is free")
         assert df.where(df.topic == "logs.test").count() == total
         assert where(spark_server, warehouse, f"app_env = '{QUARANTINE}'") == 0
@@ -257,7 +257,7 @@ def test_a_full_warehouse_disk_is_named_in_the_log_and_healthz_and_nothing_is_lo
                                    what="/healthz to say the writes fail")
             assert "disk full" in doc["checks"]["writes"]["detail"], doc
             filler.unlink()
-            wait_for(lambda: df.where("app_env = 'full-prod'").count() >= total, timeout=120, interval=1,
+            wait_for(lambda: df.where("app_env = 'full-prod'").count() >= total, timeout=120, interval=0.25,
                      what="the rows once there is room")
             assert df.where("app_env = 'full-prod'").count() == total
         finally:
