@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import signal
 import time
+from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Callable
@@ -158,8 +159,9 @@ def _child_entry(spec: dict) -> None:
     child_main(spec)
 
 
-def _forkserver() -> Any:
+def _forkserver() -> ForkServerContext:
     context = multiprocessing.get_context("forkserver")
+    assert isinstance(context, ForkServerContext)
     context.set_forkserver_preload(PRELOAD)  # takes effect when the server starts, at the first child
     return context
 
