@@ -56,7 +56,8 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.mesh import Mesh, children  # noqa: E402
+from harness.cpu import children  # noqa: E402
+from harness.mesh import Mesh  # noqa: E402
 from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
 from tools.mesh import DEFAULTS, health_report  # noqa: E402

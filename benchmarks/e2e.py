@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import lumberjack_load  # noqa: E402
 from harness.lumberjack_load import WINDOW, Shipper, ship, windows  # noqa: E402
-from harness.mesh import Mesh, cpu  # noqa: E402
+from harness.cpu import cpu  # noqa: E402
+from harness.mesh import Mesh  # noqa: E402
 from harness.processes import command  # noqa: E402
 from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
 from tools.mesh import DEFAULTS  # noqa: E402

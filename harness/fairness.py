@@ -15,7 +15,8 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from harness.lumberjack_load import WINDOW, Shipper, ship, windows
-from harness.mesh import Mesh, cpu
+from harness.cpu import cpu
+from harness.mesh import Mesh
 from harness.processes import wait_for
 from logjam.producer import Producer
 from tools.mesh import device_endpoint, device_port

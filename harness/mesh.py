@@ -16,12 +16,10 @@ from pathlib import Path
 
 import orjson
 
+from harness.cpu import children
 from harness.processes import REPO, command, free_port, free_port_run, port_open, wait_for
 from logjam.curve import ClientKey
 from tools.mesh import DEFAULTS, DEVICE_PORTS, device_port, ensure_keys, importers_subscribed, mesh_environment
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
 
 # Device K of a test mesh listens this far above device 0 (LOGJAM_DEVICE_PORT_STEP).
 PORT_STEP = 7
@@ -273,25 +271,3 @@ def stop_supervisord(pidfile: Path, timeout: float = 120) -> None:
         wait_for(lambda: not alive(pid), timeout=timeout, interval=0.5, what="supervisord to stop")
     except AssertionError:
         os.kill(pid, signal.SIGKILL)
-
-
-def children(pid: int) -> list[int]:
-    try:
-        kids = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-    return kids + [g for k in kids for g in children(k)]
-
-
-def cpu(pids: dict[str, list[int]]) -> dict[str, float]:
-    out = {}
-    for name, group in pids.items():
-        total = 0.0
-        for pid in group:
-            try:
-                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(f[11]) + int(f[12])) / CLK_TCK
-            except OSError:
-                pass
-        out[name] = total
-    return out
