@@ -286,6 +286,8 @@ def test_per_peer_limit_sheds_idle_then_refuses(device) -> None:
         newcomer = open_idle(b.port, 1, ["127.0.0.1"])[0]
         wait_for(lambda: metric(mport, "logjam_bridge_connections_shed_total") == 1, what="one shed")
         assert not closed_by_peer(newcomer)
+        # The metric counts the decision; the shed connection's FIN follows it.
+        wait_for(lambda: sum(closed_by_peer(s) for s in idle) >= 1, what="the shed connection to close")
         assert sum(closed_by_peer(s) for s in idle) == 1
         for s in [*idle, newcomer]:
             s.close()
