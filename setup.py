@@ -6,4 +6,4 @@ builders and the build flags are in native/build.py.
 
 from setuptools import setup
 
-setup(cffi_modules=[f"native/build.py:{name}" for name in ("device", "link", "scan", "sub_drain", "variant", "decode", "syslog")])
+setup(cffi_modules=[f"native/build.py:{name}" for name in ("device", "link", "scan", "sub_drain", "variant", "decode", "syslog", "otlp")])

@@ -85,6 +85,7 @@ scan = _builder("bridges.lumberjack._native_scan", "scan.h", ["scan.c"], zmq=Fal
 sub_drain = _builder("logjam._native_sub", "sub_drain.h", ["sub_drain.c"], zmq=True)
 variant = _builder("importer._native_variant", "variant.h", ["variant.c"], zmq=False)
 decode = _builder("importer._native_decode", "decode.h", ["decode.c"], zmq=False)
+otlp = _builder("bridges.otlp._native_otlp", "otlp.h", ["otlp.c"], zmq=False)
 syslog = _builder("bridges.syslog._native_syslog", "syslog.h", ["syslog.c"], zmq=False)
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ def built_modules() -> list[str]:
 
 def test_the_build_list_is_every_c_module():
     assert built_modules() == ["bridges.host._native_link", "bridges.lumberjack._native_scan",
+                               "bridges.otlp._native_otlp", "bridges.syslog._native_syslog",
                                "devices._native", "importer._native_decode", "importer._native_variant",
                                "logjam._native_sub"]
 
@@ -38,7 +39,8 @@ def test_every_module_is_built_from_todays_constants(name):
 
 
 def test_only_the_modules_that_call_libzmq_are_bound_to_it():
-    for name in ("bridges.lumberjack._native_scan", "importer._native_variant", "importer._native_decode"):
+    for name in ("bridges.lumberjack._native_scan", "importer._native_variant", "importer._native_decode",
+                 "bridges.otlp._native_otlp"):
         assert not hasattr(c_module(name)[1], "lj_zmq_bind")
     for name in ("devices._native", "bridges.host._native_link", "logjam._native_sub"):
         assert hasattr(c_module(name)[1], "lj_zmq_bind")
