@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from table.catalog import table_location
 from table.layout import LOOKUPS, Layout
+from table import lookup_index
 from table import protocol
 from table.protocol import live_files, local_partitions
 from warehouse.compaction import (
@@ -148,6 +149,7 @@ class PassResult:
     dropped: int = 0
     rows_dropped: int = 0
     freed: int = 0
+    index: lookup_index.Refreshed | None = None  # the lookup index's refresh, when it ran
 
 
 def maintenance_pass(spark: Any, database: str, config: MaintenanceConfig, metrics: TableMetrics | None = None,
@@ -172,10 +174,10 @@ def maintenance_pass(spark: Any, database: str, config: MaintenanceConfig, metri
                 metrics.retention_partitions.inc(len(gone.partitions))
                 metrics.retention_rows.inc(gone.rows)
                 metrics.retention_bytes.inc(gone.bytes)
+    older_than = config.compact_older_than if older_than is None else older_than
     if compact:
         try:
-            _compact_all(spark, database, config, location, table_dir, result, metrics,
-                         config.compact_older_than if older_than is None else older_than, throttle, layout)
+            _compact_all(spark, database, config, location, table_dir, result, metrics, older_than, throttle, layout)
         except Exception as e:  # noqa: BLE001 (a merge job's failure: its output is reaped by the next pass)
             log.error("compaction pass failed: %s", first_line(e))
             result.failed += 1
@@ -185,12 +187,31 @@ def maintenance_pass(spark: Any, database: str, config: MaintenanceConfig, metri
                 result.freed += protocol.delete_retired(spark, database, part)
             except Exception as e:  # noqa: BLE001 (one partition's failure must not stop the others' cleanup)
                 _failed(result, part.dir, e)
+    if layout.for_lookups:
+        result.index = _refresh_index(table_dir, older_than)
     if metrics:
         try:
             metrics.census(location)
         except Exception as e:  # noqa: BLE001 (a partition removed mid-walk, a torn file: the next census counts)
             log.warning("table census failed: %s", first_line(e))
     return result
+
+
+def _refresh_index(table_dir: Any, older_than: float) -> lookup_index.Refreshed | None:
+    """The lookup index of every closed day (table/lookup_index.py), after the day's merges: a day whose
+    partitions changed gets its file rebuilt. Under the compaction lock: one writer of a day's file."""
+    with compaction_lock(table_dir) as mine:
+        if not mine:
+            return None
+        try:
+            done = lookup_index.refresh(table_dir, lambda date: is_closed(date, older_than))
+        except Exception as e:  # noqa: BLE001 (an index not refreshed only leaves its days searched whole)
+            log.warning("lookup index refresh failed: %s", first_line(e))
+            return None
+    if done.days:
+        log.info("lookup index: %d days rewritten (%d partitions built, %d kept), %.1f KiB, in %.1fs",
+                 done.days, done.built, done.reused, done.bytes / 1024, done.seconds)
+    return done
 
 
 class Throttle:
