@@ -28,7 +28,7 @@ from table.protocol import DEFAULT_GRACE_S
 from warehouse.config import MaintenanceConfig
 from warehouse.maintenance import maintenance_pass
 from table.paths import table_path
-from table.schema import DEFAULT_DATABASE, qualified
+from table.schema import DEFAULT_DATABASE
 from table.checks import local_dir, spark_url
 from table.session import DEFAULT_SPARK, is_connect, open_session, resolve_warehouse
 from runtime import lifecycle
@@ -154,9 +154,9 @@ def run(config: SqlConfig) -> int:
         # our session close, leaving SESSION_CLOSED errors in the server log.
         spark.client.disable_reattachable_execute()
     try:
-        ensure_table(spark, config.database, table_path(resolve_warehouse(spark, config.warehouse)))
+        location = ensure_table(spark, config.database, table_path(resolve_warehouse(spark, config.warehouse)))
         if config.trace is not None:
-            return show_trace(spark, config)
+            return show_trace(spark, config, location)
         if config.query is None:
             return maintain(spark, config)
         spark.sql(f"USE `{config.database}`")
@@ -187,9 +187,9 @@ def run(config: SqlConfig) -> int:
     return 0
 
 
-def show_trace(spark: Any, config: SqlConfig) -> int:
+def show_trace(spark: Any, config: SqlConfig, location: str | None = None) -> int:
     """`--trace ID`: the timeline (tools/trace.py); with --json, one object a row and the header on stderr."""
-    timeline = trace.find(spark, qualified(config.database), config.trace or "", config.days)
+    timeline = trace.find(spark, config.database, config.trace or "", config.days, location)
     if config.json:
         print(trace.header(timeline), file=sys.stderr)
         for row in timeline.rows:

@@ -3,18 +3,28 @@
 A request crosses services, and each service's logs land in its own stream; what a person
 debugging it wants is all of them in time order. The lookup names the id in `request_id`
 and `trace_id` (a trace id is matched lowercased, as the importers store it), and every
-file of the table has bloom filters on both (docs/schema.md, "Layout for lookups"), so the
-files without it are skipped unread. `--days N` searches only the last N days; the header
-says how many days the search covered, counted from the table's partitions.
+file of the table has bloom filters on both (docs/schema.md, "Layout for lookups"). Before
+Spark plans, the lookup index of closed days (table/lookup_index.py) rules out the partitions
+that cannot hold the id, and the query names only the others (every open or unindexed one
+among them), so Spark opens only their files. `lookup` is that path for any of the indexed
+columns; `benchmarks/month.py` times its lookups through it. `--days N` searches only the
+last N days; the header says how many days the search covered, counted from the table's
+partitions.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from table.schema import sql_string
+from table import lookup_index
+from table.catalog import table_location
+from table.paths import local_path
+from table.schema import qualified, sql_string
+
+log = logging.getLogger(__name__)
 
 # What a timeline line shows, after its time: where the row came from, and what it says.
 COLUMNS = ("created_at", "app_env", "level", "host", "message", "request_id", "trace_id", "span_id", "seq", "body")
@@ -32,9 +42,19 @@ def since(days: int, today: datetime.date) -> datetime.date | None:
     return today - datetime.timedelta(days=days - 1) if days > 0 else None
 
 
+def ids_where(probes: Mapping[str, Sequence[str]]) -> str:
+    """`(c1 = 'v1' OR c2 = 'v2' ...)` for every (column, value) of `probes`."""
+    return "(" + " OR ".join(f"{c} = '{sql_string(v)}'" for c, vs in probes.items() for v in vs) + ")"
+
+
+def probes_of(trace: str) -> dict[str, list[str]]:
+    """What `--trace ID` matches: the id as a request id, and lowercased as a trace id."""
+    return {"request_id": [trace], "trace_id": [trace.lower()]}
+
+
 def query(table: str, trace: str, first_day: datetime.date | None) -> str:
-    ids = sql_string(trace)
-    where = f"(request_id = '{ids}' OR trace_id = '{sql_string(trace.lower())}')"
+    """The lookup's SQL without the index (every partition from `first_day` on)."""
+    where = ids_where(probes_of(trace))
     if first_day is not None:
         where += f" AND date >= DATE'{first_day.isoformat()}'"
     return f"SELECT {', '.join(COLUMNS)} FROM {table} WHERE {where} ORDER BY created_at, app_env, seq"
@@ -52,12 +72,41 @@ def partition_days(partitions: Sequence[str], first_day: datetime.date | None) -
     return sorted(days)
 
 
-def find(spark: Any, table: str, trace: str, days: int) -> Timeline:
-    """Run the lookup on `spark` (the table qualified as `table`)."""
+@dataclass(frozen=True, slots=True)
+class Found:
+    rows: list[dict[str, Any]]
+    days: list[datetime.date]  # the partitions' days searched, oldest first
+
+
+def lookup(spark: Any, database: str, probes: Mapping[str, Sequence[str]], columns: Sequence[str],
+           first_day: datetime.date | None = None, location: str | None = None, order_by: str = "") -> Found:
+    """The rows where any `column = value` of `probes` holds, `columns` of them: the partitions the lookup
+    index rules out are not queried. `location`: the table's, when the caller knows it (else asked)."""
+    table = qualified(database)
+    since = f" AND date >= DATE'{first_day.isoformat()}'" if first_day is not None else ""
+    order = f" ORDER BY {order_by}" if order_by else ""
+    table_dir = local_path(location or table_location(spark, database))
+    if table_dir is None or not table_dir.is_dir():  # the table is not on this machine's disk: no index here
+        days = partition_days([r[0] for r in spark.sql(f"SHOW PARTITIONS {table}").collect()], first_day)
+        sql = f"SELECT {', '.join(columns)} FROM {table} WHERE {ids_where(probes)}{since}{order}"
+        return Found([r.asDict() for r in spark.sql(sql).collect()], days)
+    found = lookup_index.plan(table_dir, probes, first_day.isoformat() if first_day is not None else None)
+    days = [datetime.date.fromisoformat(d) for d in found.days]
+    where = lookup_index.partition_predicate(found)
+    log.info("lookup index: %d of %d partitions to query (%d unindexed)", len(found.search), len(found.every),
+             found.unindexed)
+    if where == "false":
+        return Found([], days)
+    sql = (f"SELECT {', '.join(columns)} FROM {table} WHERE {ids_where(probes)}{since}"
+           f"{' AND ' + where if where else ''}{order}")
+    return Found([r.asDict() for r in spark.sql(sql).collect()], days)
+
+
+def find(spark: Any, database: str, trace: str, days: int, location: str | None = None) -> Timeline:
+    """`--trace`'s lookup on `spark` in `database`'s table."""
     first_day = since(days, datetime.datetime.now(datetime.timezone.utc).date())
-    searched = partition_days([r[0] for r in spark.sql(f"SHOW PARTITIONS {table}").collect()], first_day)
-    rows = [r.asDict() for r in spark.sql(query(table, trace, first_day)).collect()]
-    return Timeline(trace, searched, rows)
+    found = lookup(spark, database, probes_of(trace), COLUMNS, first_day, location, "created_at, app_env, seq")
+    return Timeline(trace, found.days, found.rows)
 
 
 def header(timeline: Timeline) -> str:
