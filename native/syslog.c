@@ -254,6 +254,7 @@ static long structured(const uint8_t *sd, size_t n, uint8_t **o)
 /* One message's body without its closing brace at o; NULL when Python must map it. */
 static uint8_t *body(const uint8_t *s, size_t n, uint8_t *o, int64_t *ms)
 {
+    if (n == 0 || s[0] != '<') return NULL;
     size_t gt = 1;
     while (gt < 5 && gt < n && s[gt] != '>') gt++;
     int pri;

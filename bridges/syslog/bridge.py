@@ -37,10 +37,13 @@ from bridges.host.config import HostConfig, Knobs
 from bridges.host.datagram import listen_datagrams
 from bridges.host.server import split_listen
 from bridges.host.session import PipelineSession
+from bridges.syslog.encode import MODULE as ENCODER_MODULE
+from bridges.syslog.encode import Metadata
+from bridges.syslog.encode import native as native_encoder
 from bridges.syslog.engine import DATAGRAM, DEFAULT_MAX_FRAME, Frames, SyslogServer, datagram_message
 from bridges.syslog.parse import parse_timed
 from bridges.syslog.relp import Close, Open, RelpServer, Response, ServerClose, Syslogs, open_answer
-from logjam import defaults
+from logjam import defaults, native
 from logjam.meta import now_ms
 from logjam.validation import is_valid_app_env
 from runtime.config import from_flags
@@ -127,6 +130,8 @@ class Bridge(BridgeProtocol):
     def __init__(self, config: SyslogConfig, host: Host) -> None:
         super().__init__(config, host)
         self.app_env = AppEnv(host, config.app_name_environment)
+        # Which path writes the bodies (LOGJAM_NATIVE); under `require` a missing build stops us here.
+        native.announce(log, [ENCODER_MODULE])
         self.udp: _Datagrams | None = None
 
     async def start(self) -> None:
@@ -385,18 +390,18 @@ def map_run(mapper: EventMapper, out: Batches, raws: list[bytes], common: dict[s
     `parse`d body with `common` (then `txnr`, in RELP) as @metadata gives, byte for byte
     (tests/test_syslog_mapping.py checks it), but with the @metadata written from a template
     encoded once per run and the time taken from the parse instead of read again from the
-    text. Runs of messages with the same app-env go to the mapper as one packed blob."""
+    text. Runs of messages with the same app-env go to the mapper as one packed blob; with
+    one app-env for all, the run is written by native/syslog.c where it can (encode.py)."""
     # The key numbers come from the mapper's one counter, so that every key of the process is
     # `<instance>:<n>` from one sequence, as `add` numbers them.
     key = mapper.take_keys(len(raws))
-    prefix = orjson.dumps(f"{mapper.instance}:")[1:-1].replace(b"%", b"%%")
-    head = orjson.dumps(common, default=str)[:-1].replace(b"%", b"%%")  # `{...` of the common part
-    sep = b"," if len(head) > 1 else b""
-    if txnrs is None:
-        template = b',"@metadata":' + head + sep + b'"_id":"' + prefix + b'%d"}}'
-    else:
-        template = b',"@metadata":' + head + sep + b'"txnr":%d,"_id":"' + prefix + b'%d"}}'
-    dumps, environment = orjson.dumps, app_env.environment
+    meta = Metadata.of(common, mapper.instance, txnrs is not None)
+    environment = app_env.environment
+    if environment is None and (encoder := native_encoder()) is not None:
+        blob, lens, stamps = encoder(raws, received_ms, meta, key, txnrs)
+        mapper.add_encoded(out, blob, lens, stamps, app_env=app_env.default)
+        return
+    template, dumps = meta.template, orjson.dumps
     parts: list[bytes] = []
     lens, stamps = array("I"), array("q")
     env = app_env.default
@@ -410,11 +415,11 @@ def map_run(mapper: EventMapper, out: Batches, raws: list[bytes], common: dict[s
                     parts, lens, stamps = [], array("I"), array("q")
                 env = this
         text = dumps(body)[:-1]  # a JSON object, whose closing brace the template writes
-        meta = template % (key if txnrs is None else (txnrs[i], key))
+        meta_text = template % (key if txnrs is None else (txnrs[i], key))
         key += 1
         parts.append(text)
-        parts.append(meta)
-        lens.append(len(text) + len(meta))
+        parts.append(meta_text)
+        lens.append(len(text) + len(meta_text))
         stamps.append(ms or received_ms)
     if lens:
         mapper.add_encoded(out, b"".join(parts), lens, stamps, app_env=env)
