@@ -9,9 +9,13 @@ lengths, the shape `Batches.add_packed` hands to the device link without copying
 again. `engine.decode` (the records as dicts) rests on the same walk, so there is one
 mapping.
 
-Protobuf is parsed by upb; OTLP/JSON is walked from orjson's document by json_doc.py,
-which hands anything outside the plain shapes real exporters send back to protobuf's own
-JSON parser (so its answers and its 400s stay exactly protobuf's).
+Protobuf is read by native/otlp.c when it is built (LOGJAM_NATIVE): it walks the wire bytes
+and writes every record's body itself, with the text its scope shares mapped here, once per
+scope, by the same functions the Python walk uses; what it does not read exactly as upb
+does it declines, and the Python walk below (upb, then orjson) answers. OTLP/JSON is
+walked from orjson's document by json_doc.py, which hands anything outside the plain
+shapes real exporters send back to protobuf's own JSON parser (so its answers and its
+400s stay exactly protobuf's).
 """
 
 from __future__ import annotations
@@ -21,13 +25,19 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 import orjson
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from bridges.otlp import json_doc, values
 from bridges.otlp.values import Mapped, Scope, any_value, app_env_of
+from logjam import native as _native
 
-__all__ = ["Mapped", "Packed", "encode", "walk"]
+__all__ = ["MODULE", "Mapped", "Packed", "encode", "walk"]
 
+MODULE = "bridges.otlp._native_otlp"
 _STRING_VALUE = "string_value"
+_ID_TAIL = b'"}}'  # after a record's index: the end of `_id`, of `@metadata`, of the body
 T = TypeVar("T")
 
 
@@ -60,15 +70,38 @@ def walk(body: bytes, use: Callable[[list[Mapped]], T], *, json: bool = False) -
 
 
 def encode(body: bytes, *, json: bool, key: str, metadata: dict[str, Any],
-           default_environment: str = "default") -> list[Packed]:
+           default_environment: str = "default", native: bool = True) -> list[Packed]:
     """The request's records as finished bodies, one `Packed` per resource: each body is the
     record's JSON object with `@metadata` = `metadata` and `_id` = `otlp:<key>:<index in the
-    request>`, the same JSON as encoding the record's dict with that `@metadata`."""
-    common = orjson.dumps({k: v for k, v in metadata.items() if k != "_id"}, default=str)[1:-1]
+    request>`, the same JSON as encoding the record's dict with that `@metadata`.
+
+    Protobuf goes to native/otlp.c when LOGJAM_NATIVE allows it and it was built (`native=False`:
+    the Python walk whatever the switch says); anything it declines, to the Python walk."""
+    meta = metadata_head(key, metadata)
+    if not json and native:
+        built = _c_walk()
+        if built is not None and (packed := built.encode(body, meta, default_environment)) is not None:
+            return packed
     # Every % of the fixed text is escaped: the template is formatted with the record's index.
-    meta = (b'"@metadata":{' + (common + b"," if common else b"") + b'"_id":"otlp:').replace(b"%", b"%%")
-    meta += orjson.dumps(key)[1:-1].replace(b"%", b"%%") + b':%d"}}'
-    return walk(body, lambda resources: _pack(resources, meta, default_environment), json=json)
+    template = meta.replace(b"%", b"%%") + b"%d" + _ID_TAIL
+    return walk(body, lambda resources: _pack(resources, template, default_environment), json=json)
+
+
+def metadata_head(key: str, metadata: dict[str, Any]) -> bytes:
+    """`"@metadata":{...}` up to the record's index in `_id` (`_ID_TAIL` ends it)."""
+    common = orjson.dumps({k: v for k, v in metadata.items() if k != "_id"}, default=str)[1:-1]
+    return b'"@metadata":{' + (common + b"," if common else b"") + b'"_id":"otlp:' + orjson.dumps(key)[1:-1] + b":"
+
+
+def shared_text(resource: bytes, scope: dict[str, Any]) -> bytes:
+    """What every body of a scope holds after the record's own fields, up to `@metadata`:
+    `resource` (the resource's `"resource":{...},`, encoded once per resource), then
+    `"scope":{...},` when the scope has anything to say."""
+    return resource + b'"scope":' + orjson.dumps(scope) + b"," if scope else resource
+
+
+def resource_text(resource: dict[str, Any]) -> bytes:
+    return b'"resource":' + orjson.dumps(resource) + b","
 
 
 def _pack(resources: list[Mapped], meta: bytes, default_environment: str) -> list[Packed]:
@@ -78,11 +111,11 @@ def _pack(resources: list[Mapped], meta: bytes, default_environment: str) -> lis
     index = 0
     dumps = orjson.dumps
     for res in resources:
-        resource = b'"resource":' + dumps(res.resource).replace(b"%", b"%%") + b","
+        resource = resource_text(res.resource)
         parts: list[bytes] = []
         lens, stamps = array("I"), array("q")
         for scope, recs, head_of in res.scopes:
-            shared = resource + (b'"scope":' + dumps(scope).replace(b"%", b"%%") + b"," if scope else b"") + meta
+            shared = shared_text(resource, scope).replace(b"%", b"%%") + meta
             after_head = b"," + shared  # a head with fields: its last one, then ours
             for rec in recs:
                 head, ms = head_of(rec)
@@ -116,18 +149,27 @@ def _attributes(kvs: Any) -> dict[str, Any]:
 
 
 def _resource_logs(rl: Any) -> Mapped:
-    r = rl.resource
+    attrs, resource = _resource(rl.resource, rl.schema_url)
+    return Mapped(attrs, resource, [_scope_logs(sl) for sl in rl.scope_logs])
+
+
+def _resource(r: Any, schema_url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Resource (and its ResourceLogs' schema_url): its attributes, and its `"resource"` object."""
     attrs = _attributes(r.attributes)
     resource: dict[str, Any] = {"attributes": attrs}
     if r.dropped_attributes_count:
         resource["dropped_attributes_count"] = r.dropped_attributes_count
-    if rl.schema_url:
-        resource["schema_url"] = rl.schema_url
-    return Mapped(attrs, resource, [_scope_logs(sl) for sl in rl.scope_logs])
+    if schema_url:
+        resource["schema_url"] = schema_url
+    return attrs, resource
 
 
 def _scope_logs(sl: Any) -> Scope:
-    s = sl.scope
+    return _scope(sl.scope, sl.schema_url), sl.log_records, _head
+
+
+def _scope(s: Any, schema_url: str) -> dict[str, Any]:
+    """An InstrumentationScope (and its ScopeLogs' schema_url) as its `"scope"` object."""
     scope: dict[str, Any] = {}
     if s.name:
         scope["name"] = s.name
@@ -135,9 +177,9 @@ def _scope_logs(sl: Any) -> Scope:
         scope["version"] = s.version
     if len(s.attributes):
         scope["attributes"] = _attributes(s.attributes)
-    if sl.schema_url:
-        scope["schema_url"] = sl.schema_url
-    return scope, sl.log_records, _head
+    if schema_url:
+        scope["schema_url"] = schema_url
+    return scope
 
 
 def _head(rec: Any) -> tuple[dict[str, Any], int]:
@@ -176,3 +218,116 @@ def _head(rec: Any) -> tuple[dict[str, Any], int]:
         head["observed_time_unix_nano"] = o
     return head, (t or o) // 1_000_000
 
+
+
+# -- protobuf in C (native/otlp.c)
+
+
+class _CWalk:
+    """native/otlp.c with its tables: `encode` gives what `_pack` gives for the same request, or
+    None where the C declined (the Python walk then decides, a malformed body included)."""
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi, self.lib = ffi, lib
+        self._tables(16, 64)
+        self._n_scopes = ffi.new("int *")
+        self._records = ffi.new("uint64_t *")
+        self._doubles = ffi.new("double[]", 0)
+
+    def _tables(self, resources: int, scopes: int) -> None:
+        self._resources = self.ffi.new("lj_otlp_resource[]", resources)
+        self._scopes = self.ffi.new("lj_otlp_scope[]", scopes)
+        self._caps = resources, scopes
+
+    def encode(self, body: bytes, meta: bytes, default_environment: str) -> list[Packed] | None:
+        ffi, lib = self.ffi, self.lib
+        buf = ffi.from_buffer(body)
+        while (n := lib.lj_otlp_scan(buf, len(body), self._resources, self._caps[0], self._scopes, self._caps[1],
+                                     self._n_scopes, self._records)) == lib.LJ_OTLP_ROOM:
+            self._tables(2 * self._caps[0], max(2 * self._caps[1], self._n_scopes[0]))
+        if n < 0:
+            return None
+        n_scopes, count = self._n_scopes[0], self._records[0]
+        # The text each scope's bodies share, mapped by the Python walk's own functions: upb
+        # reads each Resource and InstrumentationScope (once per resource, once per scope).
+        app_envs: list[str | None] = []
+        scope_counts: list[int] = []
+        shared: list[bytes] = []
+        room = 0
+        scopes = iter(self._scopes[0:n_scopes])
+        try:
+            for r in self._resources[0:n]:
+                resource = Resource.FromString(body[r.resource_off : r.resource_off + r.resource_len]) \
+                    if r.has_resource else Resource()
+                attrs, mapped = _resource(resource, str(body[r.schema_off : r.schema_off + r.schema_len], "utf-8"))
+                app_envs.append(app_env_of(attrs, default_environment))
+                scope_counts.append(r.scopes)
+                text = resource_text(mapped)
+                for _ in range(r.scopes):
+                    s = next(scopes)
+                    scope = InstrumentationScope.FromString(body[s.scope_off : s.scope_off + s.scope_len]) \
+                        if s.has_scope else InstrumentationScope()
+                    schema = str(body[s.schema_off : s.schema_off + s.schema_len], "utf-8")
+                    shared.append(shared_text(text, _scope(scope, schema)) + meta)
+                    # A record's body: at most 6 bytes per wire byte (a control character as
+                    # \u00xx), 512 for its own keys and numbers; lj_otlp_write checks it anyway.
+                    room += s.records * (len(shared[-1]) + 512 + len(_ID_TAIL)) + 6 * s.record_bytes
+        except (DecodeError, RecursionError, ValueError):  # (values.parse_proto's): the Python walk words it
+            return None
+        ends = array("I", [0] * n_scopes)
+        pos = 0
+        for i, text in enumerate(shared):
+            pos += len(text)
+            ends[i] = pos
+        blob = bytearray(room)
+        lens, created, scope_ends = array("I", bytes(4 * count)), array("q", bytes(8 * count)), array("I", ends)
+        out = ffi.new("lj_otlp_out *", {
+            "out": ffi.from_buffer(blob), "cap": room, "lens": ffi.from_buffer("uint32_t[]", lens),
+            "created_ms": ffi.from_buffer("int64_t[]", created), "scope_ends": ffi.from_buffer("uint32_t[]", scope_ends),
+            "doubles": self._doubles, "doubles_cap": len(self._doubles)})
+        texts, ends = b"".join(shared), ffi.from_buffer("uint32_t[]", ends)
+        written = lib.lj_otlp_write(buf, self._scopes, n_scopes, texts, ends, _ID_TAIL, len(_ID_TAIL), out)
+        if written == lib.LJ_OTLP_DOUBLES:
+            # Finite doubles: written as orjson writes them, from their text.
+            met = out.doubles_met
+            if met > len(self._doubles):
+                self._doubles = out.doubles = ffi.new("double[]", met)
+                out.doubles_cap = met
+                lib.lj_otlp_write(buf, self._scopes, n_scopes, texts, ends, _ID_TAIL, len(_ID_TAIL), out)
+            formatted = [orjson.dumps(d) for d in out.doubles[0:met]]
+            doubles_ends = array("I", [0] * met)
+            pos = 0
+            for i, text in enumerate(formatted):
+                pos += len(text)
+                doubles_ends[i] = pos
+            doubles_text = b"".join(formatted)
+            out.doubles_text, out.doubles_ends, out.doubles_given = (
+                ffi.from_buffer(doubles_text), ffi.from_buffer("uint32_t[]", doubles_ends), met)
+            written = lib.lj_otlp_write(buf, self._scopes, n_scopes, texts, ends, _ID_TAIL, len(_ID_TAIL), out)
+        if written < 0:
+            return None
+        view = memoryview(blob)
+        packed: list[Packed] = []
+        first = start = 0
+        scope = 0
+        for app_env, k in zip(app_envs, scope_counts):
+            scope += k
+            end = scope_ends[scope - 1] if scope else 0
+            last = first + sum(self._scopes[j].records for j in range(scope - k, scope))
+            packed.append(Packed(app_env, bytes(view[start:end]), lens[first:last], created[first:last]))
+            first, start = last, end
+        return packed
+
+
+_c_walks: dict[str, _CWalk] = {}
+
+
+def _c_walk() -> _CWalk | None:
+    """The C walk when LOGJAM_NATIVE allows it and it was built (the switch is read anew each time)."""
+    built = _native.load(MODULE)
+    if built is None:
+        return None
+    walk_ = _c_walks.get(MODULE)
+    if walk_ is None:
+        walk_ = _c_walks[MODULE] = _CWalk(*built)
+    return walk_
