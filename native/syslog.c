@@ -12,10 +12,16 @@
  * PARAM-NAME repeated. Any other message (RFC 3164, no PRI, a header cut short, other
  * timestamps, invalid dates, broken SD) gets out_lens[i] = 0 and nothing written: the
  * Python parser, which handles everything, maps it. No libzmq here.
+ *
+ * lj_syslog_recv reads the datagrams waiting on a UDP socket with one recvmmsg, where
+ * Python's recvfrom took a system call, a bytes object of 64 KiB and an address tuple each.
  */
+#define _GNU_SOURCE  /* recvmmsg */
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "syslog.h"
 #include "lj_json.h"
@@ -353,4 +359,41 @@ size_t lj_syslog_map(const uint8_t *in, const uint32_t *lens, size_t n, const ui
         o = end;
     }
     return (size_t)(o - out);
+}
+
+#define RECV_MAX 256
+
+/* Up to n (at most RECV_MAX) datagrams waiting on fd, without blocking: datagram i at
+   buf + i * slot (lens[i] bytes; a longer one is cut to slot), its sender's address at
+   addrs + i * addr_room (addr_lens[i] bytes, or 0 when it is the sender of datagram i - 1).
+   Returns how many, 0 when none waits, or -errno. */
+int lj_syslog_recv(int fd, uint8_t *buf, uint32_t slot, uint32_t n, uint32_t *lens, uint8_t *addrs,
+                   uint32_t addr_room, uint32_t *addr_lens)
+{
+    struct mmsghdr msgs[RECV_MAX];
+    struct iovec iov[RECV_MAX];
+    if (n > RECV_MAX) n = RECV_MAX;
+    memset(msgs, 0, sizeof(struct mmsghdr) * n);
+    for (uint32_t i = 0; i < n; i++) {
+        iov[i].iov_base = buf + (size_t)i * slot;
+        iov[i].iov_len = slot;
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        msgs[i].msg_hdr.msg_name = addrs + (size_t)i * addr_room;
+        msgs[i].msg_hdr.msg_namelen = addr_room;
+    }
+    int got;
+    do {
+        got = recvmmsg(fd, msgs, n, MSG_DONTWAIT, NULL);
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+    for (int i = 0; i < got; i++) {
+        lens[i] = msgs[i].msg_len;
+        addr_lens[i] = msgs[i].msg_hdr.msg_namelen;
+        /* 0: the same sender as the datagram before (a burst is mostly one sender's). */
+        if (i > 0 && addr_lens[i] == msgs[i - 1].msg_hdr.msg_namelen
+            && memcmp(addrs + (size_t)i * addr_room, addrs + (size_t)(i - 1) * addr_room, addr_lens[i]) == 0)
+            addr_lens[i] = 0;
+    }
+    return got;
 }

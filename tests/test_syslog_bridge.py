@@ -4,9 +4,9 @@ device holds every rsp), app-env from APP-NAME, and a bad frame next to a good c
 util-linux `logger` is the real client here; rsyslog and syslog-ng are in test_syslog_interop.py.
 
 Every test whose messages reach the device runs twice, under LOGJAM_NATIVE=require (the bridge's
-C device link, the device's C loop) and off (their Python twins): `native_device` is on each. The syslog
-engine is Python on both paths, so the frame refused on its length alone (nothing reaches the
-device) runs once, on `device`."""
+C device link, its C body writer and UDP reader (native/syslog.c), the device's C loop) and off
+(their Python twins): `native_device` is on each. The syslog engine is Python on both paths, so the
+frame refused on its length alone (nothing reaches the device) runs once, on `device`."""
 
 from __future__ import annotations
 
@@ -248,8 +248,10 @@ def test_udp_while_the_device_is_stopped_drops_and_counts(native_device) -> None
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
                 for i in range(sent):
                     s.sendto(b"<13>1 - h a - - - run %b %d" % (run.encode(), i), ("127.0.0.1", b.port))
-                    if i < 70:
-                        time.sleep(0.01)  # one batch each: the bridge flushes what one loop turn received
+                    if i < 80:
+                        # One batch each (a batch is what gathered in 2 ms), 64 of them to fill the
+                        # device link, with 16 to spare for a loaded machine that reads two at once.
+                        time.sleep(0.01)
 
             def counts() -> dict[str, float]:
                 with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as r:

@@ -1,14 +1,20 @@
 """native/syslog.c against its Python twin (bridges/syslog/encode.py's `one`: parse.py, orjson and
 the @metadata template): for generated messages, well-formed RFC 5424 and broken alike, the C
 path writes the same event text and time, byte for byte, and leaves to Python exactly the
-messages it must not take. Skipped under LOGJAM_NATIVE=off (nothing native to compare)."""
+messages it must not take. And its reader of datagrams (bridges/syslog/receive.py) reads what
+one recvfrom per datagram reads. Skipped under LOGJAM_NATIVE=off (nothing native to compare)."""
 
 from __future__ import annotations
+
+import socket
+import time
 
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
+from bridges.host.datagram import BURST, RECEIVE_BUFFER, RecvfromReader
 from bridges.syslog.encode import Metadata, NativeEncoder, one
+from bridges.syslog.receive import NativeReader
 from harness.native import c_module
 
 RECEIVED = 1_764_244_800_000  # 2025-11-27 12:00 UTC
@@ -65,8 +71,9 @@ MSG = st.one_of(st.text(max_size=30), st.sampled_from(["", " ", "\ufeffhi", "- h
 def rfc5424(draw: st.DrawFn) -> bytes:
     good = draw(st.booleans())
     ts = draw(st.sampled_from(GOOD_TIMESTAMPS if good else GOOD_TIMESTAMPS + TIMESTAMPS))
-    head = draw(st.sampled_from(GOOD_PRIS if good else GOOD_PRIS + PRIS)) + \
-        draw(st.sampled_from(["1 "] if good else ["1 ", "1", "2 ", "1  "])) + " ".join([ts] + [draw(WORDS) for _ in range(4)])
+    pri = draw(st.sampled_from(GOOD_PRIS if good else GOOD_PRIS + PRIS))
+    version = draw(st.sampled_from(["1 "] if good else ["1 ", "1", "2 ", "1  "]))
+    head = pri + version + " ".join([ts] + [draw(WORDS) for _ in range(4)])
     sd = draw(GOOD_SD if good else SD)
     message = draw(MSG)
     raw = (head + " " + sd + (" " + message if draw(st.booleans()) else message)).encode()
@@ -91,9 +98,43 @@ def test_the_c_takes_what_senders_send(encoder: NativeEncoder) -> None:
     would pay nothing); the others are Python's, in order among them."""
     common = [b'<134>1 2026-11-27T10:00:00.123456+01:00 web-17 nginx 1000 - GET / 200',
               b'<165>1 2003-10-11T22:14:15.003Z mymachine.example.com evntslog - ID47 [exampleSDID@32473 '
-              b'iut="3" eventSource="Application" eventID="1011"][examplePriority@32473 class="high"] \xef\xbb\xbfhi',
-              b"<13>1 2026-11-27T10:00:00Z host logger - - [timeQuality tzKnown=\"1\" isSynced=\"0\"] \xc3\xa9t\xc3\xa9",
+              b'iut="3" eventSource="Application" eventID="1011"][examplePriority@32473 class="high"] '
+              b'\xef\xbb\xbfhi',
+              b'<13>1 2026-11-27T10:00:00Z host logger - - [timeQuality tzKnown="1" isSynced="0"] \xc3\xa9t\xc3\xa9',
               b"<14>1 - - - - - -", b"<14>1 - h a p m - - dash"]
-    others = [b"<13>Nov 27 10:00:00 host su[9]: 3164", b"no header", b"<13>1 - h a", b"<13>1 2026-02-30T00:00:00Z h a p m - x"]
+    others = [b"<13>Nov 27 10:00:00 host su[9]: 3164", b"no header", b"<13>1 - h a",
+              b"<13>1 2026-02-30T00:00:00Z h a p m - x"]
     assert _compare(encoder, common + others, relp=False) == len(common)
     assert _compare(encoder, others + common, relp=True) == len(common)
+
+
+@pytest.mark.parametrize("family,host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
+def test_the_c_reader_reads_what_recvfrom_reads(family: int, host: str) -> None:
+    """lj_syslog_recv against one recvfrom per datagram (bridges/host/datagram.py): the same
+    datagrams, in order, each with its sender, from bursts of two senders interleaved."""
+    native_reader = NativeReader(*c_module("bridges.syslog._native_syslog"))
+    with socket.socket(family, socket.SOCK_DGRAM) as server, socket.socket(family, socket.SOCK_DGRAM) as a, \
+            socket.socket(family, socket.SOCK_DGRAM) as b:
+        server.bind((host, 0))
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        server.setblocking(False)
+        a.bind((host, 0))
+        b.bind((host, 0))
+        got: dict[str, tuple[list[bytes], list[str]]] = {}
+        for name, read in (("c", native_reader), ("py", RecvfromReader())):
+            sent = [(a if i % 7 < 4 else b, b"<13>1 - h app - - - %d" % i + b"x" * (i % 300)) for i in range(300)]
+            sent.append((a, b""))  # an empty datagram is a datagram too
+            for sock, data in sent:
+                sock.sendto(data, server.getsockname()[:2])
+            datas, peers = [], []
+            deadline = time.monotonic() + 10
+            while len(datas) < len(sent) and time.monotonic() < deadline:
+                more, senders = read(server)
+                assert len(more) <= BURST and len(more) == len(senders)
+                datas += more
+                peers += senders
+            got[name] = (datas, peers)
+            assert datas == [data for _, data in sent]
+            assert peers == [f"{sock.getsockname()[0]}:{sock.getsockname()[1]}" for sock, _ in sent]
+        assert got["c"] == got["py"]
+        assert native_reader(server) == ([], [])  # nothing waits

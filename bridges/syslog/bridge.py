@@ -34,7 +34,7 @@ from prometheus_client import Counter
 
 from bridges.host import Batches, BridgeProtocol, Connection, EventMapper, Host, forward
 from bridges.host.config import HostConfig, Knobs
-from bridges.host.datagram import listen_datagrams
+from bridges.host.datagram import DatagramListener, listen_datagrams
 from bridges.host.server import split_listen
 from bridges.host.session import PipelineSession
 from bridges.syslog.encode import MODULE as ENCODER_MODULE
@@ -42,6 +42,7 @@ from bridges.syslog.encode import Metadata
 from bridges.syslog.encode import native as native_encoder
 from bridges.syslog.engine import DATAGRAM, DEFAULT_MAX_FRAME, Frames, SyslogServer, datagram_message
 from bridges.syslog.parse import parse_timed
+from bridges.syslog.receive import reader as datagram_reader
 from bridges.syslog.relp import Close, Open, RelpServer, Response, ServerClose, Syslogs, open_answer
 from logjam import defaults, native
 from logjam.meta import now_ms
@@ -292,31 +293,35 @@ class _Datagrams:
         self.counted = 0  # how many of them logjam_bridge_events_received counts already
         self.timer: asyncio.TimerHandle | asyncio.Handle | None = None  # the flush to come
         self.tasks: set[asyncio.Task[int]] = set()
-        self.transport: asyncio.DatagramTransport | None = None
+        self.listener: DatagramListener | None = None
         self.dropped = Counter("logjam_bridge_datagrams_dropped",
                                "Syslog datagrams dropped because the device link was full",
                                ["protocol"], registry=bridge.host.metrics.registry).labels("syslog")
 
     async def open(self, listen: str) -> None:
         host, port = split_listen(listen)
-        self.transport = await listen_datagrams(host, port, self.received)
+        self.listener = await listen_datagrams(host, port, self.received, datagram_reader())
         log.info("syslog datagrams (UDP) on %s:%d", host, port)
 
-    def received(self, data: bytes, peer: str) -> None:
-        raw = datagram_message(data)
-        if not raw:
-            return
+    def received(self, datas: list[bytes], peers: list[str]) -> None:
+        """The datagrams one wakeup read (bridges/host/datagram.py), arrived now."""
+        now = now_ms()
         raws = self.raws
-        if len(raws) >= UDP_FLUSH_EVENTS and self.full:
-            self.dropped.inc()
-            return
-        raws.append(raw)
-        self.peers.append(peer)
-        self.times.append(now_ms())
-        if len(raws) >= UDP_FLUSH_EVENTS:
-            self.flush()
-        elif self.timer is None:
-            # asyncio reads one datagram per turn of its loop: sent at once, each would be a
+        for data, peer in zip(datas, peers):
+            raw = datagram_message(data)
+            if not raw:
+                continue
+            if len(raws) >= UDP_FLUSH_EVENTS and self.full:
+                self.dropped.inc()
+                continue
+            raws.append(raw)
+            self.peers.append(peer)
+            self.times.append(now)
+            if len(raws) >= UDP_FLUSH_EVENTS:
+                self.flush()
+                raws = self.raws
+        if raws and self.timer is None:
+            # A wakeup reads what waits, often a datagram or two: sent at once, each would be a
             # batch of its own, which costs more than the rest of the datagram.
             self.timer = asyncio.get_running_loop().call_later(UDP_GATHER_SECONDS, self.flush)
 
@@ -372,8 +377,8 @@ class _Datagrams:
         task.add_done_callback(done)
 
     async def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        if self.listener is not None:
+            self.listener.close()
         deadline = asyncio.get_running_loop().time() + 10
         self.flush()
         while self.tasks:  # a batch that waited for the link is sent as the others finish
