@@ -12,10 +12,10 @@ messages); it changes speed only, and LOGJAM_NATIVE=off (or no build) runs `one`
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -26,28 +26,35 @@ MODULE = "bridges.syslog._native_syslog"
 FIXED_ROOM = 512 + 48  # per message, beside 14 bytes per byte of text: native/syslog.c's bound
 
 
-@dataclass(frozen=True, slots=True)
-class Metadata:
-    """The @metadata text of a run around its numbers: `pre`, [TXNR, `mid`,] key number, `post`."""
+class Metadata(NamedTuple):
+    """The @metadata text of a run around its numbers: `pre`, [TXNR, `mid`,] key number, `post`.
+    A NamedTuple: one is made per run, and a UDP run can be a datagram or two."""
 
     pre: bytes
     mid: bytes
     post: bytes
-    template: bytes  # the same as a %-template: `template % key` or `template % (txnr, key)`
+    relp: bool
 
     @classmethod
     def of(cls, common: dict[str, Any], instance: str, relp: bool) -> "Metadata":
         """`common` with `txnr` (RELP) and `_id` `<instance>:<n>`, as `EventMapper.add` writes them."""
-        prefix = orjson.dumps(f"{instance}:")[1:-1]
         head = orjson.dumps(common, default=str)[:-1]  # `{...` of the common part
         sep = b"," if len(head) > 1 else b""
         if relp:
-            pre, mid = b',"@metadata":' + head + sep + b'"txnr":', b',"_id":"' + prefix
-        else:
-            pre, mid = b',"@metadata":' + head + sep + b'"_id":"' + prefix, b""
-        post = b'"}}'
-        template = pre.replace(b"%", b"%%") + (b"%d" + mid.replace(b"%", b"%%") if relp else b"") + b"%d" + post
-        return cls(pre, mid, post, template)
+            return cls(b',"@metadata":' + head + sep + b'"txnr":', b',"_id":"' + _prefix(instance), b'"}}', True)
+        return cls(b',"@metadata":' + head + sep + b'"_id":"' + _prefix(instance), b"", b'"}}', False)
+
+    @property
+    def template(self) -> bytes:
+        """The same as a %-template: `template % key`, or `template % (txnr, key)` in RELP."""
+        pre, mid = self.pre.replace(b"%", b"%%"), self.mid.replace(b"%", b"%%")
+        return pre + (b"%d" + mid if self.relp else b"") + b"%d" + self.post
+
+
+@functools.lru_cache(maxsize=16)
+def _prefix(instance: str) -> bytes:
+    """`<instance>:` inside a JSON string."""
+    return orjson.dumps(f"{instance}:")[1:-1]
 
 
 def one(raw: bytes, received_ms: int, meta: Metadata, key: int, txnr: int | None) -> tuple[bytes, int]:
@@ -63,10 +70,17 @@ class NativeEncoder:
         self.ffi = ffi
         self.lib = lib
         self._grow(1 << 20)
+        self._scratch(1024)
 
     def _grow(self, size: int) -> None:
         self._out = bytearray(size)
         self._cout = self.ffi.from_buffer("uint8_t[]", self._out)
+
+    def _scratch(self, n: int) -> None:
+        """Room for the lengths and times of n messages, their C views made once."""
+        self._lens, self._stamps = array("I", bytes(4 * n)), array("q", bytes(8 * n))
+        self._clens = self.ffi.from_buffer("uint32_t[]", self._lens)
+        self._cstamps = self.ffi.from_buffer("int64_t[]", self._stamps)
 
     def __call__(self, raws: Sequence[bytes], received_ms: int, meta: Metadata, key: int,
                  txnrs: Sequence[int] | None) -> tuple[bytes, array, array]:
@@ -84,13 +98,14 @@ class NativeEncoder:
         need = 14 * len(data) + n * (FIXED_ROOM + len(meta.pre) + len(meta.mid) + len(meta.post))
         if need > len(self._out):
             self._grow(max(need, 2 * len(self._out)))
-        lens, out_lens, stamps = array("I", map(len, raws)), array("I", bytes(4 * n)), array("q", bytes(8 * n))
+        if n > len(self._lens):
+            self._scratch(max(n, 2 * len(self._lens)))
         c_txnrs = ffi.NULL if txnrs is None else ffi.from_buffer("int64_t[]", array("q", txnrs))
         used = self.lib.lj_syslog_map(
-            ffi.from_buffer("uint8_t[]", data), ffi.from_buffer("uint32_t[]", lens), n, meta.pre, len(meta.pre),
-            meta.mid, len(meta.mid), meta.post, len(meta.post), c_txnrs, key, received_ms, self._cout,
-            len(self._out), ffi.from_buffer("uint32_t[]", out_lens), ffi.from_buffer("int64_t[]", stamps))
-        return memoryview(self._out)[:used].tobytes(), out_lens, stamps
+            ffi.from_buffer("uint8_t[]", data), ffi.from_buffer("uint32_t[]", array("I", map(len, raws))), n,
+            meta.pre, len(meta.pre), meta.mid, len(meta.mid), meta.post, len(meta.post), c_txnrs, key, received_ms,
+            self._cout, len(self._out), self._clens, self._cstamps)
+        return memoryview(self._out)[:used].tobytes(), self._lens[:n], self._stamps[:n]
 
     @staticmethod
     def _fill(blob: bytes, raws: Sequence[bytes], received_ms: int, meta: Metadata, key: int,
@@ -109,13 +124,13 @@ class NativeEncoder:
         return b"".join(parts)
 
 
-_encoders: dict[str, NativeEncoder | None] = {}
+_encoder: list[NativeEncoder | None] = []  # resolved once per process: this runs for every run
 
 
 def native() -> NativeEncoder | None:
-    """The C encoder when LOGJAM_NATIVE allows it and it was built, else None (the Python path)."""
-    mode = _native.mode()
-    if mode not in _encoders:
+    """The C encoder when LOGJAM_NATIVE allows it and it was built, else None (the Python path).
+    Read once per process, as every process reads the switch at start."""
+    if not _encoder:
         built = _native.load(MODULE)
-        _encoders[mode] = NativeEncoder(*built) if built is not None else None
-    return _encoders[mode]
+        _encoder.append(NativeEncoder(*built) if built is not None else None)
+    return _encoder[0]
