@@ -10,8 +10,9 @@ A partition `(importer I, app_env A, date D)` has the directory
 - **compacted**: `_compaction.json` says "done", generation g; the catalog's location is
   `_compacted-<g>/`. Files in the dir that the marker does not retire are *strays* (placed
   by an importer, not yet moved into `_compacted-<g>/`); retired ones wait out their grace.
-- **swapping**: the marker says "swapping": a compaction died inside its swap. Settled from
-  the catalog: done if the location moved, rolled back to `previous` otherwise.
+- **swapping**: the marker says "swapping": a compaction is inside its swap, or died there.
+  A dead one is settled from the catalog: done if the location moved, rolled back to
+  `previous` otherwise. A swap counts as live while the table's compaction lock is held.
 - **dropping**: `_dropping` exists: retention decided to drop it and may have died. Whoever
   meets it under the lock finishes the drop (catalog, then disk).
 
@@ -22,9 +23,12 @@ The actors and their moves, each under the importer root's flock (`root_lock`) u
   swap, finishes a drop, moves its strays in. At start it does both for its whole root.
 - a compaction owns its output dir `_compacted-<gen>/` from before its first byte: only the
   holder of the table's compaction lock deletes unnamed `_compacted-*` dirs (`reap`), never an
-  importer. `swap_in` links what it did not merge, marks "swapping", moves the catalog, marks
-  "done". `delete_retired` deletes what a swap replaced once its grace has passed.
-- retention *drops* a partition (`drop`): decides again under the lock, marks it dropping,
+  importer. A swap links what it did not merge and marks "swapping" (`begin_swap`), moves the
+  catalog (`move_catalog`), marks "done" (`finish_swap`); a compacted partition's swap moves the
+  catalog with the root lock let go, and a writer meeting it places into both locations
+  (`follow`). `delete_retired` deletes what a swap replaced once its grace has passed.
+- retention *drops* a partition (`drop`): decides again under the lock (skipping one in a live
+  swap), marks it dropping,
   drops it from the catalog, deletes its dir and an app_env dir left empty.
 
 A marker that cannot be read (torn by a power loss, truncated) is rebuilt from the catalog and
@@ -59,6 +63,8 @@ log = logging.getLogger(__name__)
 
 DROPPING = "_dropping"
 LOCK = "_lock"
+# The table's compaction lock: one compaction at a time, held from its planning to its last swap.
+COMPACTION_LOCK = "_compaction_lock"
 DROPPED_PREFIX = "_dropped-"
 # How long replaced files stay readable after a swap, so that a query planned before it can still read them.
 DEFAULT_GRACE_S = 300.0
@@ -119,6 +125,20 @@ def root_lock(root: Path | None) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the flock
+
+
+def compaction_running(table_dir: Path) -> bool:
+    """Whether a process holds the table's compaction lock (warehouse/compaction.py), and so may be in a swap.
+
+    Only tried, never waited for: the lock is taken and let go at once when it is free."""
+    fd = os.open(table_dir / COMPACTION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the flock
+    return False
 
 
 def partition_location(spark: Any, database: str, part: PartitionRef) -> Path | None:
@@ -266,19 +286,48 @@ def recover_placements(staging: Path, root: Path | None,
 
 # -- following compaction and retention (writers) --------------------------------------------------------------------
 
-def follow(spark: Any, database: str, part: PartitionRef, grace: float = DEFAULT_GRACE_S) -> int:
-    """With the root lock held: settle a dead swap, then move strays in. Returns files moved."""
+def follow(spark: Any, database: str, part: PartitionRef, grace: float = DEFAULT_GRACE_S, *,
+           compacting: bool = False) -> int:
+    """With the root lock held: settle a dead swap, then move strays in. Returns files moved.
+
+    `compacting`: the caller holds the table's compaction lock, so no swap is running. Otherwise a
+    swap whose catalog move runs with the root lock released (`Swap.unlocked`) may be live; then
+    the strays go into both of its locations (`_place_during_swap`) and the swap is left alone."""
     marker = load_marker(spark, database, part, grace)
     if marker is not None and marker.state == "swapping":
+        if marker.previous is not None and not compacting and compaction_running(part.root.parent):
+            return _place_during_swap(part, marker)
         marker = _settle_swap(spark, database, part, marker)
     if marker is None:
         return 0
     target = part.dir / marker.location
-    moved = [p for p in strays(part.dir, marker)]
+    moved = strays(part.dir, marker)
     for path in moved:
-        os.rename(path, target / path.name)  # one rename per file: each file's rows appear whole, once
+        if (target / path.name).exists():
+            os.unlink(path)  # linked in by a writer killed during a swap: the location holds it already
+        else:
+            os.rename(path, target / path.name)  # one rename per file: each file's rows appear whole, once
     if moved:
         fsync_dir(target)
+        fsync_dir(part.dir)
+    return len(moved)
+
+
+def _place_during_swap(part: PartitionRef, marker: Marker) -> int:
+    """Strays while a swap may be running between a compacted location and `_compacted-<gen>/`: each is linked
+    into the new location first, then renamed into the old one, so that whichever the catalog names (now,
+    after the swap, or after a rollback of a dead one) holds it once."""
+    old, new = part.dir / Marker.from_json(marker.previous or {}).location, part.dir / marker.location
+    moved = strays(part.dir, marker)
+    for path in moved:
+        if not (new / path.name).exists():
+            os.link(path, new / path.name)
+    if moved:
+        fsync_dir(new)
+    for path in moved:
+        os.rename(path, old / path.name)
+    if moved:
+        fsync_dir(old)
         fsync_dir(part.dir)
     return len(moved)
 
@@ -353,9 +402,27 @@ class SwapRefused(RuntimeError):
     """The partition changed under a planned merge (dropped, or its output is gone); nothing was swapped."""
 
 
-def swap_in(spark: Any, database: str, part: PartitionRef, out: Path, sources: set[str], gen: int,
-            grace: float) -> SwapTimes:
-    """With the root lock held: link in every file not merged, mark, move the catalog's location, mark done."""
+@dataclass
+class Swap:
+    """A swap begun by `begin_swap`: its partition, its "swapping" marker, and where its time went so far."""
+
+    part: PartitionRef
+    out: Path
+    marker: Marker
+    link: float
+    mark: float
+    catalog: float = 0.0
+
+    @property
+    def unlocked(self) -> bool:
+        """Whether the catalog may move with the root's lock released: the partition was compacted before, so
+        a writer that meets the live swap places into both locations (`follow`), and no one reads the dir."""
+        return self.marker.previous is not None
+
+
+def begin_swap(spark: Any, database: str, part: PartitionRef, out: Path, sources: set[str], gen: int,
+               grace: float) -> Swap:
+    """With the root lock held: link in every file not merged, then mark "swapping" (naming `out`)."""
     started = time.monotonic()
     if is_dropping(part.dir) or not part.dir.is_dir():
         raise SwapRefused(f"{part.dir} is being dropped")
@@ -363,13 +430,13 @@ def swap_in(spark: Any, database: str, part: PartitionRef, out: Path, sources: s
         raise SwapRefused(f"{out} is gone; nothing swapped")
     marker = load_marker(spark, database, part, grace)
     if marker is not None and marker.state == "swapping":
-        marker = _settle_swap(spark, database, part, marker)
+        marker = _settle_swap(spark, database, part, marker)  # the caller holds the compaction lock: it is dead
     current = part.dir / marker.location if marker else part.dir
     if not all((current / name).exists() for name in sources):
         raise SwapRefused(f"{part.dir}: a merged file left its location; nothing swapped")
     kept = [p for p in data_files(current) if p.name not in sources]
-    if marker is not None:
-        kept += strays(part.dir, marker)
+    if marker is not None:  # a stray the location already holds is retired below, not linked twice
+        kept += [p for p in strays(part.dir, marker) if not (current / p.name).exists()]
     for path in kept:
         os.link(path, out / path.name)  # a link, not a move: the old location keeps showing it until the swap
     fsync_dir(out)
@@ -381,12 +448,23 @@ def swap_in(spark: Any, database: str, part: PartitionRef, out: Path, sources: s
                       previous=marker.to_json() if marker else None)
     linked = time.monotonic()
     write_marker(part.dir, swapping)  # durable before the catalog moves: "swapping" names the new dir
-    marked = time.monotonic()
-    set_location(spark, database, part, out)
-    moved = time.monotonic()
-    swapping.state, swapping.previous = "done", None
-    write_marker(part.dir, swapping)
-    return SwapTimes(linked - started, marked - linked + time.monotonic() - moved, moved - marked)
+    return Swap(part, out, swapping, linked - started, time.monotonic() - linked)
+
+
+def move_catalog(spark: Any, database: str, swap: Swap) -> None:
+    """Point the catalog at the swap's output: readers move over in one update. Under the root lock unless
+    `swap.unlocked`; the caller holds the table's compaction lock either way."""
+    began = time.monotonic()
+    set_location(spark, database, swap.part, swap.out)
+    swap.catalog = time.monotonic() - began
+
+
+def finish_swap(swap: Swap) -> SwapTimes:
+    """With the root lock held, after `move_catalog`: mark the swap "done"."""
+    began = time.monotonic()
+    swap.marker.state, swap.marker.previous = "done", None
+    write_marker(swap.part.dir, swap.marker)
+    return SwapTimes(swap.link, swap.mark + time.monotonic() - began, swap.catalog)
 
 
 def delete_retired(spark: Any, database: str, part: PartitionRef) -> int:
@@ -457,11 +535,21 @@ def drop(spark: Any, database: str, parts: list[PartitionRef],
     if not parts:
         return []
     with root_lock(parts[0].root):
-        doomed = [p for p in parts if p.dir.is_dir() and (is_dropping(p.dir) or still_expired(p))]
+        doomed = [p for p in parts if p.dir.is_dir() and (is_dropping(p.dir) or still_expired(p)) and not _in_swap(p)]
         for part in doomed:
             replace_file(part.dir / DROPPING, b"")
         finish_drop(spark, database, doomed)
     return doomed
+
+
+def _in_swap(part: PartitionRef) -> bool:
+    """Whether a compaction may be moving the partition's catalog location now: dropped next pass instead."""
+    try:
+        marker = read_marker(part.dir)
+    except TornMarker:
+        return False
+    return (marker is not None and marker.state == "swapping" and marker.previous is not None
+            and compaction_running(part.root.parent))
 
 
 def finish_drop(spark: Any, database: str, parts: list[PartitionRef]) -> None:

@@ -99,8 +99,13 @@ def child_main(spec: dict) -> None:
     spark = _spark(spec["url"])
     real_sql = spark.sql
 
+    first_catalog = [spec.get("stop_on") == "catalog"]  # stop before the first catalog change, whatever its step
+
     def sql(query: str, *args: Any, **kwargs: Any) -> Any:
         if query.lstrip().upper().startswith("ALTER"):
+            if first_catalog[0]:
+                first_catalog[0] = False
+                os.kill(os.getpid(), signal.SIGSTOP)
             step()
         return real_sql(query, *args, **kwargs)
 
@@ -186,7 +191,8 @@ def kill_at(tmp: Path, url: str, database: str, location: str, operation: str, a
 
 def stopped_at(tmp: Path, url: str, database: str, location: str, operation: str, at: int,
                **extra: Any) -> Child | None:
-    """Start the operation and return it stopped (SIGSTOP) at step `at`; None if it finished before."""
+    """Start the operation and return it stopped (SIGSTOP) at step `at` (with `stop_on="catalog"`: before its
+    first catalog change); None if it finished before."""
     spec = _spec(tmp, url, database, location, operation, at=at, how="stop", **extra)
     child = run_child(spec)
     deadline = time.monotonic() + 180

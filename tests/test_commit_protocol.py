@@ -177,6 +177,40 @@ def test_a_commit_killed_at_every_step_is_whole_or_absent_after_recovery(spark_s
         t.assert_clean()
 
 
+def test_a_commit_killed_at_every_step_while_a_swap_moves_the_catalog_is_whole_or_absent(spark_server,
+                                                                                          tmp_path) -> None:
+    """A compacted partition's swap moves the catalog with the root's lock let go, and a commit meanwhile places
+    into both locations. The swap is stopped there, a commit is killed at each of its steps, the swap goes
+    on, the mesh recovers: the batch whole or absent, every earlier row once; unkilled, it is queryable at once."""
+    t = Table(spark_server, tmp_path)
+    landed = [t.land({"a-prod": 5}) for _ in range(4)]
+    maintenance_pass(t.spark, t.database, MaintenanceConfig(compact_grace=0.0, compact_fanin=2), retention=False)
+    assert protocol.read_marker(t.pdir("a-prod")) is not None  # compacted: its next swap lets the lock go
+    for at in _each_step():
+        landed += [t.land({"a-prod": 3}) for _ in range(2)]
+        child = cp.stopped_at(t.tmp, t.url, t.database, t.location, "compact", 0, grace=0.0, stop_on="catalog")
+        assert child is not None, "the compaction moved no catalog location"
+        marker = protocol.read_marker(t.pdir("a-prod"))
+        assert marker is not None and marker.state == "swapping" and marker.previous is not None
+        rows, seqs = t.rows({"a-prod": 3})
+        killed = _kill(t, "append", at, rows=cp.dump(rows, tmp_path / f"r{at}.parquet"))
+        if not killed:
+            assert at > 3 and t.counts(seqs) == (len(seqs), len(seqs)), "a commit during the swap is not queryable"
+        cp.resume(child)
+        assert protocol.read_marker(t.pdir("a-prod")).state == "done"
+        t.recover()
+        seen = t.seen()
+        count, distinct = seen.counts(seqs)
+        assert count == distinct and count in (0, len(seqs)), f"killed at step {at}: {count} of {len(seqs)}"
+        if count:
+            landed.append(seqs)
+        for done in landed:
+            assert seen.counts(done) == (len(done), len(done)), f"killed at step {at}"
+        t.assert_clean()
+        if not killed:
+            break
+
+
 def test_an_importer_start_killed_at_every_step_finishes_the_listed_placement(spark_server, tmp_path) -> None:
     """A start that finishes a killed commit's listed placement is itself killed at each of its steps;
     the next start finishes it: the batch lands whole, once, and nothing is left aside."""
@@ -238,16 +272,21 @@ def test_a_compaction_killed_at_every_step_loses_and_doubles_nothing(spark_serve
 
 
 def test_an_importer_start_at_every_step_of_a_merge_leaves_its_output_alone(spark_server, tmp_path) -> None:
-    """Finding 1: an importer's start deleted the `_compacted-*` dir of a compaction that had not yet named it."""
+    """Finding 1: an importer's start deleted the `_compacted-*` dir of a compaction that had not yet named it.
+
+    And a commit never waits for a compacted partition's catalog update: stopped there, the swap leaves the
+    root's lock free, and the commit's rows are queryable at once, from both locations."""
     t = Table(spark_server, tmp_path)
     for _ in range(4):
         t.land({"a-prod": 3})
+    unblocked_in_swap = 0
     for at in _each_step():
         for _ in range(4):
             t.land({"a-prod": 3})
         child = cp.stopped_at(t.tmp, t.url, t.database, t.location, "compact", at, grace=0.0)
         if child is None:
             assert at > 5
+            assert unblocked_in_swap, "no commit went ahead while a swap moved the catalog"
             break
         # The importer's start and a commit, while the compaction is stopped (they may wait for its lock).
         later = t.rows({"a-prod": 2})[0]
@@ -266,6 +305,11 @@ def test_an_importer_start_at_every_step_of_a_merge_leaves_its_output_alone(spar
         # Holding the root's lock, the stopped compaction keeps it waiting; it gets up to 5 s to do harm
         # otherwise, and once it waits on the lock there is nothing more it can do before the resume.
         _finished_or_waiting_on(thread, t.table_dir / "importer=0" / protocol.LOCK, 5)
+        if not thread.is_alive():  # it did not wait for the stopped compaction: its rows are queryable now
+            assert done == [None], done
+            assert t.counts() == (t.seq, t.seq), f"stopped at step {at}, before the compaction went on"
+            marker = protocol.read_marker(t.pdir("a-prod"))
+            unblocked_in_swap += marker is not None and marker.state == "swapping"
         cp.resume(child)
         thread.join(120)
         assert done == [None], done

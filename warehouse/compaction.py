@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 from runtime.durable import fsync_dir, fsync_file
 from table import protocol
 from table.partition_files import data_files, remove_tree
-from table.protocol import COMPACTED_PREFIX, DEFAULT_GRACE_S, PartitionRef, SwapTimes, root_lock
+from table.protocol import COMPACTED_PREFIX, COMPACTION_LOCK, DEFAULT_GRACE_S, PartitionRef, SwapTimes, root_lock
 from table.layout import LOOKUPS, Layout
 from table.schema import DATA_COLUMNS, spark_read_ddl
 from warehouse.arrow_merge import merge_files, mergeable
@@ -68,7 +68,6 @@ SLOW_HOLD_S = 1.0
 MERGES_PER_JOB = 256
 # Where a shared job writes before its files move to their partitions (skipped by readers: `_`).
 SCRATCH = "_compaction"
-COMPACTION_LOCK = "_compaction_lock"
 
 
 class CompactionError(RuntimeError):
@@ -140,7 +139,7 @@ def plan(spark: Any, database: str, part: PartitionRef, policy: TierPolicy, *, c
         return None  # retention finishes it
     if protocol.needs_follow(part.dir):  # a dead swap, a torn marker, an importer's strays
         with root_lock(part.root):
-            protocol.follow(spark, database, part, grace)
+            protocol.follow(spark, database, part, grace, compacting=True)
     marker = protocol.read_marker(part.dir)
     protocol.reap(part)  # after `follow`: the output of a swap it rolled back is unnamed now
     current = part.dir / marker.location if marker else part.dir
@@ -269,8 +268,14 @@ def swap_all(spark: Any, database: str, merges: list[Merge], grace: float = DEFA
 
 def _hold(spark: Any, database: str, todo: deque[Checked], grace: float, budget: float,
           on_hold: Callable[[float], None]) -> list[tuple[Merge, Compacted | BaseException]]:
-    """One hold of a root's lock: swap from the head of `todo` while the budget allows."""
+    """One hold of a root's lock: begin swaps from the head of `todo` while the budget allows.
+
+    A compacted partition's swap moves the catalog after the lock is let go (`Swap.unlocked`),
+    and is marked done in a second, short hold: an importer's write never waits for a catalog
+    update of such a swap. A partition's first swap (its dir is still its location) keeps the
+    lock throughout."""
     done: list[tuple[Merge, Compacted | BaseException]] = []
+    begun: list[tuple[Checked, protocol.Swap]] = []
     root = todo[0].merge.part.root
     with root_lock(root):
         held = time.monotonic()
@@ -279,26 +284,42 @@ def _hold(spark: Any, database: str, todo: deque[Checked], grace: float, budget:
             checked = todo.popleft()
             began = time.monotonic()
             try:
-                done.append((checked.merge, _swap_one(spark, database, checked, grace)))
+                swap = _begin(spark, database, checked, grace)
+                if swap.unlocked:
+                    begun.append((checked, swap))
+                else:
+                    protocol.move_catalog(spark, database, swap)
+                    done.append((checked.merge, _compacted(checked, protocol.finish_swap(swap))))
             except (OSError, protocol.SwapRefused, protocol.TornMarker) as e:
                 done.append((checked.merge, e))
             slowest = max(slowest, time.monotonic() - began)
             if time.monotonic() - held + slowest > budget:
                 break
         seconds = time.monotonic() - held
+    for _, swap in begun:  # no root lock: a writer meanwhile places into both locations (protocol.follow)
+        protocol.move_catalog(spark, database, swap)
+    if begun:
+        with root_lock(root):
+            finishing = time.monotonic()
+            done += [(checked.merge, _compacted(checked, protocol.finish_swap(swap))) for checked, swap in begun]
+            seconds += time.monotonic() - finishing
     on_hold(seconds)
     if seconds > SLOW_HOLD_S:
         times = [c.swap for _, c in done if isinstance(c, Compacted)]
-        log.warning("held %s's lock for %.2fs for %d swaps (linking %.2fs, markers %.2fs, catalog %.2fs)",
-                    root, seconds, len(done),
-                    sum(t.link for t in times), sum(t.mark for t in times), sum(t.catalog for t in times))
+        log.warning("held %s's lock for %.2fs for %d swaps (linking %.2fs, markers %.2fs, catalog %.2fs of which "
+                    "%d swaps' outside the lock)", root, seconds, len(done), sum(t.link for t in times),
+                    sum(t.mark for t in times), sum(t.catalog for t in times), len(begun))
     return done
 
 
-def _swap_one(spark: Any, database: str, checked: Checked, grace: float) -> Compacted:
-    """With the root's lock held: swap a checked merge in."""
+def _begin(spark: Any, database: str, checked: Checked, grace: float) -> protocol.Swap:
     merge = checked.merge
-    swap = protocol.swap_in(spark, database, merge.part, merge.out, {p.name for p in merge.sources}, merge.gen, grace)
+    return protocol.begin_swap(spark, database, merge.part, merge.out, {p.name for p in merge.sources}, merge.gen,
+                               grace)
+
+
+def _compacted(checked: Checked, swap: SwapTimes) -> Compacted:
+    merge = checked.merge
     return Compacted(merge.part, len(merge.sources), checked.files_after, merge.rows, checked.bytes_before,
                      checked.bytes_after, swap)
 
