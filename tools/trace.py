@@ -52,14 +52,6 @@ def probes_of(trace: str) -> dict[str, list[str]]:
     return {"request_id": [trace], "trace_id": [trace.lower()]}
 
 
-def query(table: str, trace: str, first_day: datetime.date | None) -> str:
-    """The lookup's SQL without the index (every partition from `first_day` on)."""
-    where = ids_where(probes_of(trace))
-    if first_day is not None:
-        where += f" AND date >= DATE'{first_day.isoformat()}'"
-    return f"SELECT {', '.join(COLUMNS)} FROM {table} WHERE {where} ORDER BY created_at, app_env, seq"
-
-
 def partition_days(partitions: Sequence[str], first_day: datetime.date | None) -> list[datetime.date]:
     """The distinct days of `SHOW PARTITIONS` lines (`importer=0/app_env=x/date=2026-11-28`) from `first_day` on."""
     days = set()
