@@ -8,10 +8,11 @@
  * each Resource, InstrumentationScope and schema_url is, how many records each scope
  * has); Python maps those once each, as records.py does, into the text every body of a
  * scope shares. `lj_otlp_write` then writes every record's body: its own fields as JSON,
- * its scope's shared text, its index in the request, `tail`.
+ * its scope's shared text, its index in the request, `tail`. The `_json` twins do the same
+ * for OTLP/JSON, as bridges/otlp/json_doc.py reads it (their spans are of JSON values).
  *
- * Whatever these do not read exactly as protobuf (upb) and records.py would, they decline
- * (LJ_OTLP_DECLINE) and the Python path decides: never a different answer.
+ * Whatever these do not read exactly as protobuf (upb), records.py and json_doc.py would,
+ * they decline (LJ_OTLP_DECLINE) and the Python path decides: never a different answer.
  */
 #pragma once
 
@@ -55,8 +56,10 @@ typedef struct {
     const uint8_t *doubles_text;
     const uint32_t *doubles_ends;
     uint32_t doubles_given;
-    /* When doubles_given is 0 and the records hold finite doubles: their values, up to doubles_cap. */
+    /* When doubles_given is 0 and the records hold finite doubles, up to doubles_cap of them:
+     * protobuf, their values; OTLP/JSON, where each number is in the request (offset, length). */
     double *doubles;
+    uint32_t *double_spans;
     uint32_t doubles_cap;
     uint32_t doubles_met;
 } lj_otlp_out;
@@ -68,3 +71,14 @@ typedef struct {
 int64_t lj_otlp_write(const uint8_t *buf, const lj_otlp_scope *scopes, int n_scopes,
                       const uint8_t *shared, const uint32_t *shared_ends,
                       const uint8_t *tail, size_t tail_len, lj_otlp_out *out);
+
+/* The same for OTLP/JSON: the spans are of the values of `resource`, `scope`, the
+ * `schemaUrl`s (any JSON value: Python reads and checks them) and `logRecords`; `records`
+ * counts its items, `record_bytes` is its length. `close` (room for len of them) is the
+ * scan's index of the document, which the write reads: keep it between the two calls. */
+int lj_otlp_json_scan(const uint8_t *buf, size_t len, uint32_t *close, lj_otlp_resource *resources,
+                      int resource_cap, lj_otlp_scope *scopes, int scope_cap, int *n_scopes, uint64_t *records);
+
+int64_t lj_otlp_json_write(const uint8_t *buf, const uint32_t *close, const lj_otlp_scope *scopes, int n_scopes,
+                           const uint8_t *shared, const uint32_t *shared_ends,
+                           const uint8_t *tail, size_t tail_len, lj_otlp_out *out);

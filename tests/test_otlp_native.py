@@ -1,12 +1,15 @@
-"""native/otlp.c against its Python twin, records.py's walk (upb, then orjson): for any bytes,
-the C gives exactly the bodies, lengths, times and app-envs the Python walk gives, or it
-declines (and the Python walk answers); it never answers where the Python walk refuses.
+"""native/otlp.c against its Python twin, records.py's walk (upb, or json_doc.py, then
+orjson): for any bytes, protobuf or OTLP/JSON, the C gives exactly the bodies, lengths, times
+and app-envs the Python walk gives, or it declines (and the Python walk answers); it never
+answers where the Python walk refuses.
 
 Hypothesis generates requests (tests/test_otlp_records.py's: every field, every AnyValue kind,
-nesting, non-finite doubles, several resources and scopes), then mutates and cuts their wire
-bytes; hand-written wire bytes cover what protobuf's own serializer never writes (fields out
-of order or given twice, unknown fields, other wire types, groups, long varints, bad UTF-8).
-The C is under test whatever LOGJAM_NATIVE says (`c_module`: skipped under off).
+nesting, non-finite doubles, several resources and scopes), as protobuf and as OTLP/JSON in
+each spelling, then mutates and cuts their bytes (and the JSON documents' values and keys);
+hand-written bytes cover what the serializers never write (protobuf: fields out of order or
+given twice, unknown fields, other wire types, groups, long varints, bad UTF-8; JSON:
+escapes, numbers as text, ids in capitals, enum names, whitespace, base64 that is not
+canonical). The C is under test whatever LOGJAM_NATIVE says (`c_module`: skipped under off).
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValu
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from bridges.otlp import records, values
+import orjson
+
+from bridges.otlp import json_doc, records, values
 from harness.native import c_module
-from tests.test_otlp_records import METADATA, requests
+from tests.test_otlp_records import METADATA, json_doc_only, mutated_json, otlp_json, requests
 
 pytestmark = pytest.mark.native
 
@@ -36,26 +41,43 @@ def c_walk() -> Any:
     return records._CWalk(*c_module(records.MODULE))
 
 
-def python(body: bytes) -> Any:
+def python(body: bytes, json: bool = False) -> Any:
     """The Python walk's answer: its Packed list, or ("bad", text)."""
     try:
-        return records.encode(body, json=False, key=KEY, metadata=METADATA, default_environment=ENV, native=False)
+        return records.encode(body, json=json, key=KEY, metadata=METADATA, default_environment=ENV, native=False)
     except values.BadRequest as e:
         return ("bad", str(e))
 
 
-def native(walk: Any, body: bytes) -> Any:
+def native(walk: Any, body: bytes, json: bool = False) -> Any:
     """The C's answer: its Packed list, or None where it declined."""
-    return walk.encode(body, records.metadata_head(KEY, METADATA), ENV)
+    return walk.encode(body, records.metadata_head(KEY, METADATA), ENV, json=json)
 
 
-def check(walk: Any, body: bytes) -> bool:
+def check(walk: Any, body: bytes, json: bool = False) -> bool:
     """The C gives the Python walk's answer or declines; whether it answered."""
-    got, want = native(walk, body), python(body)
+    got, want = native(walk, body, json), python(body, json)
     if got is None:
         return False
     assert got == want
     return True
+
+
+def mutate(body: bytes, data: st.DataObject) -> bytes:
+    """1-3 bytes flipped, bytes inserted or deleted, or the rest cut off."""
+    out = bytearray(body)
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(out)))
+        how = data.draw(st.sampled_from(["flip", "insert", "delete", "cut"]))
+        if how == "flip" and at < len(out):
+            out[at] ^= 1 << data.draw(st.integers(0, 7))
+        elif how == "insert":
+            out[at:at] = data.draw(st.binary(min_size=1, max_size=3))
+        elif how == "delete":
+            del out[at : at + data.draw(st.integers(1, 3))]
+        else:
+            del out[at:]
+    return bytes(out)
 
 
 def has_duplicate_keys(request: ExportLogsServiceRequest) -> bool:
@@ -96,25 +118,153 @@ def test_generated_requests_give_the_python_walks_bodies(request: ExportLogsServ
 @given(requests.filter(lambda r: r.ByteSize() > 0), st.data())
 def test_mutated_and_cut_bytes_give_the_python_walks_answer_or_are_declined(
         request: ExportLogsServiceRequest, data: st.DataObject) -> None:
-    body = bytearray(request.SerializeToString())
-    for _ in range(data.draw(st.integers(1, 3))):
-        at = data.draw(st.integers(0, len(body)))
-        how = data.draw(st.sampled_from(["flip", "insert", "delete", "cut"]))
-        if how == "flip" and at < len(body):
-            body[at] ^= 1 << data.draw(st.integers(0, 7))
-        elif how == "insert":
-            body[at:at] = data.draw(st.binary(min_size=1, max_size=3))
-        elif how == "delete":
-            del body[at : at + data.draw(st.integers(1, 3))]
-        else:
-            del body[at:]
-    check(c_walk(), bytes(body))
+    check(c_walk(), mutate(request.SerializeToString(), data))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=64))
 def test_arbitrary_bytes_give_the_python_walks_answer_or_are_declined(body: bytes) -> None:
     check(c_walk(), body)
+
+
+def escaped_keys(request: ExportLogsServiceRequest) -> bool:
+    """A record's attribute key (or one in a key-value list) that JSON writes with escapes (the C declines those)."""
+    def keys(kvs: Any) -> Any:
+        for kv in kvs:
+            yield kv.key
+            yield from value_keys(kv.value)
+
+    def value_keys(v: AnyValue) -> Any:
+        kind = v.WhichOneof("value")
+        if kind == "kvlist_value":
+            yield from keys(v.kvlist_value.values)
+        elif kind == "array_value":
+            for x in v.array_value.values:
+                yield from value_keys(x)
+
+    return any(any(c < " " or c in '"\\' for c in key)
+               for rl in request.resource_logs for sl in rl.scope_logs for rec in sl.log_records
+               for key in [*keys(rec.attributes), *value_keys(rec.body)])
+
+
+def json_doc_takes(body: bytes) -> bool:
+    """Whether json_doc walks it itself (else protobuf's JSON parser decides, and the C declines)."""
+    try:
+        json_doc_only(body)
+    except (json_doc.Unsure, RecursionError):
+        return False
+    return True
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests, st.booleans(), st.booleans(), st.booleans())
+def test_generated_requests_as_otlp_json_give_the_python_walks_bodies(
+        request: ExportLogsServiceRequest, snake: bool, enum_ints: bool, numbers: bool) -> None:
+    body = orjson.dumps(otlp_json(request, snake=snake, enum_ints=enum_ints, numbers=numbers))
+    answered = check(c_walk(), body, json=True)
+    assert answered or has_duplicate_keys(request) or escaped_keys(request) or not json_doc_takes(body)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests.filter(lambda r: len(r.resource_logs) > 0), st.data())
+def test_mutated_otlp_json_gives_the_python_walks_answer_or_is_declined(
+        request: ExportLogsServiceRequest, data: st.DataObject) -> None:
+    body = mutated_json(request, data)
+    check(c_walk(), body, json=True)
+    check(c_walk(), mutate(body, data), json=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64) | st.text(alphabet='{}[]":,0123456789-eE.tfnrul \\', max_size=40).map(str.encode))
+def test_arbitrary_bytes_as_otlp_json_give_the_python_walks_answer_or_are_declined(body: bytes) -> None:
+    check(c_walk(), body, json=True)
+
+
+def doc(*records: str, attrs: str = "") -> bytes:
+    """An OTLP/JSON request of one resource and scope holding `records` (JSON text)."""
+    resource = '{"attributes":[{"key":"service.name","value":{"stringValue":"shop"}}' + attrs + "]}"
+    return ('{"resourceLogs":[{"resource":%s,"scopeLogs":[{"scope":{"name":"s"},"logRecords":[%s]}]}]}'
+            % (resource, ",".join(records))).encode()
+
+
+JSON_TAKEN = {
+    "escapes, unescaped and escaped again as orjson does": doc(
+        '{"body":{"stringValue":"a\\u0000\\/\\b\\f\\n\\r\\t\\"\\\\\\u00e9\\ud83d\\ude00\\u2028\\u001f\\u007f\\u0041"}}'),
+    "raw UTF-8 and DEL as they are": doc('{"severityText":"é😀\x7f","eventName":"\\u007f"}'),
+    "numbers as text": doc('{"timeUnixNano":"000000000000000000001","observedTimeUnixNano":18446744073709551615,'
+                           '"droppedAttributesCount":"4294967295","flags":"-0","attributes":['
+                           '{"key":"a","value":{"intValue":"-9223372036854775808"}},{"key":"b","value":{"intValue":-0}},'
+                           '{"key":"c","value":{"intValue":"-00000000000000000001"}}]}'),
+    "ids in capitals": doc('{"traceId":"0AF7651916CD43DD8448EB211C80319C","spanId":"B7AD6B7169203331"}'),
+    "empty ids": doc('{"traceId":"","spanId":""}'),
+    "enum names": doc('{"severityNumber":"SEVERITY_NUMBER_FATAL4"}', '{"severityNumber":"SEVERITY_NUMBER_UNSPECIFIED"}',
+                      '{"severity_number":0}'),
+    "whitespace everywhere": b' \n{ "resourceLogs" :\t[ { "scopeLogs" : [ { "logRecords" : [ { "body" : { "stringValue" '
+                             b': "x" } , "attributes" : [ { "key" : "k" , "value" : { } } ] } ] } ] } ] }\r\n ',
+    "unknown keys, every kind of value": doc('{"future":[1,{"a":null}],"x":null,"y":1.5e300,"z":"\\u0041",'
+                                             '"body":{"stringValue":"a","later":true}}'),
+    "doubles": doc('{"attributes":[' + ",".join('{"key":"d%d","value":{"doubleValue":%s}}' % (i, d) for i, d in enumerate(
+        ["0", "-0", "1", "1.0", "1.50", "1e2", "-2.5E-3", "9007199254740992", "-9007199254740992", "1e300",
+         "100000000000000000000000", "5e-324", "0.1"])) + "]}"),
+    "base64": doc('{"attributes":[' + ",".join('{"key":"b%d","value":{"bytesValue":"%s"}}' % (i, b) for i, b in enumerate(
+        ["", "AA==", "AAA=", "AAAA", "+/8=", "3q2+7w=="])) + "]}"),
+    "arrays and key-value lists": doc('{"body":{"arrayValue":{"values":[{"kvlistValue":{"values":[{"key":"k",'
+                                      '"value":{"arrayValue":{}}}]}},{"kvlistValue":{}},{},{"boolValue":false}]}}}'),
+    "an empty attribute list, a key-value pair without a key": doc('{"attributes":[]}', '{"attributes":[{"value":{}}]}'),
+    "snake_case": doc('{"time_unix_nano":"5000000","severity_text":"I","dropped_attributes_count":1,"event_name":"e",'
+                      '"trace_id":"0af7651916cd43dd8448eb211c80319c","span_id":"b7ad6b7169203331"}'),
+    "no resource, no scope, no records": b'{"resourceLogs":[{},{"scopeLogs":[{}]},{"scopeLogs":[{"logRecords":[]}]}]}',
+    "no resources": b'{"resourceLogs":[]}',
+    "nothing": b"{}",
+}
+
+JSON_DECLINED = {
+    "a key given twice": doc('{"attributes":[{"key":"k","value":{}},{"key":"k","value":{}}]}'),
+    "a field in both spellings": doc('{"timeUnixNano":"1","time_unix_nano":"1"}'),
+    "a field given twice": doc('{"flags":1,"flags":1}'),
+    "an escaped key": doc('{"attributes":[{"key":"\\n","value":{}}]}'),
+    "a number in an escaped string": doc('{"timeUnixNano":"\\u0031"}'),
+    "a double past 2**53 written as an integer": doc('{"body":{"doubleValue":9007199254740993}}'),
+    "a double as text": doc('{"body":{"doubleValue":"NaN"}}'),
+    "a string index": doc('{"body":{"stringValueStrindex":1}}'),
+    "base64 that is not canonical": doc('{"body":{"bytesValue":"AB=="}}'),
+    "a null": doc('{"severityText":null}'),
+    "an extension key": doc('{"[x.y]":1}'),
+    "two members of the oneof": doc('{"body":{"stringValue":"a","intValue":"1"}}'),
+    "a short id": doc('{"spanId":"b7ad"}'),
+    "a number past its field": doc('{"flags":4294967296}'),
+    "a severity past 24": doc('{"severityNumber":25}'),
+    "a float for an integer": doc('{"timeUnixNano":1.0}'),
+    "entity refs": b'{"resourceLogs":[{"resource":{"entityRefs":[]}}]}',
+}
+
+JSON_REFUSED = {
+    "not JSON": b'{"resourceLogs":[}',
+    "a trailing comma": b'{"resourceLogs":[],}',
+    "bad UTF-8": doc('{"severityText":"X"}').replace(b"X", b"\xff"),
+    "a lone surrogate": doc('{"severityText":"\\ud800"}'),
+    "an id that is not hex": doc('{"traceId":"zz"}'),
+    "a number out of range": doc('{"flags":-1}'),
+    "a document that is not an object": b"[]",
+    "trailing bytes": b"{} x",
+}
+
+
+@pytest.mark.parametrize("name", list(JSON_TAKEN))
+def test_what_the_c_writes_itself_of_otlp_json(name: str) -> None:
+    assert check(c_walk(), JSON_TAKEN[name], json=True), f"declined: {name}"
+
+
+@pytest.mark.parametrize("name", list(JSON_DECLINED))
+def test_what_the_c_leaves_to_the_python_walk_of_otlp_json(name: str) -> None:
+    assert native(c_walk(), JSON_DECLINED[name], json=True) is None
+
+
+@pytest.mark.parametrize("name", list(JSON_REFUSED))
+def test_what_the_python_walk_refuses_of_otlp_json_the_c_declines(name: str) -> None:
+    body = JSON_REFUSED[name]
+    assert native(c_walk(), body, json=True) is None
+    assert python(body, json=True)[0] == "bad"
 
 
 # -- wire bytes protobuf's serializer never writes
@@ -245,7 +395,7 @@ def test_the_switch_chooses_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
     body = request.SerializeToString()
     calls: list[bytes] = []
     encode = records._CWalk.encode
-    monkeypatch.setattr(records._CWalk, "encode", lambda self, *a: calls.append(a[0]) or encode(self, *a))
+    monkeypatch.setattr(records._CWalk, "encode", lambda self, *a, **k: calls.append(a[0]) or encode(self, *a, **k))
     got = records.encode(body, json=False, key=KEY, metadata=METADATA)
     assert calls == [body] and got == python(body) and got[0].app_env == "shop-default"
     monkeypatch.setenv("LOGJAM_NATIVE", "off")

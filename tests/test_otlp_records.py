@@ -254,10 +254,8 @@ SPELLINGS = {"timeUnixNano": "time_unix_nano", "traceId": "trace_id", "logRecord
              "severityNumber": "severity_number", "intValue": "int_value", "schemaUrl": "schema_url"}
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests.filter(lambda r: len(r.resource_logs) > 0), st.data())
-def test_mutated_otlp_json_is_taken_or_refused_exactly_as_protobufs_parser_does(
-        request: ExportLogsServiceRequest, data: st.DataObject) -> None:
+def mutated_json(request: ExportLogsServiceRequest, data: st.DataObject) -> bytes:
+    """The request as OTLP/JSON with 1-3 values replaced by junk, keys respelled or extra keys added."""
     doc = otlp_json(request, snake=data.draw(st.booleans()), enum_ints=data.draw(st.booleans()), numbers=False)
     for _ in range(data.draw(st.integers(1, 3))):
         path = data.draw(st.sampled_from(_paths(doc)[1:]))
@@ -273,7 +271,14 @@ def test_mutated_otlp_json_is_taken_or_refused_exactly_as_protobufs_parser_does(
                 copy.deepcopy(data.draw(JUNK))
         else:
             parent[last] = copy.deepcopy(data.draw(JUNK))  # a fresh value: `st.just` hands out one object
-    body = json.dumps(doc).encode()  # (orjson writes no integer past 64 bits; the stdlib does)
+    return json.dumps(doc).encode()  # (orjson writes no integer past 64 bits; the stdlib does)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests.filter(lambda r: len(r.resource_logs) > 0), st.data())
+def test_mutated_otlp_json_is_taken_or_refused_exactly_as_protobufs_parser_does(
+        request: ExportLogsServiceRequest, data: st.DataObject) -> None:
+    body = mutated_json(request, data)
     assert same(_result(body), _reference(body))
 
 

@@ -25,7 +25,7 @@ from opentelemetry.proto.logs.v1.logs_pb2 import SeverityNumber
 
 from bridges.otlp.values import Mapped, Scope
 
-__all__ = ["Unsure", "walk"]
+__all__ = ["Unsure", "double_text", "resource_of", "scope_of", "walk"]
 
 _DECIMAL = re.compile(r"-?[0-9]{1,20}")
 _SEVERITY_NAMES = {v.name: v.number for v in SeverityNumber.DESCRIPTOR.values}
@@ -129,21 +129,34 @@ def _hex(value: Any, size: int) -> str:
 
 def _resource_logs(rl: Any) -> Mapped:
     f = _fields(rl, _RESOURCE_LOGS)
-    r = _fields(f.get(1, {}), _RESOURCE)
+    attrs, resource = resource_of(f.get(1, {}), f.get(3, ""))
+    return Mapped(attrs, resource, [_scope_logs(sl) for sl in _list(f.get(2))])
+
+
+def resource_of(value: Any, schema_url: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Resource's JSON value (and its ResourceLogs' schemaUrl): its attributes, and its
+    `"resource"` object (records._resource's); `Unsure` as the walk is."""
+    r = _fields(value, _RESOURCE)
     if 3 in r:
         raise Unsure  # entity refs: not mapped, but protobuf checks them
     attrs = _attributes(r.get(1))
     resource: dict[str, Any] = {"attributes": attrs}
     if dropped := _int(r.get(2, 0), _U32):
         resource["dropped_attributes_count"] = dropped
-    if schema := _str(f.get(3, "")):
+    if schema := _str(schema_url):
         resource["schema_url"] = schema
-    return Mapped(attrs, resource, [_scope_logs(sl) for sl in _list(f.get(2))])
+    return attrs, resource
 
 
 def _scope_logs(sl: Any) -> Scope:
     f = _fields(sl, _SCOPE_LOGS)
-    s = _fields(f.get(1, {}), _SCOPE)
+    return scope_of(f.get(1, {}), f.get(3, "")), _list(f.get(2)), _head
+
+
+def scope_of(value: Any, schema_url: Any) -> dict[str, Any]:
+    """An InstrumentationScope's JSON value (and its ScopeLogs' schemaUrl) as its `"scope"`
+    object (records._scope's); `Unsure` as the walk is."""
+    s = _fields(value, _SCOPE)
     scope: dict[str, Any] = {}
     if name := _str(s.get(1, "")):
         scope["name"] = name
@@ -152,9 +165,9 @@ def _scope_logs(sl: Any) -> Scope:
     if attrs := _attributes(s.get(3)):
         scope["attributes"] = attrs
     _int(s.get(4, 0), _U32)  # not mapped, but protobuf checks it
-    if schema := _str(f.get(3, "")):
+    if schema := _str(schema_url):
         scope["schema_url"] = schema
-    return scope, _list(f.get(2)), _head
+    return scope
 
 
 def _plan(keys: tuple[str, ...]) -> tuple[str | None, ...]:
@@ -260,6 +273,20 @@ def _attributes(kvs: Any) -> dict[str, Any]:
     return out
 
 
+def _is_double(v: Any) -> bool:
+    """A doubleValue: a JSON number orjson reads as a float, or an integer that is exactly one."""
+    return v.__class__ is float or v.__class__ is int and -_EXACT_FLOAT <= v <= _EXACT_FLOAT
+
+
+def double_text(number: bytes) -> bytes:
+    """A doubleValue's JSON number (native/otlp.c hands it over) as the mapping writes it; `Unsure`
+    where `_any` is."""
+    v = orjson.loads(number)
+    if not _is_double(v):
+        raise Unsure
+    return orjson.dumps(float(v))
+
+
 def _any(value: Any) -> tuple[int, Any]:
     """An AnyValue: its kind's code (0: none) and its JSON value (values.any_value's)."""
     f = _fields(value, _ANY)
@@ -274,7 +301,7 @@ def _any(value: Any) -> tuple[int, Any]:
     if kind == 3:
         return kind, _int(v, _I64)
     if kind == 4:
-        if c is float or c is int and -_EXACT_FLOAT <= v <= _EXACT_FLOAT:
+        if _is_double(v):
             return kind, float(v)  # orjson never reads a non-finite number
     elif kind == 5:
         return kind, [_any(x)[1] for x in _list(_fields(v, _VALUES).get(1))]

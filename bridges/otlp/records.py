@@ -78,9 +78,9 @@ def encode(body: bytes, *, json: bool, key: str, metadata: dict[str, Any],
     Protobuf goes to native/otlp.c when LOGJAM_NATIVE allows it and it was built (`native=False`:
     the Python walk whatever the switch says); anything it declines, to the Python walk."""
     meta = metadata_head(key, metadata)
-    if not json and native:
+    if native:
         built = _c_walk()
-        if built is not None and (packed := built.encode(body, meta, default_environment)) is not None:
+        if built is not None and (packed := built.encode(body, meta, default_environment, json=json)) is not None:
             return packed
     # Every % of the fixed text is escaped: the template is formatted with the record's index.
     template = meta.replace(b"%", b"%%") + b"%d" + _ID_TAIL
@@ -230,93 +230,130 @@ class _CWalk:
     def __init__(self, ffi: Any, lib: Any) -> None:
         self.ffi, self.lib = ffi, lib
         self._tables(16, 64)
+        self._double_tables(0)
         self._n_scopes = ffi.new("int *")
         self._records = ffi.new("uint64_t *")
-        self._doubles = ffi.new("double[]", 0)
+        self._close = ffi.new("uint32_t[]", 0)  # OTLP/JSON: the scan's index of the document
 
     def _tables(self, resources: int, scopes: int) -> None:
         self._resources = self.ffi.new("lj_otlp_resource[]", resources)
         self._scopes = self.ffi.new("lj_otlp_scope[]", scopes)
-        self._caps = resources, scopes
 
-    def encode(self, body: bytes, meta: bytes, default_environment: str) -> list[Packed] | None:
+    def _double_tables(self, n: int) -> None:
+        self._doubles, self._spans = self.ffi.new("double[]", n), self.ffi.new("uint32_t[]", 2 * n)
+
+    def encode(self, body: bytes, meta: bytes, default_environment: str, *, json: bool = False) -> list[Packed] | None:
         ffi, lib = self.ffi, self.lib
+        scan, write = (lib.lj_otlp_json_scan, lib.lj_otlp_json_write) if json else (lib.lj_otlp_scan, lib.lj_otlp_write)
         buf = ffi.from_buffer(body)
-        while (n := lib.lj_otlp_scan(buf, len(body), self._resources, self._caps[0], self._scopes, self._caps[1],
-                                     self._n_scopes, self._records)) == lib.LJ_OTLP_ROOM:
-            self._tables(2 * self._caps[0], max(2 * self._caps[1], self._n_scopes[0]))
+        if json and len(self._close) < len(body):
+            self._close = ffi.new("uint32_t[]", len(body))
+        index = (self._close,) if json else ()
+        while (n := scan(buf, len(body), *index, self._resources, len(self._resources), self._scopes,
+                         len(self._scopes), self._n_scopes, self._records)) == lib.LJ_OTLP_ROOM:
+            self._tables(2 * len(self._resources), max(2 * len(self._scopes), self._n_scopes[0]))
         if n < 0:
             return None
         n_scopes, count = self._n_scopes[0], self._records[0]
-        # The text each scope's bodies share, mapped by the Python walk's own functions: upb
-        # reads each Resource and InstrumentationScope (once per resource, once per scope).
+        scopes = self._scopes[0:n_scopes]
+        # The text each scope's bodies share, mapped by the Python walk's own functions, once
+        # per resource and once per scope.
         app_envs: list[str | None] = []
-        scope_counts: list[int] = []
         shared: list[bytes] = []
-        room = 0
-        scopes = iter(self._scopes[0:n_scopes])
         try:
+            k = 0
             for r in self._resources[0:n]:
-                resource = Resource.FromString(body[r.resource_off : r.resource_off + r.resource_len]) \
-                    if r.has_resource else Resource()
-                attrs, mapped = _resource(resource, str(body[r.schema_off : r.schema_off + r.schema_len], "utf-8"))
+                attrs, resource = (_json_resource if json else _proto_resource)(body, r)
                 app_envs.append(app_env_of(attrs, default_environment))
-                scope_counts.append(r.scopes)
-                text = resource_text(mapped)
-                for _ in range(r.scopes):
-                    s = next(scopes)
-                    scope = InstrumentationScope.FromString(body[s.scope_off : s.scope_off + s.scope_len]) \
-                        if s.has_scope else InstrumentationScope()
-                    schema = str(body[s.schema_off : s.schema_off + s.schema_len], "utf-8")
-                    shared.append(shared_text(text, _scope(scope, schema)) + meta)
-                    # A record's body: at most 6 bytes per wire byte (a control character as
-                    # \u00xx), 512 for its own keys and numbers; lj_otlp_write checks it anyway.
-                    room += s.records * (len(shared[-1]) + 512 + len(_ID_TAIL)) + 6 * s.record_bytes
-        except (DecodeError, RecursionError, ValueError):  # (values.parse_proto's): the Python walk words it
+                text = resource_text(resource)
+                for s in scopes[k : k + r.scopes]:
+                    shared.append(shared_text(text, (_json_scope if json else _proto_scope)(body, s)) + meta)
+                k += r.scopes
+        except (DecodeError, RecursionError, ValueError, json_doc.Unsure):  # the Python walk words it
             return None
-        ends = array("I", [0] * n_scopes)
-        pos = 0
-        for i, text in enumerate(shared):
-            pos += len(text)
-            ends[i] = pos
+        # A record's body: at most 6 bytes per wire byte (a control character as \u00xx), 512 for
+        # its own keys and numbers; lj_otlp_write checks it anyway.
+        room = sum(s.records * (len(text) + 512 + len(_ID_TAIL)) + 6 * s.record_bytes for s, text in zip(scopes, shared))
         blob = bytearray(room)
-        lens, created, scope_ends = array("I", bytes(4 * count)), array("q", bytes(8 * count)), array("I", ends)
+        lens, created, scope_ends = array("I", bytes(4 * count)), array("q", bytes(8 * count)), array("I", bytes(4 * n_scopes))
+        texts, ends = b"".join(shared), _ends(shared)
         out = ffi.new("lj_otlp_out *", {
             "out": ffi.from_buffer(blob), "cap": room, "lens": ffi.from_buffer("uint32_t[]", lens),
             "created_ms": ffi.from_buffer("int64_t[]", created), "scope_ends": ffi.from_buffer("uint32_t[]", scope_ends),
-            "doubles": self._doubles, "doubles_cap": len(self._doubles)})
-        texts, ends = b"".join(shared), ffi.from_buffer("uint32_t[]", ends)
-        written = lib.lj_otlp_write(buf, self._scopes, n_scopes, texts, ends, _ID_TAIL, len(_ID_TAIL), out)
+            "doubles": self._doubles, "double_spans": self._spans, "doubles_cap": len(self._doubles)})
+        args = (buf, *index, self._scopes, n_scopes, texts, ffi.from_buffer("uint32_t[]", ends),
+                _ID_TAIL, len(_ID_TAIL), out)
+        written = write(*args)
         if written == lib.LJ_OTLP_DOUBLES:
-            # Finite doubles: written as orjson writes them, from their text.
+            # Finite doubles: written as the Python walk writes them (orjson), from their text.
             met = out.doubles_met
             if met > len(self._doubles):
-                self._doubles = out.doubles = ffi.new("double[]", met)
-                out.doubles_cap = met
-                lib.lj_otlp_write(buf, self._scopes, n_scopes, texts, ends, _ID_TAIL, len(_ID_TAIL), out)
-            formatted = [orjson.dumps(d) for d in out.doubles[0:met]]
-            doubles_ends = array("I", [0] * met)
-            pos = 0
-            for i, text in enumerate(formatted):
-                pos += len(text)
-                doubles_ends[i] = pos
-            doubles_text = b"".join(formatted)
+                self._double_tables(met)
+                out.doubles, out.double_spans, out.doubles_cap = self._doubles, self._spans, met
+                write(*args)
+            try:
+                if json:
+                    spans = ffi.unpack(self._spans, 2 * met)
+                    formatted = [json_doc.double_text(_span(body, a, n)) for a, n in zip(spans[0::2], spans[1::2])]
+                else:
+                    formatted = [orjson.dumps(d) for d in ffi.unpack(self._doubles, met)]
+            except json_doc.Unsure:
+                return None
+            doubles_text, doubles_ends = b"".join(formatted), _ends(formatted)
             out.doubles_text, out.doubles_ends, out.doubles_given = (
                 ffi.from_buffer(doubles_text), ffi.from_buffer("uint32_t[]", doubles_ends), met)
-            written = lib.lj_otlp_write(buf, self._scopes, n_scopes, texts, ends, _ID_TAIL, len(_ID_TAIL), out)
+            written = write(*args)
         if written < 0:
             return None
         view = memoryview(blob)
         packed: list[Packed] = []
-        first = start = 0
-        scope = 0
-        for app_env, k in zip(app_envs, scope_counts):
-            scope += k
-            end = scope_ends[scope - 1] if scope else 0
-            last = first + sum(self._scopes[j].records for j in range(scope - k, scope))
+        first = start = k = 0
+        for app_env, r in zip(app_envs, self._resources[0:n]):
+            last = first + sum(s.records for s in scopes[k : k + r.scopes])
+            k += r.scopes
+            end = scope_ends[k - 1] if k else 0
             packed.append(Packed(app_env, bytes(view[start:end]), lens[first:last], created[first:last]))
             first, start = last, end
         return packed
+
+
+def _ends(texts: list[bytes]) -> array:
+    """Where each of `texts` ends when they are joined."""
+    ends, pos = array("I", bytes(4 * len(texts))), 0
+    for i, text in enumerate(texts):
+        pos += len(text)
+        ends[i] = pos
+    return ends
+
+
+def _span(body: bytes, off: int, n: int) -> bytes:
+    return body[off : off + n]
+
+
+def _proto_resource(body: bytes, r: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    resource = Resource.FromString(_span(body, r.resource_off, r.resource_len)) if r.has_resource else Resource()
+    return _resource(resource, str(_span(body, r.schema_off, r.schema_len), "utf-8"))
+
+
+def _proto_scope(body: bytes, s: Any) -> dict[str, Any]:
+    scope = InstrumentationScope.FromString(_span(body, s.scope_off, s.scope_len)) if s.has_scope \
+        else InstrumentationScope()
+    return _scope(scope, str(_span(body, s.schema_off, s.schema_len), "utf-8"))
+
+
+def _json_value(body: bytes, off: int, n: int, absent: Any) -> Any:
+    """A JSON value the C found (n 0: not there)."""
+    return orjson.loads(_span(body, off, n)) if n else absent
+
+
+def _json_resource(body: bytes, r: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    return json_doc.resource_of(_json_value(body, r.resource_off, r.resource_len if r.has_resource else 0, {}),
+                                _json_value(body, r.schema_off, r.schema_len, ""))
+
+
+def _json_scope(body: bytes, s: Any) -> dict[str, Any]:
+    return json_doc.scope_of(_json_value(body, s.scope_off, s.scope_len if s.has_scope else 0, {}),
+                             _json_value(body, s.schema_off, s.schema_len, ""))
 
 
 _c_walks: dict[str, _CWalk] = {}
