@@ -29,7 +29,26 @@ def _ephemeral_start() -> int:
 # outgoing connection takes its local port from; a port picked that way can be taken by
 # some client's connect() before the server under test binds it (seen: "Address already
 # in use"). Picking below that range leaves only our own servers to collide with.
-_PORTS = range(10000, max(10001, _ephemeral_start()))
+_ALL_PORTS = range(10000, max(10001, _ephemeral_start()))
+
+
+def _worker_ports(ports: range) -> range:
+    """This pytest-xdist worker's own slice of `ports` (all of them outside xdist).
+
+    `_given` below keeps one process from handing out a port twice, but two workers (`-n 2`:
+    PYTEST_XDIST_WORKER gw0, gw1) would each pick from the same range, and a port one picked
+    stays unbound until its server starts (seconds, for a whole mesh): disjoint slices keep them
+    from colliding.
+    """
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return ports
+    size = len(ports) // int(count)
+    start = ports.start + int(worker[2:]) * size
+    return range(start, start + size)
+
+
+_PORTS = _worker_ports(_ALL_PORTS)
 _rng = random.SystemRandom()
 # A port is free until its server binds it, which may be seconds later (a whole mesh is
 # configured before it starts): never hand out one port twice in a process.
@@ -58,7 +77,7 @@ def free_port_run(n: int, step: int) -> int:
     for _ in range(200):
         port = free_port()
         others = [port + k * step for k in range(1, n)]
-        if any(o in _given or o > 65535 for o in others):
+        if any(o in _given or o not in _PORTS for o in others):  # not into another worker's slice
             continue
         ok = True
         for o in others:
@@ -78,7 +97,7 @@ def free_port_pair() -> int:
     """A free port whose successor is free too (and handed out by neither call again)."""
     for _ in range(100):
         port = free_port()
-        if port + 1 in _given:
+        if port + 1 in _given or port + 1 not in _PORTS:
             continue
         with socket.socket() as s:
             try:

@@ -12,7 +12,8 @@ from harness.device import DeviceProcess, start_device
 from harness.processes import stop
 from tests.spark_fixture import spark_server  # noqa: F401  (session-scoped logjam-spark, shared by every Spark test)
 
-pytest_plugins = ["tests.mesh_conftest_plugin"]  # the run's shared mesh (`shared_mesh`) and the mesh tests' order
+# The run's shared mesh (`shared_mesh`) and the mesh tests' order; `--dist loadgroup`'s groups under pytest-xdist.
+pytest_plugins = ["tests.mesh_conftest_plugin", "harness.xdist_groups"]
 
 # LOGJAM_NATIVE (logjam/native.py) per test, where the C path and its Python twin both need
 # running: `require` (the C, or a failure when it is not built) and `off` (the twin), in one

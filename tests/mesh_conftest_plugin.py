@@ -13,6 +13,11 @@
 - Tests with a mesh of their own (another topology, a cluster, a benchmark that counts whole
   streams) run after all of these, and the shared mesh stops after its last test, so they do not
   share the machine with it.
+
+Under pytest-xdist (`-n 2 --dist loadgroup --no-loadscope-reorder`; any other --dist is refused),
+every test that takes the mesh and every test module marked `xdist_group(MESH_GROUP)` (a mesh or
+cluster of its own) form one group (harness/xdist_groups.py), run by one worker in the order above:
+the shared mesh boots once, and no two meshes run at once.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from tools.mesh import health_report
 
 SHARED = "shared_mesh"
 DISTURBS = "disturbs_mesh"
+MESH_GROUP = "mesh"  # the xdist_group of every test that runs a mesh, shared or its own
 
 
 class _State:
@@ -42,6 +48,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{DISTURBS}: kills, stops or restarts processes of the shared mesh "
                                        "(tests/mesh_conftest_plugin.py); runs after the tests that do not, and "
                                        "must leave it healthy")
+    # Any other distribution would hand the mesh's tests to several workers: a mesh each, side by side.
+    dist = getattr(config.option, "dist", "no")
+    if getattr(config.option, "tx", None) and dist not in ("no", "loadgroup"):
+        raise pytest.UsageError(f"--dist {dist}: the mesh tests need --dist loadgroup (tests/mesh_conftest_plugin.py)")
 
 
 def _rank(item: pytest.Item) -> int:
@@ -51,9 +61,13 @@ def _rank(item: pytest.Item) -> int:
     return 1 if item.get_closest_marker(DISTURBS) else 0
 
 
+@pytest.hookimpl(tryfirst=True)  # before any plugin reads the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A stable sort: within each rank the collected order stays.
     items.sort(key=_rank)
+    for item in items:
+        if SHARED in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(MESH_GROUP))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -17,8 +17,10 @@ import pytest
 
 from harness.mesh import Mesh
 from harness.fairness import TARGETS, measure, parser, report
+from tests.mesh_conftest_plugin import MESH_GROUP
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(900)]
+# Its own mesh: with the shared mesh's tests in one xdist worker, after them (tests/mesh_conftest_plugin.py).
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.xdist_group(MESH_GROUP)]
 
 
 def test_a_quiet_stream_stays_fresh_while_another_floods_the_mesh(tmp_path) -> None:

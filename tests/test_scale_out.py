@@ -26,9 +26,11 @@ from pylogbeat import PyLogBeatClient
 from logjam.producer import Producer
 from harness.mesh import Mesh, mesh_ports
 from harness.processes import port_open, wait_for
+from tests.mesh_conftest_plugin import MESH_GROUP
 from tests.mesh_support import TEST_SETTINGS
 
-pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow]
+# Its own mesh: with the shared mesh's tests in one xdist worker, after them (tests/mesh_conftest_plugin.py).
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow, pytest.mark.xdist_group(MESH_GROUP)]
 
 PER_DEVICE = 300  # Producer events per device and phase
 BEATS = 300  # pylogbeat events per phase, in windows of 50

@@ -14,9 +14,14 @@ import pytest
 
 from harness.mesh import Mesh
 from harness.processes import command, free_port, port_open, stop, wait_for
+from tests.mesh_conftest_plugin import MESH_GROUP
 from tests.spark_fixture import SparkServer
 from tests.test_importer import Importer
 from tests.test_importer_recovery import Journaled, landed, send_numbered, wait_landed
+
+# A cluster and a mesh of its own: with the shared mesh's tests in one xdist worker, after them
+# (tests/mesh_conftest_plugin.py), so no two of these run at once.
+pytestmark = pytest.mark.xdist_group(MESH_GROUP)
 
 
 def spark_class(spark_home: Path, log: Path, *args: str) -> subprocess.Popen:
