@@ -13,8 +13,9 @@ exporters send one request at a time); a subscriber on the device counts the mes
 clock stops when the subscriber counted every record and the last answer arrived.
 
 References, measured in the same run: the mapping step alone (`records.encode` on the same
-request bytes: parse and mapping to finished bodies, no sockets, no device), and the
-Lumberjack bridge with the same events (benchmarks/lumberjack.py's client and framing).
+request bytes: parse and mapping to finished bodies, no sockets, no device; native/otlp.c
+unless LOGJAM_NATIVE=off or it is not built, which the line says), and the Lumberjack bridge
+with the same events (benchmarks/lumberjack.py's client and framing).
 Prints records/s, the bridge's CPU per record against its target (docs/protocols/otlp.md,
 "Speed"), and the ratio to the Lumberjack bridge.
 
@@ -51,6 +52,7 @@ from bridges.otlp import engine, records  # noqa: E402
 from bridges.host.mapping import parse_timestamp  # noqa: E402
 from harness.device import start_device  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
+from logjam import native  # noqa: E402
 
 PER_REQUEST = 512
 CLIENTS = 2
@@ -217,7 +219,8 @@ def main() -> int:
           f"records), {len(RESOURCE)} resource attributes, {RECORD_ATTRIBUTES} record attributes; {size:.0f} bytes/record "
           f"of protobuf, {json_size:.0f} of OTLP/JSON; {CLIENTS} clients per transport, one request at a time each, "
           f"{args.rounds} rounds")
-    print(f"mapping step alone (parse + map + encode), protobuf: {ref_cpu:10,.0f} records per CPU-second "
+    path = "C, native/otlp.c" if native.load(records.MODULE) is not None else "Python"
+    print(f"mapping step alone ({path}: parse + map + encode), protobuf: {ref_cpu:10,.0f} records per CPU-second "
           f"({1e6 / ref_cpu:.2f} us per record); OTLP/JSON: {ref_json:10,.0f} ({1e6 / ref_json:.2f} us per record)")
     lj_rate, lj_us = results["lumberjack"]
     for name, (rate, us) in results.items():

@@ -36,6 +36,9 @@ from logjam import native as _native
 __all__ = ["MODULE", "Mapped", "Packed", "encode", "walk"]
 
 MODULE = "bridges.otlp._native_otlp"
+# The C writes a request's bodies into one buffer kept from request to request (no fresh
+# pages to zero and fault in each time); past this size a request gets a buffer of its own.
+SCRATCH = 16 * 1024 * 1024
 _STRING_VALUE = "string_value"
 _ID_TAIL = b'"}}'  # after a record's index: the end of `_id`, of `@metadata`, of the body
 T = TypeVar("T")
@@ -225,7 +228,8 @@ def _head(rec: Any) -> tuple[dict[str, Any], int]:
 
 class _CWalk:
     """native/otlp.c with its tables: `encode` gives what `_pack` gives for the same request, or
-    None where the C declined (the Python walk then decides, a malformed body included)."""
+    None where the C declined (the Python walk then decides, a malformed body included).
+    Its buffers are reused from call to call: one thread (the bridge's event loop) calls it."""
 
     def __init__(self, ffi: Any, lib: Any) -> None:
         self.ffi, self.lib = ffi, lib
@@ -234,6 +238,7 @@ class _CWalk:
         self._n_scopes = ffi.new("int *")
         self._records = ffi.new("uint64_t *")
         self._close = ffi.new("uint32_t[]", 0)  # OTLP/JSON: the scan's index of the document
+        self._scratch = bytearray()  # the bodies, written (SCRATCH)
 
     def _tables(self, resources: int, scopes: int) -> None:
         self._resources = self.ffi.new("lj_otlp_resource[]", resources)
@@ -274,11 +279,13 @@ class _CWalk:
         # A record's body: at most 6 bytes per wire byte (a control character as \u00xx), 512 for
         # its own keys and numbers; lj_otlp_write checks it anyway.
         room = sum(s.records * (len(text) + 512 + len(_ID_TAIL)) + 6 * s.record_bytes for s, text in zip(scopes, shared))
-        blob = bytearray(room)
+        if room > len(self._scratch) and room <= SCRATCH:
+            self._scratch = bytearray(room)
+        blob = self._scratch if room <= len(self._scratch) else bytearray(room)
         lens, created, scope_ends = array("I", bytes(4 * count)), array("q", bytes(8 * count)), array("I", bytes(4 * n_scopes))
         texts, ends = b"".join(shared), _ends(shared)
         out = ffi.new("lj_otlp_out *", {
-            "out": ffi.from_buffer(blob), "cap": room, "lens": ffi.from_buffer("uint32_t[]", lens),
+            "out": ffi.from_buffer(blob), "cap": len(blob), "lens": ffi.from_buffer("uint32_t[]", lens),
             "created_ms": ffi.from_buffer("int64_t[]", created), "scope_ends": ffi.from_buffer("uint32_t[]", scope_ends),
             "doubles": self._doubles, "double_spans": self._spans, "doubles_cap": len(self._doubles)})
         args = (buf, *index, self._scopes, n_scopes, texts, ffi.from_buffer("uint32_t[]", ends),
