@@ -1,4 +1,4 @@
-/* OTLP log records from protobuf wire bytes straight to the bridge's JSON bodies.
+/* OTLP log records from protobuf wire bytes (or OTLP/JSON) straight to the bridge's JSON bodies.
  *
  * Why: reading a record out of upb's Python objects cost the bridge more than everything
  * else it does per record (a KeyValue and its AnyValue about 0.4 us each from Python;
@@ -11,7 +11,7 @@
  * Python path (records.py), which then answers as it always did: a key given twice in one
  * object, a singular message given twice (protobuf merges them), two members of
  * AnyValue's oneof in one value, a known field with another wire type, groups, nesting
- * deeper than MAX_DEPTH, a value out of its field's range, UTF-8 that is not well formed,
+ * deeper than MAX_NEST, a value out of its field's range, UTF-8 that is not well formed,
  * anything cut short. Finite doubles it does not format itself: it hands their values
  * back (LJ_OTLP_DOUBLES) and writes the text Python gives it (orjson's), so every byte
  * it writes is what records.py writes.

@@ -9,17 +9,18 @@ lengths, the shape `Batches.add_packed` hands to the device link without copying
 again. `engine.decode` (the records as dicts) rests on the same walk, so there is one
 mapping.
 
-Protobuf is read by native/otlp.c when it is built (LOGJAM_NATIVE): it walks the wire bytes
-and writes every record's body itself, with the text its scope shares mapped here, once per
-scope, by the same functions the Python walk uses; what it does not read exactly as upb
-does it declines, and the Python walk below (upb, then orjson) answers. OTLP/JSON is
-walked from orjson's document by json_doc.py, which hands anything outside the plain
-shapes real exporters send back to protobuf's own JSON parser (so its answers and its
-400s stay exactly protobuf's).
+A request is read by native/otlp.c when it is built (LOGJAM_NATIVE): it walks the protobuf
+wire bytes or the OTLP/JSON text and writes every record's body itself, with the text its
+scope shares mapped here, once per scope, by the same functions the Python walk uses; what
+it does not read exactly as upb and json_doc.py do it declines, and the Python walk below
+answers. That walk parses protobuf with upb; OTLP/JSON it walks from orjson's document by
+json_doc.py, which hands anything outside the plain shapes real exporters send back to
+protobuf's own JSON parser (so its answers and its 400s stay exactly protobuf's).
 """
 
 from __future__ import annotations
 
+import functools
 from array import array
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
@@ -78,7 +79,7 @@ def encode(body: bytes, *, json: bool, key: str, metadata: dict[str, Any],
     record's JSON object with `@metadata` = `metadata` and `_id` = `otlp:<key>:<index in the
     request>`, the same JSON as encoding the record's dict with that `@metadata`.
 
-    Protobuf goes to native/otlp.c when LOGJAM_NATIVE allows it and it was built (`native=False`:
+    The request goes to native/otlp.c when LOGJAM_NATIVE allows it and it was built (`native=False`:
     the Python walk whatever the switch says); anything it declines, to the Python walk."""
     meta = metadata_head(key, metadata)
     if native:
@@ -222,8 +223,7 @@ def _head(rec: Any) -> tuple[dict[str, Any], int]:
     return head, (t or o) // 1_000_000
 
 
-
-# -- protobuf in C (native/otlp.c)
+# -- in C (native/otlp.c)
 
 
 class _CWalk:
@@ -363,15 +363,12 @@ def _json_scope(body: bytes, s: Any) -> dict[str, Any]:
                              _json_value(body, s.schema_off, s.schema_len, ""))
 
 
-_c_walks: dict[str, _CWalk] = {}
-
-
 def _c_walk() -> _CWalk | None:
     """The C walk when LOGJAM_NATIVE allows it and it was built (the switch is read anew each time)."""
     built = _native.load(MODULE)
-    if built is None:
-        return None
-    walk_ = _c_walks.get(MODULE)
-    if walk_ is None:
-        walk_ = _c_walks[MODULE] = _CWalk(*built)
-    return walk_
+    return None if built is None else _c_walk_of(*built)
+
+
+@functools.cache
+def _c_walk_of(ffi: Any, lib: Any) -> _CWalk:
+    return _CWalk(ffi, lib)
