@@ -25,6 +25,7 @@ from importer import decode_native, variant
 from importer.batch import DEFAULT_BATCH_BYTES
 from importer.dedupe import DEFAULT_CAPACITY
 from importer.failures import describe
+from importer.health import FAILING_FOR
 from importer.metrics import ImporterMetrics
 from table.partitioning import DEFAULT_MAX_NEW_APP_ENVS
 from table.paths import OVERFLOW
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-rows", type=int, default=None, help="also cut a batch at this many rows (default: no limit)")
     p.add_argument("--write-timeout", type=float, default=120.0,
                    help="a Spark write pending this long is reported as stalled and retried (default 120 s)")
+    p.add_argument("--unhealthy-after", type=float, default=FAILING_FOR, metavar="SECONDS",
+                   help=f"writes failing this long in a row make /healthz unhealthy (default {FAILING_FOR:g} s, or "
+                        "--write-timeout if shorter)")
     p.add_argument("--max-new-app-envs", type=int, default=DEFAULT_MAX_NEW_APP_ENVS, metavar="N",
                    help="partitions one worker makes per date; further new streams that day go to app_env "
                         f"'{OVERFLOW}' with their name in original_app_env (default {DEFAULT_MAX_NEW_APP_ENVS})")

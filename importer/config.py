@@ -34,6 +34,7 @@ class ImporterConfig:
     batch_bytes: int
     batch_rows: int | None
     write_timeout: float
+    unhealthy_after: float  # --unhealthy-after: failing writes this long make /healthz unhealthy (importer/health.py)
     max_new_app_envs: int
     no_staging: bool
     metrics_port: int | None  # --metrics-port plus --metrics-port-offset; None: off
@@ -82,6 +83,8 @@ class ImporterConfig:
             raise ValueError("--retention-days must be 0 (keep everything) or positive")
         if args.write_timeout <= 0:
             raise ValueError("--write-timeout must be positive")
+        if args.unhealthy_after <= 0:
+            raise ValueError("--unhealthy-after must be positive")
         return from_flags(
             cls, args, subs=subs, own_devices=bool(args.own_devices), app_env=tuple(args.app_env or ()),
             metrics_port=args.metrics_port + args.metrics_port_offset if args.metrics_port else None,

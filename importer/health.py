@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from runtime.health import Check
 
-# Writes failing this long in a row (or --write-timeout, if shorter) make the worker unhealthy.
+# Writes failing this long in a row (or --write-timeout, if shorter) make the worker unhealthy: the
+# default of --unhealthy-after.
 FAILING_FOR = 10.0
 # A quarantine keeps /healthz unhealthy this long, so that a person or an alert sees it.
 QUARANTINE_WINDOW = 600.0
@@ -36,7 +37,7 @@ def worker_health(worker: "Worker") -> list[Check]:
     last_text = f"last write {now - last:.1f}s ago" if last is not None else "no write yet"
     waiting = (batch.rows if batch is not None else 0) + (writer.pending if writer is not None else 0)
     failing = writer.failing_since if writer is not None else None
-    if failing is not None and (now - failing > min(limit, FAILING_FOR) or writer.last_error is None):
+    if failing is not None and (now - failing > min(limit, worker.config.unhealthy_after) or writer.last_error is None):
         checks.append(Check("writes", False, f"writes failing for {now - failing:.0f}s: {writer.last_error}; "
                                              f"{last_text}"))
     elif started is not None and now - started > limit:

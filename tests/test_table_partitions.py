@@ -143,8 +143,10 @@ def test_writes_failing_for_every_stream_turn_healthz_unhealthy_and_land_once_me
                                                                                       tmp_path) -> None:
     warehouse = tmp_path / "wh"
     staging = warehouse / "messages" / "_staging" / "importer=0"
+    # --unhealthy-after 2: /healthz turns unhealthy after 2 s of failing writes instead of the default 10 s,
+    # so the cause is mended while the writer's retries are seconds apart, not at their 10 s cap.
     imp = Importer(device, spark_server.url, "--flush-interval", "0.5", "--write-timeout", "30",
-                   warehouse=warehouse)
+                   "--unhealthy-after", "2", warehouse=warehouse)
     try:
         imp.wait_ready(device)
         df = table(spark_server, warehouse)
@@ -245,8 +247,9 @@ def test_a_full_warehouse_disk_is_named_in_the_log_and_healthz_and_nothing_is_lo
 
     with small_tmpfs(tmp_path / "disk", "64m") as disk:
         warehouse = disk / "wh"
+        # --unhealthy-after 2: as in the failing-writes test above.
         imp = Importer(device, spark_server.url, "--flush-interval", "0.5", "--write-timeout", "30",
-                       *writes, warehouse=warehouse, state_dir=tmp_path / "state")
+                       "--unhealthy-after", "2", *writes, warehouse=warehouse, state_dir=tmp_path / "state")
         try:
             imp.wait_ready(device)
             df = table(spark_server, warehouse)
