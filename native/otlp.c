@@ -183,31 +183,35 @@ static void put_byte(writer_t *w, uint8_t c) {
 
 static const char HEX[] = "0123456789abcdef";
 
-/* A JSON string, escaped as orjson escapes: `"` and `\`, and control characters (\b \t \n
- * \f \r by name, the rest as \u00xx); everything else as it is. */
+/* Character c (a control character, `"` or `\\`) escaped as orjson escapes it at o: \b \t \n
+ * \f \r by name, `"` and `\\` after a backslash, the rest as \u00xx. Returns where it ends. */
+static uint8_t *escape(uint8_t *o, uint32_t c) {
+    *o++ = '\\';
+    switch (c) {
+    case '"': *o++ = '"'; break;
+    case '\\': *o++ = '\\'; break;
+    case '\b': *o++ = 'b'; break;
+    case '\t': *o++ = 't'; break;
+    case '\n': *o++ = 'n'; break;
+    case '\f': *o++ = 'f'; break;
+    case '\r': *o++ = 'r'; break;
+    default:
+        *o++ = 'u'; *o++ = '0'; *o++ = '0';
+        *o++ = HEX[c >> 4]; *o++ = HEX[c & 15];
+    }
+    return o;
+}
+
+/* A JSON string, escaped as orjson escapes: control characters, `"` and `\\`; everything
+ * else as it is. */
 static void put_str(writer_t *w, const uint8_t *s, uint32_t n) {
     if (!room(w, (size_t)n * 6 + 2)) return;
     uint8_t *p = w->p;
     *p++ = '"';
     for (uint32_t i = 0; i < n; i++) {
         uint8_t c = s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') {
-            *p++ = c;
-            continue;
-        }
-        *p++ = '\\';
-        switch (c) {
-        case '"': *p++ = '"'; break;
-        case '\\': *p++ = '\\'; break;
-        case '\b': *p++ = 'b'; break;
-        case '\t': *p++ = 't'; break;
-        case '\n': *p++ = 'n'; break;
-        case '\f': *p++ = 'f'; break;
-        case '\r': *p++ = 'r'; break;
-        default:
-            *p++ = 'u'; *p++ = '0'; *p++ = '0';
-            *p++ = HEX[c >> 4]; *p++ = HEX[c & 15];
-        }
+        if (c >= 0x20 && c != '"' && c != '\\') *p++ = c;
+        else p = escape(p, c);
     }
     *p++ = '"';
     w->p = p;
@@ -353,6 +357,21 @@ static int read_any(const uint8_t *p, const uint8_t *end, any_t *a) {
 
 static void put_value(writer_t *w, const any_t *a, int depth);
 
+/* The next key of an object being written: `,` after the first, the key, `:`. keys[*n]: the
+ * keys so far, as read (equal text, equal key: a key given twice is declined, -1, and so is
+ * a key past MAX_KEYS). json: the key is JSON string text already in orjson's spelling. */
+static int put_key(writer_t *w, span_t *keys, int *n, span_t key, int json) {
+    if (*n == MAX_KEYS) return -1;
+    for (int i = 0; i < *n; i++)
+        if (keys[i].n == key.n && memcmp(keys[i].p, key.p, key.n) == 0) return -1;
+    keys[*n] = key;
+    if ((*n)++) put_byte(w, ',');
+    if (json) put(w, key.p, key.n);
+    else put_str(w, key.p, key.n);
+    put_byte(w, ':');
+    return 0;
+}
+
 /* KeyValue pairs (the repeated field `field` of the message at [p, end)) as one JSON object;
  * a key given twice is declined (Python's dict keeps its first place and last value). */
 static void put_object(writer_t *w, const uint8_t *p, const uint8_t *end, uint32_t field, int depth) {
@@ -385,13 +404,7 @@ static void put_object(writer_t *w, const uint8_t *p, const uint8_t *end, uint32
                 goto bad;
             }
         }
-        if (n == MAX_KEYS) goto bad;
-        for (int i = 0; i < n; i++)
-            if (keys[i].n == key.n && memcmp(keys[i].p, key.p, key.n) == 0) goto bad;
-        keys[n] = key;
-        if (n++) put_byte(w, ',');
-        put_str(w, key.p, key.n);
-        put_byte(w, ':');
+        if (put_key(w, keys, &n, key, 0)) goto bad;
         any_t a = {K_NONE, 0, {NULL, 0}, {V_ABSENT, 0, NULL, NULL}};
         if (val.p && read_any(val.p, val.p + val.n, &a)) goto bad;
         put_value(w, &a, depth);
@@ -867,22 +880,8 @@ static void jput_str(writer_t *w, span_t s) {
         case 't': cp = '\t'; p += 2; break;
         default: cp = p[1]; p += 2; break;  /* " \ / */
         }
-        if (cp == '"' || cp == '\\') {
-            *o++ = '\\';
-            *o++ = (uint8_t)cp;
-        } else if (cp >= 0x20) {
-            o += lj_utf8_put(o, cp);
-        } else {
-            *o++ = '\\';
-            switch (cp) {
-            case '\b': *o++ = 'b'; break;
-            case '\t': *o++ = 't'; break;
-            case '\n': *o++ = 'n'; break;
-            case '\f': *o++ = 'f'; break;
-            case '\r': *o++ = 'r'; break;
-            default: *o++ = 'u'; *o++ = '0'; *o++ = '0'; *o++ = HEX[cp >> 4]; *o++ = HEX[cp & 15];
-            }
-        }
+        if (cp >= 0x20 && cp != '"' && cp != '\\') o += lj_utf8_put(o, cp);
+        else o = escape(o, cp);
     }
     *o++ = '"';
     w->p = o;
@@ -997,13 +996,7 @@ static void jput_object(writer_t *w, const uint8_t *arr, int depth) {
             key.p = f[1].s;
             key.n = (uint32_t)(f[1].e - f[1].s);
         }
-        if (n == MAX_KEYS) goto bad;
-        for (int i = 0; i < n; i++)
-            if (keys[i].n == key.n && memcmp(keys[i].p, key.p, key.n) == 0) goto bad;
-        keys[n] = key;
-        if (n++) put_byte(w, ',');
-        put(w, key.p, key.n);
-        put_byte(w, ':');
+        if (put_key(w, keys, &n, key, 1)) goto bad;
         any_t a = {K_NONE, 0, {NULL, 0}, {V_ABSENT, 0, NULL, NULL}};
         if (f[2].kind != V_ABSENT && jread_any(w->doc, f[2].s, &a)) goto bad;
         jput_member(w, &a, depth);

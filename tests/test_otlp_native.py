@@ -80,10 +80,11 @@ def mutate(body: bytes, data: st.DataObject) -> bytes:
     return bytes(out)
 
 
-def has_duplicate_keys(request: ExportLogsServiceRequest) -> bool:
-    """A key given twice in one record's attributes or one key-value list (the C declines those)."""
+def key_lists(request: ExportLogsServiceRequest) -> Any:
+    """The keys of each of the records' attribute lists and key-value lists (the resources' and
+    scopes' are Python's to map)."""
     def lists(kvs: Any) -> Any:
-        yield kvs
+        yield [kv.key for kv in kvs]
         for kv in kvs:
             yield from values_in(kv.value)
 
@@ -98,11 +99,18 @@ def has_duplicate_keys(request: ExportLogsServiceRequest) -> bool:
     for rl in request.resource_logs:
         for sl in rl.scope_logs:
             for rec in sl.log_records:
-                for kvs in [*lists(rec.attributes), *values_in(rec.body)]:
-                    keys = [kv.key for kv in kvs]
-                    if len(keys) != len(set(keys)):
-                        return True
-    return False
+                yield from lists(rec.attributes)
+                yield from values_in(rec.body)
+
+
+def has_duplicate_keys(request: ExportLogsServiceRequest) -> bool:
+    """A key given twice in one list (the C declines those)."""
+    return any(len(keys) != len(set(keys)) for keys in key_lists(request))
+
+
+def escaped_keys(request: ExportLogsServiceRequest) -> bool:
+    """A key that JSON writes with escapes (the C declines those in OTLP/JSON)."""
+    return any(c < " " or c in '"\\' for keys in key_lists(request) for key in keys for c in key)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -125,26 +133,6 @@ def test_mutated_and_cut_bytes_give_the_python_walks_answer_or_are_declined(
 @given(st.binary(max_size=64))
 def test_arbitrary_bytes_give_the_python_walks_answer_or_are_declined(body: bytes) -> None:
     check(c_walk(), body)
-
-
-def escaped_keys(request: ExportLogsServiceRequest) -> bool:
-    """A record's attribute key (or one in a key-value list) that JSON writes with escapes (the C declines those)."""
-    def keys(kvs: Any) -> Any:
-        for kv in kvs:
-            yield kv.key
-            yield from value_keys(kv.value)
-
-    def value_keys(v: AnyValue) -> Any:
-        kind = v.WhichOneof("value")
-        if kind == "kvlist_value":
-            yield from keys(v.kvlist_value.values)
-        elif kind == "array_value":
-            for x in v.array_value.values:
-                yield from value_keys(x)
-
-    return any(any(c < " " or c in '"\\' for c in key)
-               for rl in request.resource_logs for sl in rl.scope_logs for rec in sl.log_records
-               for key in [*keys(rec.attributes), *value_keys(rec.body)])
 
 
 def json_doc_takes(body: bytes) -> bool:
