@@ -8,6 +8,12 @@ STAMP  := $(VENV)/.installed
 NODE_DIR := tests/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 PYTEST_ARGS ?=
+# `make test` runs the suite in two pytest-xdist workers (the CI box has 2 cores; one pytest kept
+# about one of them busy). --dist loadgroup keeps the mesh tests in one worker and in their order
+# (tests/mesh_conftest_plugin.py, harness/xdist_groups.py); --no-loadscope-reorder hands groups out
+# in collection order, that longest group first, instead of those with the most tests first.
+# PYTEST_XDIST= runs it in one process.
+PYTEST_XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: test test-native up down status check java venv node-clients syslog-clients bench clean
 
@@ -69,7 +75,7 @@ syslog-clients:
 # under LOGJAM_NATIVE=require and off (tests/conftest.py native_mode, or both paths compared in
 # one test), whatever LOGJAM_NATIVE the run has (CI: require).
 test: java $(STAMP) node-clients syslog-clients
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # Just the native-sensitive tests (marker `native`), once: each covers both paths itself.
 test-native: $(STAMP) node-clients
