@@ -1,5 +1,6 @@
-/* The JSON text helpers native/variant.c and native/decode.c share: both read JSON exactly
- * as strictly (RFC 8259, well-formed UTF-8), so they read its escapes and UTF-8 one way.
+/* The JSON text helpers the C modules share: native/variant.c and native/decode.c read JSON
+ * exactly as strictly (RFC 8259, well-formed UTF-8), so they read its escapes and UTF-8 one
+ * way; native/otlp.c and native/syslog.c write strings as orjson does, so they escape one way.
  * Header-only (static inline): no module of its own. */
 #pragma once
 
@@ -46,4 +47,25 @@ static inline size_t lj_utf8_put(uint8_t *out, uint32_t cp) {
     out[0] = 0xF0 | (cp >> 18); out[1] = 0x80 | ((cp >> 12) & 0x3F); out[2] = 0x80 | ((cp >> 6) & 0x3F);
     out[3] = 0x80 | (cp & 0x3F);
     return 4;
+}
+
+/* A byte orjson escapes in a string (a C0 control, `"` or `\\`), written at o as orjson writes
+ * it: \b \t \n \f \r by name, `"` and `\\` after a backslash, the rest as \u00xx (lowercase
+ * hex). Returns where it ends (at most 6 bytes on). */
+static inline uint8_t *lj_json_escape(uint8_t *o, uint8_t c) {
+    static const char hex[] = "0123456789abcdef";
+    *o++ = '\\';
+    switch (c) {
+    case '"': *o++ = '"'; break;
+    case '\\': *o++ = '\\'; break;
+    case '\b': *o++ = 'b'; break;
+    case '\t': *o++ = 't'; break;
+    case '\n': *o++ = 'n'; break;
+    case '\f': *o++ = 'f'; break;
+    case '\r': *o++ = 'r'; break;
+    default:
+        *o++ = 'u'; *o++ = '0'; *o++ = '0';
+        *o++ = (uint8_t)hex[c >> 4]; *o++ = (uint8_t)hex[c & 15];
+    }
+    return o;
 }

@@ -183,25 +183,6 @@ static void put_byte(writer_t *w, uint8_t c) {
 
 static const char HEX[] = "0123456789abcdef";
 
-/* Character c (a control character, `"` or `\\`) escaped as orjson escapes it at o: \b \t \n
- * \f \r by name, `"` and `\\` after a backslash, the rest as \u00xx. Returns where it ends. */
-static uint8_t *escape(uint8_t *o, uint32_t c) {
-    *o++ = '\\';
-    switch (c) {
-    case '"': *o++ = '"'; break;
-    case '\\': *o++ = '\\'; break;
-    case '\b': *o++ = 'b'; break;
-    case '\t': *o++ = 't'; break;
-    case '\n': *o++ = 'n'; break;
-    case '\f': *o++ = 'f'; break;
-    case '\r': *o++ = 'r'; break;
-    default:
-        *o++ = 'u'; *o++ = '0'; *o++ = '0';
-        *o++ = HEX[c >> 4]; *o++ = HEX[c & 15];
-    }
-    return o;
-}
-
 /* A JSON string, escaped as orjson escapes: control characters, `"` and `\\`; everything
  * else as it is. */
 static void put_str(writer_t *w, const uint8_t *s, uint32_t n) {
@@ -211,7 +192,7 @@ static void put_str(writer_t *w, const uint8_t *s, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         uint8_t c = s[i];
         if (c >= 0x20 && c != '"' && c != '\\') *p++ = c;
-        else p = escape(p, c);
+        else p = lj_json_escape(p, c);
     }
     *p++ = '"';
     w->p = p;
@@ -881,7 +862,7 @@ static void jput_str(writer_t *w, span_t s) {
         default: cp = p[1]; p += 2; break;  /* " \ / */
         }
         if (cp >= 0x20 && cp != '"' && cp != '\\') o += lj_utf8_put(o, cp);
-        else o = escape(o, cp);
+        else o = lj_json_escape(o, (uint8_t)cp);
     }
     *o++ = '"';
     w->p = o;

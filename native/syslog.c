@@ -47,27 +47,6 @@ static uint8_t *put(uint8_t *o, const void *s, size_t n)
 
 #define PUT(o, lit) put((o), (lit), sizeof(lit) - 1)
 
-/* One byte as orjson escapes it: the short forms where JSON has one, else \u00XX (lowercase). */
-static uint8_t *esc_byte(uint8_t *o, uint8_t c)
-{
-    static const char hex[] = "0123456789abcdef";
-    *o++ = '\\';
-    switch (c) {
-    case '"': *o++ = '"'; break;
-    case '\\': *o++ = '\\'; break;
-    case '\b': *o++ = 'b'; break;
-    case '\t': *o++ = 't'; break;
-    case '\n': *o++ = 'n'; break;
-    case '\f': *o++ = 'f'; break;
-    case '\r': *o++ = 'r'; break;
-    default:
-        o = PUT(o, "u00");
-        *o++ = (uint8_t)hex[c >> 4];
-        *o++ = (uint8_t)hex[c & 15];
-    }
-    return o;
-}
-
 /* Well-formed UTF-8 as a JSON string's inside, as orjson writes it: non-ASCII as is. */
 static uint8_t *esc(uint8_t *o, const uint8_t *s, size_t n)
 {
@@ -77,7 +56,7 @@ static uint8_t *esc(uint8_t *o, const uint8_t *s, size_t n)
         while (run < n && !ESCAPED[s[run]]) run++;
         o = put(o, s + i, run - i);
         if (run == n) break;
-        o = esc_byte(o, s[run]);
+        o = lj_json_escape(o, s[run]);
         i = run + 1;
     }
     return o;
@@ -101,7 +80,7 @@ static uint8_t *sd_value(uint8_t *o, span v)
         if (c == '\\' && i + 1 < v.n && (v.p[i + 1] == '"' || v.p[i + 1] == '\\' || v.p[i + 1] == ']'))
             c = v.p[++i];
         if (ESCAPED[c])
-            o = esc_byte(o, c);
+            o = lj_json_escape(o, c);
         else
             *o++ = c;
     }
