@@ -151,6 +151,19 @@ def _each_step(limit: int = 200):
     raise AssertionError(f"an operation of more than {limit} steps")
 
 
+def _whole_or_absent(t: Table, seqs: range, landed: list[range], at: int) -> None:
+    """After a commit killed at step `at` and the recovery: its batch `seqs` whole or absent (appended to `landed`
+    when whole), every batch landed before once, nothing left aside."""
+    seen = t.seen()
+    count, distinct = seen.counts(seqs)
+    assert count == distinct and count in (0, len(seqs)), f"killed at step {at}: {count} of {len(seqs)}"
+    if count:
+        landed.append(seqs)
+    for done in landed:
+        assert seen.counts(done) == (len(done), len(done)), f"killed at step {at}"
+    t.assert_clean()
+
+
 def test_a_commit_killed_at_every_step_is_whole_or_absent_after_recovery(spark_server, tmp_path) -> None:
     t = Table(spark_server, tmp_path)
     before = t.land({"a-prod": 20})
@@ -167,14 +180,7 @@ def test_a_commit_killed_at_every_step_is_whole_or_absent_after_recovery(spark_s
             assert at > 6 and t.counts(seqs) == (len(seqs), len(seqs))
             break
         t.recover()
-        seen = t.seen()
-        count, distinct = seen.counts(seqs)
-        assert count == distinct and count in (0, len(seqs)), f"killed at step {at}: {count} of {len(seqs)}"
-        if count:
-            landed.append(seqs)
-        for done in landed:
-            assert seen.counts(done) == (len(done), len(done)), f"killed at step {at}"
-        t.assert_clean()
+        _whole_or_absent(t, seqs, landed, at)
 
 
 def test_a_commit_killed_at_every_step_while_a_swap_moves_the_catalog_is_whole_or_absent(spark_server,
@@ -199,14 +205,7 @@ def test_a_commit_killed_at_every_step_while_a_swap_moves_the_catalog_is_whole_o
         cp.resume(child)
         assert protocol.read_marker(t.pdir("a-prod")).state == "done"
         t.recover()
-        seen = t.seen()
-        count, distinct = seen.counts(seqs)
-        assert count == distinct and count in (0, len(seqs)), f"killed at step {at}: {count} of {len(seqs)}"
-        if count:
-            landed.append(seqs)
-        for done in landed:
-            assert seen.counts(done) == (len(done), len(done)), f"killed at step {at}"
-        t.assert_clean()
+        _whole_or_absent(t, seqs, landed, at)
         if not killed:
             break
 
