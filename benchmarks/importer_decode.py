@@ -1,14 +1,23 @@
 """Importer CPU per message for its receive -> decode -> batch path, without sockets or Spark.
 
 e2e-like messages (benchmarks/e2e.py's events as the Lumberjack bridge maps them: about
-400 bytes of JSON with `@metadata` and its `_id`) are laid out as the SUB drain hands them
-over (`logjam.raw.RawBatch`, 4096 messages a chunk) and fed to a real `Receiver` with a
-`Sequencer` (one device, in order), a `GroupCommit` and a deduplicating `BatchBuilder`;
-batches are cut as the worker cuts them, into Arrow tables. What is timed is the process's
-CPU time for all of it. The drain itself, the commit to Spark and the checkpoint are not
-in it (native/sub_drain.c and importer/write.py have their own numbers).
+400 bytes of JSON with `@metadata` and its `_id`, spread over `--streams` streams) are laid
+out as the SUB drain hands them over (`logjam.raw.RawBatch`, 4096 messages a chunk, the
+chunks alternating between `--devices` devices, as e2e's two devices) and fed to a real
+`Receiver` with a `Sequencer` (in order), a `GroupCommit` and a deduplicating
+`BatchBuilder`; batches are cut as the worker cuts them, into Arrow tables. What is timed is
+the process's CPU time for all of it. With --place each batch then goes the way the
+importer's commit takes it to the table's files (importer/commit.py `TableTarget.append`
+without the catalog: sorted, `doc` encoded, one Parquet file per partition staged, fsynced
+and renamed, importer/place.py) into a temporary root, so the number is SUB frames to placed
+file. The drain itself (native/sub_drain.c) and the Spark catalog calls are not in it.
 
-Usage: LOGJAM_NATIVE=off|auto python benchmarks/importer_decode.py [--messages N] [--rounds R] [--profile]
+--compare runs each LOGJAM_NATIVE setting (require, off) in a process of its own and prints
+them together; --tree DIR imports the importer from another checkout (with its C modules
+built in place), to compare a change with the code before it in the same hour.
+
+Usage: LOGJAM_NATIVE=off|auto python benchmarks/importer_decode.py [--messages N] [--rounds R] [--place]
+           [--compare] [--tree DIR] [--profile]
 """
 
 from __future__ import annotations
@@ -17,97 +26,163 @@ import argparse
 import array
 import os
 import random
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# --tree: the checkout whose importer is measured (this one unless told).
+_TREE = sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv[:-1] else str(Path(__file__).resolve().parent.parent)
+sys.path.insert(0, _TREE)
 
 import zmq  # noqa: E402
 
 from harness.lumberjack_load import body  # noqa: E402
 from importer.batch import GroupCommit  # noqa: E402
+from importer.commit import _SORT  # noqa: E402
 from importer.checkpoint import Position  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
 from importer.decode_native import NativeBatchBuilder  # noqa: E402
 from importer.dedupe import RecentKeys  # noqa: E402
 from importer.metrics import ImporterMetrics  # noqa: E402
+from importer.place import place  # noqa: E402
 from importer.receive import Receiver  # noqa: E402
 from importer.report import GapReport, Tally  # noqa: E402
 from importer.sequence import Ledger, Sequencer  # noqa: E402
 from importer.split import StreamFilter  # noqa: E402
+from importer.variant import DocEncoder  # noqa: E402
 from logjam.raw import RawBatch  # noqa: E402
+from table.schema import DOC_COLUMN  # noqa: E402
 
 CHUNK = 4096
 
 
-def chunks(n: int) -> list[RawBatch]:
+def chunks(n: int, devices: int = 1, streams: int = 4) -> list[RawBatch]:
+    """`n` messages in chunks of CHUNK, chunk j from device j % devices + 1, each device's seqs in order."""
     rnd = random.Random(7)
     out = []
-    for first in range(0, n, CHUNK):
+    seq = dict.fromkeys(range(1, devices + 1), 0)
+    for j, first in enumerate(range(0, n, CHUNK)):
+        device = j % devices + 1
         parts, pos, meta = [], array.array("I"), array.array("Q")
         at = 0
         for k in range(first, min(n, first + CHUNK)):
-            frames = (f"shop{k % 4}-prod".encode(), b"logs", body(rnd, k))
+            frames = (f"shop{k % streams}-prod".encode(), b"logs", body(rnd, k))
             for f in frames:
                 parts.append(f)
                 pos.extend((at, len(f)))
                 at += len(f)
-            meta.extend((0, 1, 1_795_000_000_000 + k, k + 1))
-        out.append(RawBatch("tcp://127.0.0.1:1", b"".join(parts), pos, meta, len(meta) // 4))
+            seq[device] += 1
+            meta.extend((0, device, 1_795_000_000_000 + k, seq[device]))
+        out.append(RawBatch(f"tcp://127.0.0.1:{device}", b"".join(parts), pos, meta, len(meta) // 4))
     return out
 
 
-def run(batches: list[RawBatch], keep: list | None = None) -> tuple[float, int]:
-    """CPU seconds for the receive -> decode -> batch path over `batches`, and the rows it made
-    (the batches' tables go to `keep` when given)."""
+class Placer:
+    """The importer's local commit of a batch's rows without the catalog: sort, encode `doc`, place."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="lj-bench-place-"))
+        self.doc = DocEncoder.load()
+        self.n = 0
+
+    def __call__(self, table) -> None:  # type: ignore[no-untyped-def]
+        rows = table.sort_by(_SORT)
+        self.n += 1
+        place(rows.append_column(DOC_COLUMN, self.doc.column(rows)), self.dir / "staging", self.dir / "root",
+              f"b{self.n}", _mkdirs)
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _mkdirs(dirs: list[Path]) -> None:
+    """What registering a partition leaves for `place`: its directory (the catalog is not in this benchmark)."""
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+
+
+def run(batches: list[RawBatch], keep: list | None = None, placer: Placer | None = None) -> tuple[float, int]:
+    """CPU seconds for the receive -> decode -> batch path over `batches` (and the placing of each
+    batch, given a `placer`), and the rows it made (the batches' tables go to `keep` when given)."""
     metrics = ImporterMetrics(0)
-    ledger = Ledger({1: Position("j1", 0)})
+    devices = sorted({raw.meta[1] for raw in batches})
+    endpoints = {d: f"tcp://127.0.0.1:{d}" for d in devices}
+    ledger = Ledger({d: Position(f"j{d}", 0) for d in devices})
     ctx = zmq.Context()
-    sequencer = Sequencer(ledger, metrics, context=ctx, device_endpoint={1: "tcp://127.0.0.1:1"}, replay_port=1,
+    sequencer = Sequencer(ledger, metrics, context=ctx, device_endpoint=dict(endpoints), replay_port=1,
                           replay_timeout=1.0, stopping=lambda: False)
     native = NativeBatchBuilder.load(dedupe=RecentKeys())
     group = GroupCommit(native if native is not None else BatchBuilder(dedupe=RecentKeys()), flush_interval=1.0)
-    receiver = Receiver(group, StreamFilter(), Tally(), GapReport(metrics), sequencer, {1: "tcp://127.0.0.1:1"})
+    receiver = Receiver(group, StreamFilter(), Tally(), GapReport(metrics), sequencer, dict(endpoints))
     rows = 0
+
+    def cut() -> int:
+        batch = group.cut(None)
+        if batch is None:
+            return 0
+        if keep is not None:
+            keep.append(batch.table)
+        if placer is not None:
+            placer(batch.table)
+        return batch.rows
+
     start = time.process_time()
     for raw in batches:
         receiver.receive([raw], lambda: False)
         if group.rows >= 65536:
-            cut = group.cut(None)
-            rows += cut.rows if cut else 0
-            if keep is not None and cut:
-                keep.append(cut.table)
-    cut = group.cut(None)
-    rows += cut.rows if cut else 0
-    if keep is not None and cut:
-        keep.append(cut.table)
+            rows += cut()
+    rows += cut()
     spent = time.process_time() - start
     ctx.term()
     return spent, rows
+
+
+def compare(argv: list[str]) -> None:
+    """This benchmark once per LOGJAM_NATIVE setting, each in a process of its own."""
+    rest = [a for a in argv if a != "--compare"]
+    for setting in ("require", "off"):
+        env = dict(os.environ, LOGJAM_NATIVE=setting)
+        subprocess.run([sys.executable, __file__, *rest], env=env, check=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--place", action="store_true", help="also sort, encode doc and place each batch's files")
+    ap.add_argument("--compare", action="store_true", help="LOGJAM_NATIVE=require and off, one process each")
+    ap.add_argument("--tree", help="the checkout whose importer is measured (default: this one)")
     ap.add_argument("--profile", action="store_true", help="one round under cProfile, top 25 by own time")
     args = ap.parse_args()
-    batches = chunks(args.messages)
-    if args.profile:
-        import cProfile
-        import pstats
-        prof = cProfile.Profile()
-        prof.runcall(run, batches)
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    if args.compare:
+        compare(sys.argv[1:])
         return
-    per = []
-    for _ in range(args.rounds):
-        spent, rows = run(batches)
-        assert rows == args.messages, (rows, args.messages)
-        per.append(spent / rows * 1e6)
-    print(f"LOGJAM_NATIVE={os.environ.get('LOGJAM_NATIVE', 'auto')}: {args.messages} messages x {args.rounds}: "
-          f"CPU per message min {min(per):.2f} us, median {sorted(per)[len(per) // 2]:.2f} us "
+    batches = chunks(args.messages, args.devices, args.streams)
+    placer = Placer() if args.place else None
+    try:
+        if args.profile:
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.runcall(run, batches, None, placer)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+            return
+        per = []
+        for _ in range(args.rounds):
+            spent, rows = run(batches, None, placer)
+            assert rows == args.messages, (rows, args.messages)
+            per.append(spent / rows * 1e6)
+    finally:
+        if placer is not None:
+            placer.close()
+    print(f"LOGJAM_NATIVE={os.environ.get('LOGJAM_NATIVE', 'auto')}{' --place' if args.place else ''} "
+          f"[{_TREE}]: {args.messages} messages ({args.devices} devices, {args.streams} streams) x {args.rounds}: "
+          f"CPU per event min {min(per):.2f} us, median {sorted(per)[len(per) // 2]:.2f} us "
           f"({', '.join(f'{p:.2f}' for p in per)})")
 
 
