@@ -14,10 +14,11 @@ The same rows are built twice, into two tables: `month`, laid out as this build 
 timestamps, that build's default, in the reference's own Spark session).
 
 The three lookups of one id go, on `month`, through the product's path, `tools/trace.py`'s
-`lookup` (what `logjam-sql --trace` runs): the lookup index of closed days
-(table/lookup_index.py, built by the maintenance passes) rules partitions out before Spark
-plans; on `month_845b5a7` they are the plain SQL, as that build ran them. The index's build
-time (all closed days from their files, in this process) and bytes are printed.
+`lookup` (what `logjam-sql --trace` runs): the lookup index (table/lookup_index.py, built by
+the maintenance passes) rules files out before Spark plans; on `month_845b5a7` they are the
+plain SQL, as that build ran them. The index's build time (every day from its files, in this
+process) and bytes are printed, and a maintenance pass's refresh CPU: with nothing new, and
+with the open day's files all new.
 
 With `--keep DIR` the warehouse and the metastore stay in DIR, and a rerun with the same
 sizes only queries. Each query runs `--repeat` times on each table (the first run warms
@@ -55,7 +56,6 @@ from table.catalog import ensure_table, table_location  # noqa: E402
 from table.layout import Layout  # noqa: E402
 from table.paths import local_path  # noqa: E402
 from tools import trace  # noqa: E402
-from warehouse.compaction import is_closed  # noqa: E402
 from warehouse.maintenance import MaintenanceConfig, maintenance_pass  # noqa: E402
 from harness.cpu import tree_cpu_seconds  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
@@ -191,13 +191,27 @@ def best_lookup(spark: Any, sql: str, location: str, repeat: int) -> tuple[float
     return best, rows
 
 
-def index_build(location: str) -> tuple[float, int, int]:
-    """Every closed day's lookup index built anew from its files: (seconds, days, bytes)."""
+def index_build(location: str, today: str, rows: int) -> list[str]:
+    """The lookup index built anew from every day's files, then what a maintenance pass's refresh costs:
+    with nothing new, and with the open day's every file new (its worst case); lines to print."""
     table_dir = local_path(location)
     assert table_dir is not None
-    t = time.perf_counter()
-    done = lookup_index.refresh(table_dir, lambda date: is_closed(date, 0), force=True)
-    return time.perf_counter() - t, done.days, done.bytes
+
+    def timed(**kw: Any) -> tuple[float, float, lookup_index.Refreshed]:
+        t, cpu = time.perf_counter(), time.process_time()
+        done = lookup_index.refresh(table_dir, **kw)
+        return time.perf_counter() - t, time.process_time() - cpu, done
+
+    seconds, cpu, done = timed(force=True)
+    lines = [f"lookup index: {done.days} days ({done.built} files) built from their files in {seconds:.1f} s, "
+             f"{cpu:.1f} s CPU ({cpu * 1e6 / rows:.2f} us a row), {done.bytes / 2**20:.1f} MiB "
+             f"({done.bytes / rows:.2f} bytes a row)"]
+    _, idle, _ = timed()
+    lookup_index.index_path(table_dir, today).unlink()
+    _, fresh, done = timed()
+    lines.append(f"lookup index refresh of a pass: {idle * 1e3:.0f} ms CPU with nothing new, {fresh * 1e3:.0f} ms "
+                 f"with the open day's {done.built} files all new")
+    return lines
 
 
 def session(url: str, database: str) -> Any:
@@ -242,9 +256,8 @@ def run(url: str, base: Path, args: argparse.Namespace) -> int:
             "DAY": days[len(days) // 2].isoformat()}
     spark = sessions["month"]
     location = table_location(spark, "month")
-    seconds, indexed, size = index_build(location)
-    print(f"  lookup index: {indexed} closed days built from their files in {seconds:.1f} s "
-          f"({seconds * 1e6 / args.rows:.2f} us a row), {size / 2**20:.1f} MiB ({size / args.rows:.2f} bytes a row)")
+    for line in index_build(location, now.date().isoformat(), args.rows):
+        print("  " + line)
     missed = 0
     for name, sql, target, lookup in QUERIES:
         if lookup:

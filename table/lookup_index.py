@@ -1,23 +1,28 @@
-"""The lookup index: which partitions of a closed day may hold one request id, trace id or event id.
+"""The lookup index: which files of the table may hold one request id, trace id or event id.
 
 A lookup of one id across a month (`logjam-sql --trace`, tools/trace.py) would otherwise have
 Spark open every file's footer and bloom filters, about 1,200 files for 30 days of 40
-streams: seconds on a small machine. The index answers first which partitions can hold the
-id, so Spark plans only those (docs/schema.md, "The lookup index").
+streams: seconds on a small machine. The index answers first which files can hold the id,
+so Spark plans only those (docs/schema.md, "The lookup index"); table/lookup_plan.py is the
+lookup's side.
 
-- **What**: per closed day one file, `<table>/_lookup/date=<YYYY-MM-DD>.idx` (a name
-  starting with `_`, which no Spark reader of the table lists), holding per partition
-  `(importer, app_env)` a split-block bloom filter of the values of LOOKUP_COLUMNS in its
-  files, each value tagged with its column, and the names of the live files it was built
-  from. A probe reads one 32-byte block of each filter through mmap: a few pages a day.
-- **No false negatives**: a partition is left out of a lookup only when its live files now
-  are exactly those its filter was built from and the filter says no. Files placed late
-  into a closed day, a merge, retention, a torn marker, a day's file that does not parse:
-  each makes the partition (or the day) unindexed, and an unindexed partition is queried.
-  Open days are never indexed.
+- **What**: per day one file, `<table>/_lookup/date=<YYYY-MM-DD>.idx` (a name starting with
+  `_`, which no Spark reader of the table lists), holding per data file of the day's
+  partitions a split-block bloom filter of its values of LOOKUP_COLUMNS, each value tagged
+  with its column, under the file's partition `(importer, app_env)`, name, size and mtime.
+  A probe reads one 32-byte block of each filter through mmap: a few pages a day.
+- **Per file, every day**: files never change once placed (an importer's, a merge's output;
+  a merge replaces files by new ones with new names), so a file's filter, once built, stays
+  true while a file of that name, size and mtime is live. A refresh hashes only the files it
+  has no filter for: the open day, where the importers place files all day, is indexed too.
+- **No false negatives**: a file is left out of a lookup only when a filter built from a
+  file of its name, size and mtime says no. A file without one (placed after the last
+  refresh, a merge's output not yet indexed) is searched; a partition whose live files are
+  not known without the lock (a swap under way, a torn marker, a drop) is searched whole;
+  a day's file that does not parse is ignored and the day searched whole.
 - **When**: `refresh` after a maintenance pass (warehouse/maintenance.py), under the table's
-  compaction lock: it rebuilds a closed day's file when any of its partitions changed,
-  reusing the filters of those that did not, and removes the files of days retention took.
+  compaction lock: a day's file is rewritten when its live files differ from its entries,
+  with the filters of the files still live kept, and removed when retention took the day.
   A file is replaced with runtime/durable.py's `replace_file`: a kill leaves the old or new.
 
 Why a filter of our own and not a package's: a probe must touch one block of a filter
@@ -39,7 +44,7 @@ import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -53,13 +58,12 @@ from table.marker import MARKER, TornMarker, read_marker
 from table.partition_files import importer_roots
 from table.paths import NAME_FILE, unescape_partition_value
 from table.protocol import DROPPING, PartitionRef
-from table.schema import sql_string
 
 log = logging.getLogger(__name__)
 
 INDEX_DIR = "_lookup"
 SUFFIX = ".idx"
-MAGIC = b"LJLKIDX1"
+MAGIC = b"LJLKIDX2"  # 1 held a filter per partition
 _PREFIX = struct.Struct("<8sII")  # magic, header length, header CRC-32
 HASH = "fnv1a64-sbbf"  # named in each file: a file of another hash is not read
 BLOCK = 32  # bytes of one split block: 8 little-endian 32-bit words
@@ -149,16 +153,30 @@ def may_hold(filt: memoryview | bytes, h: int) -> bool:
 
 # -- a day's file ----------------------------------------------------------------------------------------------------
 
+# A live file as a lookup sees it: its path relative to the partition's dir -> (size, mtime in ns).
+Live = Mapping[str, tuple[int, int]]
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One partition's filter in a day's file: the files it was built from, where its bits lie."""
+    """One data file's filter in a day's file: which file it was built from, the columns, where its bits lie."""
 
     importer: int
     app_env: str
-    files: tuple[str, ...]
+    name: str  # the file's name (without its directory: a stray keeps it when moved into `_compacted-<gen>/`)
+    file_size: int
+    mtime_ns: int
     columns: tuple[str, ...]
     offset: int
-    size: int
+    length: int
+
+    @property
+    def key(self) -> tuple[int, str, str]:
+        return self.importer, self.app_env, self.name
+
+    def describes(self, signature: tuple[int, int], columns: Iterable[str]) -> bool:
+        """Whether this filter is the one of a live file of this name with `signature`, holding `columns`."""
+        return (self.file_size, self.mtime_ns) == signature and set(columns) <= set(self.columns)
 
 
 def index_path(table_dir: Path, date: str) -> Path:
@@ -170,22 +188,24 @@ def _body_start(header_length: int) -> int:
     return -(-(_PREFIX.size + header_length) // BLOCK) * BLOCK
 
 
-def encode_day(date: str, filters: Sequence[tuple[int, str, tuple[str, ...], tuple[str, ...], bytes]]) -> bytes:
-    """The bytes of a day's file: prefix, header (JSON, CRC-checked), then each filter block-aligned."""
+def encode_day(date: str, filters: Sequence[tuple[Entry, bytes]]) -> bytes:
+    """The bytes of a day's file: prefix, header (JSON, CRC-checked), then each filter block-aligned
+    (the entries' offset and length are set here)."""
     entries, offset = [], 0
-    for importer, app_env, files, columns, bits in filters:
-        entries.append({"importer": importer, "app_env": app_env, "files": list(files), "columns": list(columns),
-                        "offset": offset, "size": len(bits)})
+    for e, bits in filters:
+        entries.append([e.importer, e.app_env, e.name, e.file_size, e.mtime_ns, list(e.columns), offset, len(bits)])
         offset += len(bits)
-    header = {"date": date, "hash": HASH, "bits_per_value": BITS_PER_VALUE, "parts": entries}
+    header = {"date": date, "hash": HASH, "bits_per_value": BITS_PER_VALUE,
+              "fields": ["importer", "app_env", "name", "file_size", "mtime_ns", "columns", "offset", "length"],
+              "files": entries}
     raw = json.dumps(header, separators=(",", ":")).encode()
     prefix = _PREFIX.pack(MAGIC, len(raw), zlib.crc32(raw))
     pad = b"\0" * (_body_start(len(raw)) - len(prefix) - len(raw))
-    return b"".join([prefix, raw, pad, *(f[4] for f in filters)])
+    return b"".join([prefix, raw, pad, *(bits for _, bits in filters)])
 
 
 class DayIndex:
-    """A day's file, mapped: its entries by (importer, app_env), probed without reading the filters whole."""
+    """A day's file, mapped: its entries by (importer, app_env, name), probed without reading the filters whole."""
 
     def __init__(self, path: Path) -> None:
         with open(path, "rb") as f:
@@ -197,25 +217,25 @@ class DayIndex:
             magic, length, crc = _PREFIX.unpack_from(self._map, 0)
             raw = self._map[_PREFIX.size: _PREFIX.size + length]
             if magic != MAGIC or len(raw) != length or zlib.crc32(raw) != crc:
-                raise TornIndex(f"{path}: not an index, or torn")
+                raise TornIndex(f"{path}: not an index of this version, or torn")
             header = json.loads(raw)
             start = _body_start(length)
-            expected = start + sum(int(p["size"]) for p in header["parts"])
+            expected = start + sum(int(e[7]) for e in header["files"])
             if header.get("hash") != HASH or expected != size:  # a file cut short, or of another hash
                 raise TornIndex(f"{path}: hash {header.get('hash')!r}, {size} bytes of {expected}")
-            self.entries = {(int(p["importer"]), str(p["app_env"])): Entry(
-                int(p["importer"]), str(p["app_env"]), tuple(p["files"]), tuple(p["columns"]),
-                start + int(p["offset"]), int(p["size"])) for p in header["parts"]}
+            entries = (Entry(int(i), str(a), str(n), int(s), int(m), tuple(c), start + int(o), int(n_))
+                       for i, a, n, s, m, c, o, n_ in header["files"])
+            self.entries = {e.key: e for e in entries}
         except TornIndex:
             self.close()
             raise
-        except (ValueError, TypeError, KeyError, struct.error) as e:
+        except (ValueError, TypeError, KeyError, IndexError, struct.error) as e:
             self.close()
             raise TornIndex(f"{path}: {e}") from e
         self._view = memoryview(self._map)
 
     def filter(self, entry: Entry) -> memoryview:
-        return self._view[entry.offset: entry.offset + entry.size]
+        return self._view[entry.offset: entry.offset + entry.length]
 
     def raw(self, entry: Entry) -> bytes:
         return bytes(self.filter(entry))
@@ -241,15 +261,16 @@ def open_day(table_dir: Path, date: str) -> DayIndex | None:
 
 # -- the live files of a partition -----------------------------------------------------------------------------------
 
-def live_set(pdir: Path) -> tuple[str, ...] | None:
-    """The data files a reader of the partition sees now, and the strays about to join them, relative
-    to its dir; None when that is not known without the lock (a swap under way, a torn marker, a drop).
+def live_files(pdir: Path) -> dict[str, tuple[int, int]] | None:
+    """The data files a reader of the partition sees now, and the strays about to join them (relative to its
+    dir), each with its (size, mtime_ns); None when that is not known without the lock (a swap under way, a
+    torn marker, a drop).
 
     Listed with os.scandir, not table/partition_files.py's pathlib walk: a lookup lists every
-    partition of a month (1,200 dirs), and pathlib's stat per entry was 0.15 s of it. The rule
+    partition of a month (1,200 dirs); one stat a data file (for its size and mtime). The rule
     is that module's: names starting with `_` or `.` are not data."""
     try:
-        names = _data_names(pdir)
+        names = _listing(pdir)
     except FileNotFoundError:
         return None
     if DROPPING in names:
@@ -258,24 +279,38 @@ def live_set(pdir: Path) -> tuple[str, ...] | None:
         marker = read_marker(pdir) if MARKER in names else None
     except TornMarker:
         return None
-    files = [n for n, is_file in names.items() if is_file and not n.startswith(("_", "."))]
-    if marker is None:
-        return None if (pdir / MARKER).exists() else tuple(sorted(files))  # a swap began meanwhile
-    if marker.state != "done":
+    if marker is None and (pdir / MARKER).exists():
+        return None  # a swap began meanwhile
+    if marker is not None and marker.state != "done":
         return None
-    loc = marker.location
+    live = {}
     try:
-        inside = _data_names(pdir / loc)
-    except FileNotFoundError:
+        if marker is not None:
+            live = {f"{marker.location}/{n}": _signature(e) for n, e in _listing(pdir / marker.location).items()
+                    if _is_data(n, e)}
+        live.update((n, _signature(e)) for n, e in names.items()
+                    if _is_data(n, e) and (marker is None or n not in marker.retire))
+    except FileNotFoundError:  # a file or the generation's dir deleted meanwhile: not known now
         return None
-    live = [f"{loc}/{n}" for n, is_file in inside.items() if is_file and not n.startswith(("_", "."))]
-    return tuple(sorted(live + [n for n in files if n not in marker.retire]))
+    return dict(sorted(live.items()))
 
 
-def _data_names(directory: Path) -> dict[str, bool]:
-    """Every name in `directory`, and whether it is a regular file (from the directory entry's type)."""
+def _listing(directory: Path) -> dict[str, os.DirEntry]:
     with os.scandir(directory) as entries:
-        return {e.name: e.is_file() for e in entries}
+        return {e.name: e for e in entries}
+
+
+def _is_data(name: str, entry: os.DirEntry) -> bool:
+    return not name.startswith(("_", ".")) and entry.is_file()
+
+
+def _signature(entry: os.DirEntry) -> tuple[int, int]:
+    st = entry.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def base_name(rel: str) -> str:
+    return rel.rsplit("/", 1)[-1]
 
 
 def partitions(table_dir: Path, first_day: str | None = None) -> list[PartitionRef]:
@@ -307,7 +342,7 @@ def partitions(table_dir: Path, first_day: str | None = None) -> list[PartitionR
 
 @dataclass(frozen=True, slots=True)
 class Refreshed:
-    """What one refresh did: days whose file it wrote, partitions whose filter it built or kept, bytes written."""
+    """What one refresh did: days whose file it wrote, files whose filter it built or kept, bytes written."""
 
     days: int = 0
     built: int = 0
@@ -316,12 +351,11 @@ class Refreshed:
     seconds: float = 0.0
 
 
-def refresh(table_dir: Path, closed: Callable[[str], bool], *, fsync: str = "always",
-            force: bool = False) -> Refreshed:
-    """Bring every closed day's file up to date with its partitions' live files; remove the files of days
-    no partition has any more (retention) and temporary files a killed write left. The caller holds the
-    table's compaction lock, so that one writer at a time replaces a day's file. `force`: rebuild every
-    closed day's filters from its files (a benchmark's build time, a test)."""
+def refresh(table_dir: Path, *, fsync: str = "always", force: bool = False) -> Refreshed:
+    """Bring every day's file up to date with its partitions' live files, hashing only the files it has no
+    filter for; remove the files of days no partition has any more (retention) and temporary files a
+    killed write left. The caller holds the table's compaction lock, so that one writer at a time replaces
+    a day's file. `force`: rebuild every filter from its file (a benchmark's build time, a test)."""
     started = time.monotonic()
     by_day: dict[str, list[PartitionRef]] = defaultdict(list)
     for part in partitions(table_dir):
@@ -329,8 +363,6 @@ def refresh(table_dir: Path, closed: Callable[[str], bool], *, fsync: str = "alw
     _remove_orphans(table_dir, set(by_day))
     days = built = reused = written = 0
     for date in sorted(by_day):
-        if not closed(date):
-            continue
         done = _refresh_day(table_dir, date, by_day[date], fsync, force)
         if done is not None:
             days, built, reused, written = days + 1, built + done[0], reused + done[1], written + done[2]
@@ -353,29 +385,35 @@ def _remove_orphans(table_dir: Path, dates: set[str]) -> None:
 
 def _refresh_day(table_dir: Path, date: str, parts: list[PartitionRef], fsync: str,
                  force: bool) -> tuple[int, int, int] | None:
-    """Rewrite the day's file if a partition's live files differ from its entry; (built, reused, bytes) or None."""
+    """Rewrite the day's file if its live files differ from its entries; (built, reused, bytes) or None."""
     old = None if force else open_day(table_dir, date)
+    entries = old.entries if old is not None else {}
     try:
-        current = sorted(((p.importer, p.app_env), p, live_set(p.dir)) for p in parts)
-        entries = old.entries if old is not None else {}
-
-        def fresh(key: tuple[int, str], live: tuple[str, ...]) -> bool:
-            e = entries.get(key)
-            return e is not None and e.files == live and e.columns == LOOKUP_COLUMNS
-        if old is not None and all(fresh(key, live) for key, _, live in current if live is not None):
-            return None
-        filters, built, reused = [], 0, 0
-        for key, part, live in current:
-            if live is None:
-                continue  # not known without the lock now: unindexed until a later pass
-            if fresh(key, live):
-                filters.append((*key, live, LOOKUP_COLUMNS, old.raw(entries[key])))
-                reused += 1
+        filters: list[tuple[Entry, bytes]] = []
+        built = reused = 0
+        for part in sorted(parts, key=lambda p: (p.importer, p.app_env)):
+            live = live_files(part.dir)
+            if live is None:  # not known without the lock now: its filters are kept for a later pass
+                filters += [(e, old.raw(e)) for k, e in entries.items() if k[:2] == (part.importer, part.app_env)]
                 continue
-            bits = _partition_filter(part.dir, live)
-            if bits is not None:
-                filters.append((*key, live, LOOKUP_COLUMNS, bits))
-                built += 1
+            names: set[str] = set()
+            for rel, signature in live.items():
+                if base_name(rel) in names:
+                    continue  # a stray listed in the dir and in `_compacted-<gen>/` while being moved: one entry
+                names.add(base_name(rel))
+                e = entries.get((part.importer, part.app_env, base_name(rel)))
+                if e is not None and e.describes(signature, LOOKUP_COLUMNS):
+                    filters.append((e, old.raw(e)))
+                    reused += 1
+                    continue
+                bits = _file_filter(part.dir / rel)
+                if bits is not None:
+                    name = base_name(rel)
+                    filters.append((Entry(part.importer, part.app_env, name, *signature, LOOKUP_COLUMNS, 0, 0), bits))
+                    built += 1
+        same = {e.key: e for e, _ in filters}
+        if old is not None and not built and same.keys() == entries.keys():
+            return None
     finally:
         if old is not None:
             old.close()
@@ -384,92 +422,22 @@ def _refresh_day(table_dir: Path, date: str, parts: list[PartitionRef], fsync: s
     return built, reused, len(data)
 
 
-def _partition_filter(pdir: Path, names: Iterable[str]) -> bytes | None:
-    """The filter of every LOOKUP_COLUMNS value in the files `names` (relative to `pdir`), read column by
-    column; None when one of them is gone (merged and deleted meanwhile: a later pass builds it)."""
+def _file_filter(path: Path) -> bytes | None:
+    """The filter of every LOOKUP_COLUMNS value in one data file, read column by column; None when it is gone
+    (merged and deleted meanwhile) or does not read as Parquet: it is then searched, having no filter."""
     hashed: list[np.ndarray] = []
     try:
-        for name in names:
-            pf = pq.ParquetFile(pdir / name)
-            columns = [c for c in LOOKUP_COLUMNS if c in pf.schema_arrow.names]
-            for batch in pf.iter_batches(batch_size=1 << 18, columns=columns) if columns else ():
-                for c in columns:
-                    values = batch.column(c)
-                    if pa.types.is_dictionary(values.type):
-                        values = values.dictionary_decode()
-                    hashed.append(hashes(c, values))
+        pf = pq.ParquetFile(path)
+        columns = [c for c in LOOKUP_COLUMNS if c in pf.schema_arrow.names]
+        for batch in pf.iter_batches(batch_size=1 << 18, columns=columns) if columns else ():
+            for c in columns:
+                values = batch.column(c)
+                if pa.types.is_dictionary(values.type):
+                    values = values.dictionary_decode()
+                hashed.append(hashes(c, values))
     except FileNotFoundError:
         return None
-    return build_filter([np.unique(np.concatenate(hashed))] if hashed else [])
-
-
-# -- a lookup's plan --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class LookupPlan:
-    """Which partitions a lookup queries: every one from `first_day` on except those an up-to-date filter
-    rules out. `days`: the distinct days of all of them, searched or ruled out."""
-
-    every: tuple[PartitionRef, ...]
-    search: tuple[PartitionRef, ...]
-    unindexed: int
-
-    @property
-    def days(self) -> list[str]:
-        return sorted({p.date for p in self.every})
-
-    @property
-    def ruled_out(self) -> int:
-        return len(self.every) - len(self.search)
-
-
-def plan(table_dir: Path, probes: Mapping[str, Sequence[str]], first_day: str | None = None) -> LookupPlan:
-    """The partitions to query for rows whose `column = value` for any (column, values) of `probes`."""
-    every = partitions(table_dir, first_day)
-    try:
-        hashed = {c: [int(h) for h in hashes(c, pa.array(list(vs), pa.string()))] for c, vs in probes.items()}
-    except (UnicodeError, pa.ArrowException) as e:  # a value no file can hold as UTF-8: nothing is ruled out
-        log.warning("lookup index not used: %s", e)
-        return LookupPlan(tuple(every), tuple(every), len(every))
-    by_day: dict[str, list[PartitionRef]] = defaultdict(list)
-    for part in every:
-        by_day[part.date].append(part)
-    search, unindexed = [], 0
-    for date, parts in sorted(by_day.items()):
-        day = open_day(table_dir, date) if set(probes) <= set(LOOKUP_COLUMNS) else None
-        try:
-            for part in parts:
-                entry = day.entries.get((part.importer, part.app_env)) if day is not None else None
-                if entry is None or not set(probes) <= set(entry.columns) or entry.files != live_set(part.dir):
-                    unindexed += 1
-                    search.append(part)
-                elif any(may_hold(day.filter(entry), h) for hs in hashed.values() for h in hs):
-                    search.append(part)
-        finally:
-            if day is not None:
-                day.close()
-    return LookupPlan(tuple(every), tuple(search), unindexed)
-
-
-def partition_predicate(lookup: LookupPlan) -> str | None:
-    """SQL over the partition columns selecting `lookup.search` (so that Spark lists only those), None
-    when that is every partition of the plan; a day searched whole is named by its date alone."""
-    if len(lookup.search) == len(lookup.every):
+    except (OSError, pa.ArrowException) as e:
+        log.warning("lookup index: %s not indexed (searched by every lookup until merged): %s", path, e)
         return None
-    if not lookup.search:
-        return "false"
-    every_of: dict[str, int] = defaultdict(int)
-    for p in lookup.every:
-        every_of[p.date] += 1
-    chosen: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for p in lookup.search:
-        chosen[p.date][p.importer].append(p.app_env)
-    terms = []
-    for date, importers in sorted(chosen.items()):
-        if sum(len(v) for v in importers.values()) == every_of[date]:
-            terms.append(f"date = DATE'{date}'")
-            continue
-        for importer, app_envs in sorted(importers.items()):
-            names = ", ".join(f"'{sql_string(a)}'" for a in sorted(app_envs))
-            terms.append(f"(date = DATE'{date}' AND importer = {int(importer)} AND app_env IN ({names}))")
-    return "(" + " OR ".join(terms) + ")"
+    return build_filter([np.unique(np.concatenate(hashed))] if hashed else [])

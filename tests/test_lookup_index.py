@@ -1,6 +1,6 @@
-"""The lookup index (table/lookup_index.py) on a real table of the session's logjam-spark: a hit is found, a
-miss queries no indexed closed partition, and nothing (a late row, a merge, retention, a torn index, a kill
-while the index is written) makes a row unfindable."""
+"""The lookup index (table/lookup_index.py, table/lookup_plan.py) on a real table of the session's logjam-spark:
+a hit is found in any day's files, only the candidate files are read, and nothing (a late file, a merge, a
+swap, retention, a torn marker or index, a kill while the index is written) makes a row unfindable."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from runtime.durable import replace_file
 from table import lookup_index
 from table.catalog import ensure_table
 from table.layout import Layout
-from table.lookup_index import DayIndex, index_path, plan
+from table import lookup_plan
+from table.lookup_index import DayIndex, index_path
+from table.lookup_plan import plan
 from table.paths import partition_dir
 from tests.spark_fixture import database_for
 from tools import trace
@@ -70,15 +72,20 @@ class Month:
     def find(self, column: str, value: str) -> list[dict]:
         return trace.lookup(self.spark, self.database, {column: [value]}, COLUMNS, location=self.location).rows
 
-    def plan(self, column: str, value: str) -> lookup_index.LookupPlan:
+    def plan(self, column: str, value: str) -> lookup_plan.LookupPlan:
         return plan(self.table_dir, {column: [value]})
+
+    def query(self, where: str | None, event_id: str) -> list[str]:
+        """The event ids of the rows with `event_id` that Spark finds within `where` (a plan's predicate)."""
+        sql = f"SELECT event_id FROM {self.database}.messages WHERE event_id = '{event_id}'"
+        return [r[0] for r in self.spark.sql(sql + (f" AND {where}" if where else "")).collect()]
 
     def pdir(self, app_env: str, day: datetime.date) -> Path:
         return Path(partition_dir(f"{self.table_dir}/importer=0", app_env, day.isoformat()))
 
 
-def searched(p: lookup_index.LookupPlan) -> set[tuple[str, str]]:
-    return {(x.app_env, x.date) for x in p.search}
+def searched(p: lookup_plan.LookupPlan) -> set[tuple[str, str]]:
+    return {(x.part.app_env, x.part.date) for x in p.search}
 
 
 def test_the_filter_holds_every_value_it_was_built_from() -> None:
@@ -94,69 +101,107 @@ def test_the_filter_holds_every_value_it_was_built_from() -> None:
     assert lookup_index.hashes("trace_id", pa.array(["x"]))[0] != lookup_index.hashes("request_id", pa.array(["x"]))[0]
 
 
+def garble(paths: list[Path]) -> None:
+    """Make files unreadable as Parquet, keeping their size and mtime (so the index still takes them for its
+    own: files are never rewritten in place, and the index does not read them to check)."""
+    for path in paths:
+        st = path.stat()
+        path.write_bytes(b"garbage!" * (st.st_size // 8) + b"!" * (st.st_size % 8))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 @pytest.mark.timeout(600)
-def test_a_hit_is_found_and_a_miss_queries_no_indexed_closed_partition(spark_server, tmp_path) -> None:
+def test_a_hit_per_column_in_any_day_and_only_candidate_files_are_read(spark_server, tmp_path) -> None:
     m = Month(spark_server, tmp_path / "wh")
     m.fill()
     m.land([("api-prod", DAYS[0], "needle")])
     m.maintain()
-    assert index_path(m.table_dir, DAYS[0].isoformat()).exists() and index_path(m.table_dir, DAYS[1].isoformat()).exists()
-    assert not index_path(m.table_dir, TODAY.isoformat()).exists()  # the open day is never indexed
+    # The open day gets files all day: three more batches, each a file of web-prod's open partition, one a needle.
+    for i in range(3):
+        m.land([("web-prod", TODAY, f"today-{i}-{j}") for j in range(20)] + ([("web-prod", TODAY, "fresh")] if i == 1 else []))
+    done = lookup_index.refresh(m.table_dir)
+    assert done.days == 1 and done.built == 3, done  # only the open day's three new files hashed
+    assert lookup_index.refresh(m.table_dir).days == 0  # nothing new: nothing rewritten
+    for day in DAYS:
+        assert index_path(m.table_dir, day.isoformat()).exists()  # every day, the open one too
 
-    today = {(s, TODAY.isoformat()) for s in STREAMS}
-    for column, value in (("request_id", "req-needle"), ("trace_id", b"needle".hex()), ("event_id", "ev-needle")):
-        p = m.plan(column, value)
-        assert p.unindexed == len(STREAMS) and searched(p) >= today | {("api-prod", DAYS[0].isoformat())}
-        assert len(p.search) <= len(STREAMS) + 2, searched(p)  # a false positive allowed, not a scan
-        rows = m.find(column, value)
-        assert [(r["app_env"], r["date"], r["event_id"]) for r in rows] == [("api-prod", DAYS[0], "ev-needle")]
+    for ident, where in (("needle", ("api-prod", DAYS[0].isoformat())), ("fresh", ("web-prod", TODAY.isoformat()))):
+        for column, value in (("request_id", f"req-{ident}"), ("trace_id", ident.encode().hex()),
+                              ("event_id", f"ev-{ident}")):
+            p = m.plan(column, value)
+            assert p.unindexed == 0 and where in searched(p) and len(p.search) <= 2, searched(p)
+            hit = next(s for s in p.search if (s.part.app_env, s.part.date) == where)
+            assert hit.files is not None and len(hit.files) <= 2  # one file, a false positive allowed
+            rows = m.find(column, value)
+            assert [(r["app_env"], r["date"].isoformat(), r["event_id"]) for r in rows] == [(*where, f"ev-{ident}")]
 
-    miss = m.plan("request_id", "req-nowhere")
-    assert searched(miss) - today == set(), searched(miss)
-    # Proof that a miss reads no indexed closed partition: their files are made unreadable (same names,
-    # so the index still takes them for its own). The lookup answers; a plain query of the table fails.
-    for s in STREAMS:
-        for d in DAYS[:2]:
-            for path in m.pdir(s, d).rglob("*.parquet"):
-                path.write_bytes(b"garbage")
+    # Proof that only the candidate files are read: every other data file of the table is made unreadable
+    # (same names, sizes and mtimes). A plain query fails; the lookups still answer, the miss reads nothing.
+    plans = (m.plan("event_id", "ev-fresh"), m.plan("request_id", "req-nowhere"))  # (its false positives kept)
+    keep = {(s.part.dir, f) for p in plans for s in p.search for f in s.files or ()}
+    garble([f for d in DAYS for s in STREAMS for f in m.pdir(s, d).rglob("*.parquet")
+            if (m.pdir(s, d), f.name) not in keep])
+    assert [r["event_id"] for r in m.find("event_id", "ev-fresh")] == ["ev-fresh"]
     assert m.find("request_id", "req-nowhere") == []
     with pytest.raises(Exception):
         m.spark.sql(f"SELECT count(*) FROM {m.database}.messages WHERE request_id = 'req-nowhere'").collect()
 
 
 @pytest.mark.timeout(600)
-def test_late_rows_merges_and_retention_never_hide_a_row(spark_server, tmp_path) -> None:
+def test_files_the_index_has_not_seen_are_searched(spark_server, tmp_path) -> None:
+    """A file placed after the refresh, a merge's output not yet indexed, a swap under way, a torn marker."""
+    m = Month(spark_server, tmp_path / "wh")
+    m.fill(5)
+    m.maintain()
+    assert m.plan("request_id", "req-late").unindexed == 0
+    # Late files into the open day and into a closed day: searched as unindexed files, found.
+    m.land([("web-prod", TODAY, "late"), ("jobs-prod", DAYS[1], "late-closed")])
+    p = m.plan("request_id", "req-late")
+    assert p.unindexed == 2 and searched(p) >= {("web-prod", TODAY.isoformat()), ("jobs-prod", DAYS[1].isoformat())}
+    assert [r["event_id"] for r in m.find("request_id", "req-late")] == ["ev-late"]
+    assert [r["event_id"] for r in m.find("trace_id", b"late-closed".hex())] == ["ev-late-closed"]
+
+    # A merge the index has not seen (a pass without the index's refresh): its new file is searched.
+    m.land([("web-prod", DAYS[1], "later")])
+    before = m.plan("event_id", "ev-later")
+    m.maintain(Layout(for_lookups=False))
+    assert m.plan("event_id", "ev-later").unindexed >= 1
+    assert [r["event_id"] for r in m.find("event_id", "ev-later")] == ["ev-later"]
+    # The plan made before that merge named files the swap replaced: `moved` says so, and searching those
+    # partitions whole finds the row that the plan's file names would have missed.
+    gone = lookup_plan.moved(before)
+    assert ("web-prod", DAYS[1].isoformat()) in {(x.app_env, x.date) for x in gone}
+    assert m.query(lookup_plan.predicate(before), "ev-later") == []
+    assert m.query(lookup_plan.predicate(before.whole(gone)), "ev-later") == ["ev-later"]
+    # The next pass indexes the merged files: found through their filters, nothing unindexed.
+    m.maintain()
+    p = m.plan("event_id", "ev-later")
+    assert p.unindexed == 0 and ("web-prod", DAYS[1].isoformat()) in searched(p)
+    assert [r["event_id"] for r in m.find("event_id", "ev-later")] == ["ev-later"]
+
+    # A swap under way, a torn marker: the partition's live files are not known, so it is searched whole.
+    pdir = m.pdir("web-prod", DAYS[1])
+    marker = (pdir / "_compaction.json").read_bytes()  # merged above
+    for broken in (marker.replace(b'"done"', b'"swapping"'), marker[: len(marker) // 2]):
+        (pdir / "_compaction.json").write_bytes(broken)
+        p = m.plan("request_id", "req-late")
+        assert any(s.files is None and s.part.dir == pdir for s in p.search)
+        assert [r["event_id"] for r in m.find("request_id", f"req-fill-web-prod-{DAYS[1]}-2")] == [
+            f"ev-fill-web-prod-{DAYS[1]}-2"]
+    (pdir / "_compaction.json").write_bytes(marker)
+
+
+@pytest.mark.timeout(600)
+def test_retention_removes_a_days_index(spark_server, tmp_path) -> None:
     m = Month(spark_server, tmp_path / "wh")
     old = TODAY - datetime.timedelta(days=9)
     m.fill(5)
     m.land([("web-prod", old, "ancient"), ("jobs-prod", old, "ancient-2")])
     m.maintain()
-    assert m.plan("request_id", "req-late").unindexed == len(STREAMS)  # only today's are unindexed
-
-    # A late row into an indexed closed day: that partition is stale, so searched, and the row found.
-    m.land([("web-prod", DAYS[1], "late")])
-    p = m.plan("request_id", "req-late")
-    assert ("web-prod", DAYS[1].isoformat()) in searched(p) and p.unindexed == len(STREAMS) + 1
-    assert [r["event_id"] for r in m.find("request_id", "req-late")] == ["ev-late"]
-
-    # A merge the index has not seen (a pass without the index's refresh): still found.
-    m.land([("web-prod", DAYS[1], "later")])
-    m.maintain(Layout(for_lookups=False))
-    assert m.plan("request_id", "req-late").unindexed == len(STREAMS) + 1
-    assert [r["event_id"] for r in m.find("event_id", "ev-later")] == ["ev-later"]
-    # The next pass indexes the merged day again: found through its filter now.
-    m.maintain()
-    p = m.plan("event_id", "ev-later")
-    assert p.unindexed == len(STREAMS) and ("web-prod", DAYS[1].isoformat()) in searched(p)
-    assert [r["event_id"] for r in m.find("event_id", "ev-later")] == ["ev-later"]
-    assert [r["event_id"] for r in m.find("request_id", "req-late")] == ["ev-late"]
-
-    # Retention takes the old day: its index file goes with the next pass, and every other row is still found.
     assert index_path(m.table_dir, old.isoformat()).exists()
     done = maintenance_pass(m.spark, m.database, MaintenanceConfig(retention_days=7, compact_grace=0), older_than=0)
     assert done.dropped == 2 and not index_path(m.table_dir, old.isoformat()).exists()
     assert m.find("request_id", "req-ancient") == []
-    assert [r["event_id"] for r in m.find("request_id", "req-late")] == ["ev-late"]
     assert len(m.find("trace_id", f"fill-jobs-prod-{DAYS[0]}-3".encode().hex())) == 1
 
 
@@ -168,14 +213,16 @@ def test_a_torn_or_garbage_index_is_ignored_with_a_warning(spark_server, tmp_pat
     m.maintain()
     path = index_path(m.table_dir, DAYS[1].isoformat())
     whole = path.read_bytes()
-    for broken in (whole[: len(whole) - 7], whole[:40], b"\0" * len(whole), os.urandom(len(whole)), b""):
+    for broken in (whole[: len(whole) - 7], whole[:40], b"\0" * len(whole), os.urandom(len(whole)), b"",
+                   whole.replace(b"LJLKIDX2", b"LJLKIDX1")):
         path.write_bytes(broken)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="table.lookup_index"):
             p = m.plan("request_id", "req-torn")
             rows = m.find("request_id", "req-torn")
         assert [r["event_id"] for r in rows] == ["ev-torn"]
-        assert {(s, DAYS[1].isoformat()) for s in STREAMS} <= searched(p)  # the whole day is searched
+        day = [s for s in p.search if s.part.date == DAYS[1].isoformat()]
+        assert len(day) == len(STREAMS) and all(s.files is None for s in day)  # the whole day is searched
         assert any("lookup index" in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)
     m.maintain()  # the next pass writes it anew
     assert path.read_bytes() == whole and DayIndex(path).entries
@@ -188,7 +235,7 @@ from table import lookup_index
 table_dir = Path(sys.argv[1])
 print("ready", flush=True)
 while True:
-    lookup_index.refresh(table_dir, lambda date: date < sys.argv[2], force=True)
+    lookup_index.refresh(table_dir, force=True)
 """
 
 
@@ -200,14 +247,14 @@ def test_a_kill_while_the_index_is_written_leaves_the_old_or_the_new(spark_serve
     path = index_path(m.table_dir, DAYS[1].isoformat())
     before = path.read_bytes()
     m.land([("web-prod", DAYS[1], "new")])
-    lookup_index.refresh(m.table_dir, lambda date: date < TODAY.isoformat())
+    lookup_index.refresh(m.table_dir)
     after = path.read_bytes()
     assert after != before
     rnd = random.Random(3)
     root = Path(__file__).resolve().parent.parent
     for attempt in range(8):
         replace_file(path, before)
-        child = subprocess.Popen([sys.executable, "-c", CHILD, str(m.table_dir), TODAY.isoformat()], cwd=root,
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(m.table_dir)], cwd=root,
                                  stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout.readline().strip() == "ready"

@@ -4,10 +4,10 @@ A request crosses services, and each service's logs land in its own stream; what
 debugging it wants is all of them in time order. The lookup names the id in `request_id`
 and `trace_id` (a trace id is matched lowercased, as the importers store it), and every
 file of the table has bloom filters on both (docs/schema.md, "Layout for lookups"). Before
-Spark plans, the lookup index of closed days (table/lookup_index.py) rules out the partitions
-that cannot hold the id, and the query names only the others (every open or unindexed one
-among them), so Spark opens only their files. `lookup` is that path for any of the indexed
-columns; `benchmarks/month.py` times its lookups through it. `--days N` searches only the
+Spark plans, the lookup index (table/lookup_index.py, table/lookup_plan.py) rules out the files
+that cannot hold the id, and the query names only the others (with every file or partition
+the index does not cover), so Spark lists and opens only those. `lookup` is that path for any
+of the indexed columns; `benchmarks/month.py` times its lookups through it. `--days N` searches only the
 last N days; the header says how many days the search covered, counted from the table's
 partitions.
 """
@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from table import lookup_index
+from table import lookup_plan
 from table.catalog import table_location
 from table.paths import local_path
 from table.schema import qualified, sql_string
@@ -72,26 +72,31 @@ class Found:
 
 def lookup(spark: Any, database: str, probes: Mapping[str, Sequence[str]], columns: Sequence[str],
            first_day: datetime.date | None = None, location: str | None = None, order_by: str = "") -> Found:
-    """The rows where any `column = value` of `probes` holds, `columns` of them: the partitions the lookup
-    index rules out are not queried. `location`: the table's, when the caller knows it (else asked)."""
+    """The rows where any `column = value` of `probes` holds, `columns` of them: only the files the lookup
+    index leaves are read. `location`: the table's, when the caller knows it (else asked)."""
     table = qualified(database)
     since = f" AND date >= DATE'{first_day.isoformat()}'" if first_day is not None else ""
     order = f" ORDER BY {order_by}" if order_by else ""
+    select = f"SELECT {', '.join(columns)} FROM {table} WHERE {ids_where(probes)}{since}"
     table_dir = local_path(location or table_location(spark, database))
     if table_dir is None or not table_dir.is_dir():  # the table is not on this machine's disk: no index here
         days = partition_days([r[0] for r in spark.sql(f"SHOW PARTITIONS {table}").collect()], first_day)
-        sql = f"SELECT {', '.join(columns)} FROM {table} WHERE {ids_where(probes)}{since}{order}"
-        return Found([r.asDict() for r in spark.sql(sql).collect()], days)
-    found = lookup_index.plan(table_dir, probes, first_day.isoformat() if first_day is not None else None)
+        return Found([r.asDict() for r in spark.sql(select + order).collect()], days)
+    found = lookup_plan.plan(table_dir, probes, first_day.isoformat() if first_day is not None else None)
     days = [datetime.date.fromisoformat(d) for d in found.days]
-    where = lookup_index.partition_predicate(found)
-    log.info("lookup index: %d of %d partitions to query (%d unindexed)", len(found.search), len(found.every),
-             found.unindexed)
-    if where == "false":
-        return Found([], days)
-    sql = (f"SELECT {', '.join(columns)} FROM {table} WHERE {ids_where(probes)}{since}"
-           f"{' AND ' + where if where else ''}{order}")
-    return Found([r.asDict() for r in spark.sql(sql).collect()], days)
+    while True:
+        where = lookup_plan.predicate(found)
+        log.info("lookup index: %d of %d partitions to query (%d files or partitions unindexed)",
+                 len(found.search), len(found.every), found.unindexed)
+        if where == "false":
+            return Found([], days)
+        rows = [r.asDict() for r in spark.sql(f"{select}{' AND ' + where if where else ''}{order}").collect()]
+        # The query named files: a swap meanwhile may have moved rows into a file it did not name.
+        changed = lookup_plan.moved(found)
+        if not changed:
+            return Found(rows, days)
+        log.info("lookup: %d partitions changed while queried, searched again whole", len(changed))
+        found = found.whole(changed)
 
 
 def find(spark: Any, database: str, trace: str, days: int, location: str | None = None) -> Timeline:

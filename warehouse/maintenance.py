@@ -188,7 +188,7 @@ def maintenance_pass(spark: Any, database: str, config: MaintenanceConfig, metri
             except Exception as e:  # noqa: BLE001 (one partition's failure must not stop the others' cleanup)
                 _failed(result, part.dir, e)
     if layout.for_lookups:
-        result.index = _refresh_index(table_dir, older_than)
+        result.index = _refresh_index(table_dir)
     if metrics:
         try:
             metrics.census(location)
@@ -197,19 +197,20 @@ def maintenance_pass(spark: Any, database: str, config: MaintenanceConfig, metri
     return result
 
 
-def _refresh_index(table_dir: Any, older_than: float) -> lookup_index.Refreshed | None:
-    """The lookup index of every closed day (table/lookup_index.py), after the day's merges: a day whose
-    partitions changed gets its file rebuilt. Under the compaction lock: one writer of a day's file."""
+def _refresh_index(table_dir: Any) -> lookup_index.Refreshed | None:
+    """The lookup index of every day (table/lookup_index.py), after the pass's merges: a day whose live files
+    changed gets its file rewritten, only its new files hashed. Under the compaction lock: one writer of a
+    day's file."""
     with compaction_lock(table_dir) as mine:
         if not mine:
             return None
         try:
-            done = lookup_index.refresh(table_dir, lambda date: is_closed(date, older_than))
+            done = lookup_index.refresh(table_dir)
         except Exception as e:  # noqa: BLE001 (an index not refreshed only leaves its days searched whole)
             log.warning("lookup index refresh failed: %s", first_line(e))
             return None
     if done.days:
-        log.info("lookup index: %d days rewritten (%d partitions built, %d kept), %.1f KiB, in %.1fs",
+        log.info("lookup index: %d days rewritten (%d files' filters built, %d kept), %.1f KiB, in %.1fs",
                  done.days, done.built, done.reused, done.bytes / 1024, done.seconds)
     return done
 
