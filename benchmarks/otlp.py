@@ -13,7 +13,7 @@ exporters send one request at a time); a subscriber on the device counts the mes
 clock stops when the subscriber counted every record and the last answer arrived.
 
 References, measured in the same run: the mapping step alone (`records.encode` on the same
-request bytes: parse and mapping to finished bodies, no sockets, no device; native/otlp.c
+request bytes: parse and mapping to finished bodies, no sockets, no device; native/otlp_*.c
 unless LOGJAM_NATIVE=off or it is not built, which the line says), and the Lumberjack bridge
 with the same events (benchmarks/lumberjack.py's client and framing).
 Prints records/s, the bridge's CPU per record against its target (docs/protocols/otlp.md,
@@ -220,7 +220,7 @@ def main() -> int:
           f"records), {len(RESOURCE)} resource attributes, {RECORD_ATTRIBUTES} record attributes; {size:.0f} bytes/record "
           f"of protobuf, {json_size:.0f} of OTLP/JSON; {CLIENTS} clients per transport, one request at a time each, "
           f"{args.rounds} rounds")
-    path = "C, native/otlp.c" if native.load(OTLP_MODULE) is not None else "Python"
+    path = "C, native/otlp_*.c" if native.load(OTLP_MODULE) is not None else "Python"
     print(f"mapping step alone ({path}: parse + map + encode), protobuf: {ref_cpu:10,.0f} records per CPU-second "
           f"({1e6 / ref_cpu:.2f} us per record); OTLP/JSON: {ref_json:10,.0f} ({1e6 / ref_json:.2f} us per record)")
     lj_rate, lj_us = results["lumberjack"]

@@ -73,7 +73,7 @@ def _builder(module: str, header: str, sources: list[str], *, zmq: bool) -> FFI:
         extra_compile_args=["-O2", "-Wall"] + (["-Werror"] if strict() else []),
         # dlopen/dlsym: in libc since glibc 2.34, in libdl before.
         libraries=["dl"] if zmq else [],
-        depends=[os.path.relpath(HERE / h, ROOT) for h in (header, "lj_zmq.h", "lj_zmq_calls.h", "lj_meta.h", "lj_json.h", "lj_json_read.h")],
+        depends=[os.path.relpath(h, ROOT) for h in sorted(HERE.glob("*.h"))],  # every header: a rebuild too many, never one too few
         optional=not strict(),
     )
     return ffi
@@ -85,7 +85,7 @@ scan = _builder("bridges.lumberjack._native_scan", "scan.h", ["scan.c"], zmq=Fal
 sub_drain = _builder("logjam._native_sub", "sub_drain.h", ["sub_drain.c"], zmq=True)
 variant = _builder("importer._native_variant", "variant.h", ["variant.c"], zmq=False)
 decode = _builder("importer._native_decode", "decode.h", ["decode.c"], zmq=False)
-otlp = _builder("bridges.otlp._native_otlp", "otlp.h", ["otlp.c"], zmq=False)
+otlp = _builder("bridges.otlp._native_otlp", "otlp.h", ["otlp_protobuf.c", "otlp_json.c", "otlp_body.c"], zmq=False)
 syslog = _builder("bridges.syslog._native_syslog", "syslog.h", ["syslog.c"], zmq=False)
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 /* The JSON text helpers the C modules share: native/variant.c and native/decode.c read JSON
  * exactly as strictly (RFC 8259, well-formed UTF-8), so they read its escapes and UTF-8 one
- * way; native/otlp.c and native/syslog.c write strings as orjson does, so they escape one way.
+ * way; native/otlp_*.c and native/syslog.c write strings as orjson does, so they escape one way.
  * Header-only (static inline): no module of its own. */
 #pragma once
 

@@ -2,7 +2,7 @@
  * well-formed UTF-8, surrogate pairs, finite numbers, integers as orjson types them) and
  * finds the values of named keys, without building anything. What it cannot check exactly
  * (deep nesting, long number tokens) it marks `defer`, for the Python path. Every read is
- * bounded by `end`. decode.c and otlp.c include it (variant.c has its own reader, which
+ * bounded by `end`. decode.c and otlp_json.c include it (variant.c has its own reader, which
  * also encodes). */
 #pragma once
 

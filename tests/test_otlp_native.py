@@ -1,4 +1,4 @@
-"""native/otlp.c against its Python twin, records.py's walk (upb, or json_doc.py, then
+"""native/otlp_*.c against its Python twin, records.py's walk (upb, or json_doc.py, then
 orjson): for any bytes, protobuf or OTLP/JSON, the C gives exactly the bodies, lengths, times
 and app-envs the Python walk gives, or it declines (and the Python walk answers); it never
 answers where the Python walk refuses.

@@ -11,7 +11,7 @@ same walk.
 
 The wire types come from `opentelemetry-proto` (the project's generated code) and the
 replies' `google.rpc` types from `googleapis-common-protos`, not from a hand-written codec;
-HTTP/1.1 is h11's. (native/otlp.c reads a request's records for speed, only where it reads
+HTTP/1.1 is h11's. (native/otlp_*.c read a request's records for speed, only where they read
 them exactly as upb does: records.py.) OTLP/JSON is protobuf's JSON mapping with the OTLP spec's changes ("JSON
 Protobuf Encoding"): trace and span ids are hex, not base64, and enums may be integers;
 int64 values are strings. json_doc.py walks it; values.py has protobuf's own JSON parser

@@ -279,7 +279,7 @@ def _is_double(v: Any) -> bool:
 
 
 def double_text(number: bytes) -> bytes:
-    """A doubleValue's JSON number (native/otlp.c hands it over) as the mapping writes it; `Unsure`
+    """A doubleValue's JSON number (native/otlp_json.c hands it over) as the mapping writes it; `Unsure`
     where `_any` is."""
     v = orjson.loads(number)
     if not _is_double(v):

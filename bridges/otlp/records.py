@@ -9,7 +9,7 @@ lengths, the shape `Batches.add_packed` hands to the device link without copying
 again. `engine.decode` (the records as dicts) rests on the same walk, so there is one
 mapping.
 
-A request is read by native/otlp.c when it is built (LOGJAM_NATIVE): it walks the protobuf
+A request is read in C (native/otlp_*.c) when it is built (LOGJAM_NATIVE): it walks the protobuf
 wire bytes or the OTLP/JSON text and writes every record's body itself, with the text its
 scope shares mapped here, once per scope, by the same functions the Python walk uses; what
 it does not read exactly as upb and json_doc.py do it declines, and the Python walk below
@@ -79,7 +79,7 @@ def encode(body: bytes, *, json: bool, key: str, metadata: dict[str, Any],
     record's JSON object with `@metadata` = `metadata` and `_id` = `otlp:<key>:<index in the
     request>`, the same JSON as encoding the record's dict with that `@metadata`.
 
-    The request goes to native/otlp.c when LOGJAM_NATIVE allows it and it was built (`native=False`:
+    The request goes to the C (native/otlp_*.c) when LOGJAM_NATIVE allows it and it was built (`native=False`:
     the Python walk whatever the switch says); anything it declines, to the Python walk."""
     meta = metadata_head(key, metadata)
     if native:
@@ -223,11 +223,11 @@ def _head(rec: Any) -> tuple[dict[str, Any], int]:
     return head, (t or o) // 1_000_000
 
 
-# -- in C (native/otlp.c)
+# -- in C (native/otlp_*.c)
 
 
 class _CWalk:
-    """native/otlp.c with its tables: `encode` gives what `_pack` gives for the same request, or
+    """The C (native/otlp_*.c) with its tables: `encode` gives what `_pack` gives for the same request, or
     None where the C declined (the Python walk then decides, a malformed body included).
     Its buffers are reused from call to call: one thread (the bridge's event loop) calls it."""
 
