@@ -140,15 +140,15 @@ def start(argv: list[str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
-def stop(proc: subprocess.Popen, timeout: float = 15.0) -> int:
-    """SIGTERM, then wait; returns the exit code (kills and fails loudly on a hang)."""
+def stop(proc: subprocess.Popen, timeout: float = 15.0, sig: int = signal.SIGTERM) -> int:
+    """`sig` (SIGTERM), then wait; returns the exit code (kills and fails loudly on a hang)."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise AssertionError(f"{proc.args[0]} did not exit within {timeout}s of SIGTERM")
+            raise AssertionError(f"{proc.args[0]} did not exit within {timeout}s of {signal.Signals(sig).name}") from None
     return proc.returncode
 

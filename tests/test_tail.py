@@ -38,7 +38,7 @@ from logjam.compression import compress
 from logjam.meta import Compression
 from logjam.producer import Producer
 from tools.tail_render import Palette, Renderer, escape_bytes
-from harness.processes import command, wait_for
+from harness.processes import command, stop, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,8 +148,7 @@ class Tail:
         return self.proc.returncode
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+        stop(self.proc, 10, sig)
         return self.join()
 
     def assert_clean_exit(self, sig: int = signal.SIGTERM) -> None:
@@ -600,14 +599,7 @@ def _pty_tail(args: list[str], cols: int = 120) -> tuple[subprocess.Popen, bytea
 
 
 def _finish(proc: subprocess.Popen, reader: threading.Thread) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise AssertionError("logjam-tail ignored SIGTERM") from None
+    stop(proc, 10)
     reader.join(5)
     err = proc.stderr.read().decode()
     assert proc.returncode == 0 and "Traceback" not in err, err
