@@ -10,8 +10,10 @@ error, a float to be written as text, an escaped key...) stops the run, is decod
 So the rows and their order are the reference's (tests/test_importer_decode_native.py
 compares the tables, and a Hypothesis property arbitrary frames).
 
-Event ids are deduplicated as the reference does, in order: after each run, the keys of its
-rows go through the same `RecentKeys`, and the rows of the ones already seen are dropped.
+Event ids are deduplicated as the reference does, in order: C asks the key memory about each
+row's key as it makes the row (native/dedupe.c, `NativeRecentKeys` here, importer/dedupe.py's
+`RecentKeys` in C), and a row whose key it remembers is no row; a deferred message asks the
+same memory from the reference. `recent_keys()` makes the memory an importer keeps.
 
 `NativeBatchBuilder.load()` is None when LOGJAM_NATIVE is off or the module was not built;
 the importer then runs the Python path.
@@ -20,12 +22,12 @@ the importer then runs the Python path.
 from __future__ import annotations
 
 import array
-from typing import Any
+from typing import Any, Iterable
 
 import pyarrow as pa
 
 from importer.decode import DUPLICATE_EVENT, BatchBuilder
-from importer.dedupe import RecentKeys
+from importer.dedupe import DEFAULT_CAPACITY, RecentKeys
 from logjam import native as _native
 from logjam.compression import DEFAULT_MAX_DECOMPRESSED
 from logjam.raw import RawBatch
@@ -53,18 +55,72 @@ _TYPES = {"created_at": TIMESTAMP, "ingested_at": TIMESTAMP, "total_time": pa.fl
 DONE, DEFER, FULL, NOMEM = 0, 1, 2, 3
 
 
+class NativeRecentKeys:
+    """importer/dedupe.py's `RecentKeys` (the same methods and answers) in C, native/dedupe.c, where
+    native/decode.c asks it about each row without Python. Keys are str, held as their UTF-8 bytes."""
+
+    __slots__ = ("capacity", "_ffi", "_lib", "_dd")
+
+    def __init__(self, built: tuple[Any, Any], capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, not {capacity}")
+        self._ffi, self._lib = built
+        dd = self._lib.lj_dd_new(capacity)
+        if dd == self._ffi.NULL:
+            raise MemoryError(f"lj_dd_new({capacity})")
+        self._dd = self._ffi.gc(dd, self._lib.lj_dd_free)
+        self.capacity = capacity
+
+    def seen(self, key: str) -> bool:
+        text = key.encode("utf-8", "surrogatepass")
+        got = self._lib.lj_dd_seen(self._dd, text, len(text))
+        if got < 0:
+            raise MemoryError("lj_dd_seen")
+        return bool(got)
+
+    def repeats(self, keys: list[str | None]) -> list[int]:
+        seen = self.seen
+        return [i for i, key in enumerate(keys) if key and seen(key)]
+
+    def extend(self, keys: Iterable[str]) -> int:
+        seen = self.seen
+        return sum(1 for key in keys if not seen(key))
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        text = key.encode("utf-8", "surrogatepass")
+        return bool(self._lib.lj_dd_contains(self._dd, text, len(text)))
+
+    def __len__(self) -> int:
+        return int(self._lib.lj_dd_len(self._dd))
+
+
+def recent_keys(capacity: int = DEFAULT_CAPACITY) -> RecentKeys | NativeRecentKeys:
+    """The importer's key memory: in C when LOGJAM_NATIVE allows and the module is built, else the twin."""
+    built = _native.load(MODULE)
+    return NativeRecentKeys(built, capacity) if built is not None else RecentKeys(capacity)
+
+
 class NativeBatchBuilder:
     """A BatchBuilder whose rows are made in C, a chunk of picks at a time; see the module docstring."""
 
     native = True
 
     def __init__(self, built: tuple[Any, Any], max_body: int = DEFAULT_MAX_DECOMPRESSED,
-                 dedupe: RecentKeys | None = None, cap: int = CHUNK_ROWS, window: EventWindow = EventWindow()) -> None:
+                 dedupe: RecentKeys | NativeRecentKeys | None = None, cap: int = CHUNK_ROWS,
+                 window: EventWindow = EventWindow()) -> None:
         self._ffi, self._lib = built
         d = self._lib.lj_dec_new(cap)
         if d == self._ffi.NULL:
             raise MemoryError("lj_dec_new")
         self._d = self._ffi.gc(d, self._lib.lj_dec_free)
+        if isinstance(dedupe, RecentKeys):  # the twin's keys, oldest first, into one C can ask
+            native_keys = NativeRecentKeys(built, dedupe.capacity)
+            native_keys.extend(dedupe.oldest_first())
+            dedupe = native_keys
+        if dedupe is not None:
+            d.dedupe = dedupe._dd
         # The reference, for the messages C defers; its counters are this builder's.
         self.py = BatchBuilder(max_body, dedupe, window)
         self._names: dict[str, int] = {}
@@ -73,7 +129,7 @@ class NativeBatchBuilder:
         self._raw_c: tuple[Any, Any, Any] | None = None
 
     @classmethod
-    def load(cls, max_body: int = DEFAULT_MAX_DECOMPRESSED, dedupe: RecentKeys | None = None,
+    def load(cls, max_body: int = DEFAULT_MAX_DECOMPRESSED, dedupe: RecentKeys | NativeRecentKeys | None = None,
              cap: int = CHUNK_ROWS, window: EventWindow = EventWindow()) -> NativeBatchBuilder | None:
         built = _native.load(MODULE)
         return cls(built, max_body, dedupe, cap, window) if built is not None else None
@@ -163,10 +219,10 @@ class NativeBatchBuilder:
         ptr = ffi.from_buffer("int64_t[]", picks)
         k = start
         while k < total:
-            before = d.rows
             done = lib.lj_dec_run(d, data, len(raw.data), pos, meta, raw.n, ptr + 4 * k, total - k, ingested_us)
-            if done and self.py.dedupe is not None and d.keys_len:
-                self._dedupe(before, k, done, results)
+            if d.ndups:
+                self.py.duplicates += d.ndups
+                results.extend((k + j, DUPLICATE_EVENT) for j in ffi.unpack(d.dups, d.ndups))
             k += done
             stop = d.stop
             if stop == DEFER:
@@ -210,19 +266,6 @@ class NativeBatchBuilder:
         if n < 0:
             return None
         return self._ffi.buffer(self._d.name[n], self._d.name_len[n])[:].decode()
-
-    def _dedupe(self, first_row: int, first_pick: int, count: int, results: list[tuple[int, str]]) -> None:
-        """The reference's dedupe for the rows of one run: drop those whose key was seen."""
-        ffi, d = self._ffi, self._d
-        offsets = ffi.buffer(d.key_off, 4 * (count + 1))[:]
-        keys = pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(offsets),
-                                                          pa.py_buffer(ffi.buffer(d.keys, d.keys_len)[:])])
-        dups = self.py.dedupe.repeats(keys.to_pylist())  # type: ignore[union-attr]
-        if dups:
-            rows = ffi.new("int64_t[]", [first_row + j for j in dups])
-            self._lib.lj_dec_drop(d, rows, len(dups))
-            self.py.duplicates += len(dups)
-            results.extend((first_pick + j, DUPLICATE_EVENT) for j in dups)
 
     def build(self) -> pa.Table:
         """The rows added since the last build, as a table with ARROW_SCHEMA (as BatchBuilder.build)."""

@@ -9,7 +9,10 @@ recovery cannot tell those copies apart; the idempotency key in the body
 one arrives at capacity, so memory stays bounded and a duplicate older than the last
 `capacity` keyed events is no longer recognised.
 
-Pure: no I/O. The caller decides what a key is (the importer scopes it by stream).
+Pure: no I/O. The caller decides what a key is (the importer scopes it by stream). This is
+the twin the importer uses under LOGJAM_NATIVE=off; otherwise the same memory is in C
+(native/dedupe.c, importer/decode_native.py `NativeRecentKeys`), where the C decoder asks it
+about each row, and tests/test_importer_dedupe.py holds the two to the same answers.
 """
 
 from __future__ import annotations
@@ -62,6 +65,10 @@ class RecentKeys:
             if not self.seen(key):
                 added += 1
         return added
+
+    def oldest_first(self) -> list[str]:
+        """The keys remembered, oldest first: what `extend` takes to remember the same in the same order."""
+        return self._ring[self._next:] + self._ring[: self._next]
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys

@@ -29,7 +29,7 @@ from table import catalog
 from importer.batch import Batch, GroupCommit
 from importer.checkpoint import Checkpoints, Position, default_state_dir, new_session_id, resume_positions
 from importer.decode import BatchBuilder, stream_key
-from importer.decode_native import NativeBatchBuilder
+from importer.decode_native import NativeBatchBuilder, NativeRecentKeys, recent_keys
 from importer.dedupe import RecentKeys
 from importer.metrics import ImporterMetrics
 from table.event_time import EventWindow
@@ -76,7 +76,7 @@ class Worker(WriteListener):
         self.session_id: str | None = None
         self.checkpoints: Checkpoints | None = None
         self.ledger: Ledger | None = None
-        self.dedupe: RecentKeys | None = None
+        self.dedupe: RecentKeys | NativeRecentKeys | None = None
         self.gaps = GapReport(metrics)
         self.tally = Tally()
         self._next_idle_checkpoint = 0.0
@@ -166,7 +166,7 @@ class Worker(WriteListener):
 
     def _load_event_ids(self, spark: Any) -> None:
         # After the previous session was quiesced, like max(seq): its last write is in the table or never will be.
-        self.dedupe = RecentKeys(self.config.dedupe_keys)
+        self.dedupe = recent_keys(self.config.dedupe_keys)  # in C unless LOGJAM_NATIVE=off
         loading = time.monotonic()
         loaded = 0
         if self.in_table != {}:  # an empty root (known from max(seq)) has no keys

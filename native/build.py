@@ -58,16 +58,17 @@ def strict() -> bool:
     return os.environ.get("LOGJAM_NATIVE_WERROR", "") not in ("", "0")
 
 
-def _builder(module: str, header: str, sources: list[str], *, zmq: bool) -> FFI:
+def _builder(module: str, header: str, sources: list[str], *, zmq: bool, headers: tuple[str, ...] = ()) -> FFI:
+    """`headers`: others whose declarations `header` uses (it #includes them), declared before it."""
     write_constants_header()
     ffi = FFI()
-    cdef = (_cdef("lj_zmq.h") if zmq else "") + _cdef(header)
+    cdef = (_cdef("lj_zmq.h") if zmq else "") + "".join(_cdef(h) + "\n" for h in headers) + _cdef(header)
     # Exported so the loader can refuse a module built from other constants.
     ffi.cdef(cdef + "\n#define LJ_CONSTANTS_ID ...\n")
     rel = [os.path.relpath(HERE / s, ROOT) for s in sources + (["lj_zmq.c"] if zmq else [])]
     ffi.set_source(
         module,
-        f'#include "{header}"\n#include "lj_constants.h"\n',
+        "".join(f'#include "{h}"\n' for h in (*headers, header)) + '#include "lj_constants.h"\n',
         sources=rel,
         include_dirs=[os.path.relpath(HERE, ROOT), os.path.relpath(GENERATED, ROOT)],
         extra_compile_args=["-O2", "-Wall"] + (["-Werror"] if strict() else []),
@@ -84,7 +85,7 @@ link = _builder("bridges.host._native_link", "link.h", ["link.c"], zmq=True)
 scan = _builder("bridges.lumberjack._native_scan", "scan.h", ["scan.c"], zmq=False)
 sub_drain = _builder("logjam._native_sub", "sub_drain.h", ["sub_drain.c"], zmq=True)
 variant = _builder("importer._native_variant", "variant.h", ["variant.c"], zmq=False)
-decode = _builder("importer._native_decode", "decode.h", ["decode.c"], zmq=False)
+decode = _builder("importer._native_decode", "decode.h", ["decode.c", "dedupe.c"], zmq=False, headers=("dedupe.h",))
 otlp = _builder("bridges.otlp._native_otlp", "otlp.h", ["otlp_protobuf.c", "otlp_json.c", "otlp_body.c"], zmq=False)
 syslog = _builder("bridges.syslog._native_syslog", "syslog.h", ["syslog.c"], zmq=False)
 

@@ -119,6 +119,7 @@ static int s_json_string(lj_dec_t *d, int col, const jv_t *v) {
 /* ------------------------------------------------------------------ the reference's rules */
 
 #define DEFER 1 /* a cell the Python path must make */
+#define DUPLICATE 3 /* the row's key is remembered (row() returns -DUPLICATE) */
 
 /* decode.py's _text: a string as is, true/false, an int as its decimal text; objects and
  * arrays are NULL. A float's text (Python's repr) is deferred. */
@@ -372,10 +373,10 @@ static int event_id(const jv_t *md, jv_t *meta, jv_t *eid) {
 }
 
 static int key_put(lj_dec_t *d, const uint8_t *p, int64_t n) {
-    int g = grow(&d->keys, &d->keys_room, d->keys_len + n, COL_LIMIT);
+    int g = grow(&d->key, &d->key_room, d->key_len + n, COL_LIMIT);
     if (g) return g;
-    memcpy(d->keys + d->keys_len, p, (size_t)n);
-    d->keys_len += n;
+    memcpy(d->key + d->key_len, p, (size_t)n);
+    d->key_len += n;
     return 0;
 }
 
@@ -385,8 +386,8 @@ static const uint8_t *name_of(lj_dec_t *d, int64_t id, int64_t *len) {
     return d->name[id];
 }
 
-/* One pick to one row: 0, -DEFER, or a column error. Cells are written in a fixed order;
- * on anything but 0 the caller unwinds the row. */
+/* One pick to one row: 0, -DEFER, -DUPLICATE (its key is remembered: no row), or a column
+ * error. Cells are written in a fixed order; on anything but 0 the caller unwinds the row. */
 static int row(lj_dec_t *d, const uint8_t *body, size_t blen, const uint64_t *m, const int64_t *pick,
                int64_t ingested_us) {
     if (m[0] != 0) return -DEFER; /* compressed: decompress() is Python's */
@@ -425,14 +426,19 @@ static int row(lj_dec_t *d, const uint8_t *body, size_t blen, const uint64_t *m,
     s_null(d, LJ_S_PARSE_ERROR);
     s_null(d, LJ_S_RAW);
     if ((g = body_cells(d, f, meta, &eid))) return g;
-    /* the dedupe key: app-env, NUL, event id (as the event_id column has it) */
-    if (eid.kind != V_ABSENT) {
+    /* The dedupe key: app-env, NUL, event id (as the event_id column has it), as
+     * importer/decode.py's stream_key. Asked last, once nothing can defer the row to the
+     * reference (which would ask again), as the reference asks before it appends anything. */
+    if (eid.kind != V_ABSENT && d->dedupe) {
         lj_scol_t *e = &d->s[LJ_S_EVENT_ID];
         int64_t start = e->offsets[d->rows];
         static const uint8_t nul = 0;
+        d->key_len = 0;
         if ((g = key_put(d, app_env, alen)) || (g = key_put(d, &nul, 1)) ||
             (g = key_put(d, e->data + start, e->len - start)))
             return g;
+        int seen = lj_dd_seen(d->dedupe, d->key, (size_t)d->key_len);
+        if (seen) return seen > 0 ? -DUPLICATE : -2;
     }
     n_put(d, LJ_N_DEVICE, (int64_t)m[1], 1);
     n_put(d, LJ_N_SEQ, (int64_t)m[3], 1); /* u64 past 2**63 wraps, as every consumer reads it */
@@ -442,6 +448,19 @@ static int row(lj_dec_t *d, const uint8_t *body, size_t blen, const uint64_t *m,
 }
 
 /* ------------------------------------------------------------------ the batch */
+
+/* Notes pick k of this run as a duplicate: 0, or -2 when memory ran out. */
+static int dup_put(lj_dec_t *d, int64_t k) {
+    if (d->ndups == d->dups_room) {
+        int64_t room = d->dups_room ? 2 * d->dups_room : 256;
+        int64_t *p = realloc(d->dups, (size_t)room * sizeof *p);
+        if (!p) return -2;
+        d->dups = p;
+        d->dups_room = room;
+    }
+    d->dups[d->ndups++] = k;
+    return 0;
+}
 
 /* Resets the open row of every column (after a deferred or failed row). */
 static void abandon_row(lj_dec_t *d) {
@@ -469,8 +488,7 @@ lj_dec_t *lj_dec_new(int64_t cap) {
         d->n[c].valid = calloc(bits, 1);
         ok = ok && d->n[c].values && d->n[c].valid;
     }
-    d->key_off = calloc((size_t)cap + 1, sizeof(int32_t));
-    if (!ok || !d->key_off) {
+    if (!ok) {
         lj_dec_free(d);
         return NULL;
     }
@@ -488,8 +506,8 @@ void lj_dec_free(lj_dec_t *d) {
         free(d->n[c].values);
         free(d->n[c].valid);
     }
-    free(d->keys);
-    free(d->key_off);
+    free(d->key);
+    free(d->dups);
     lj_dec_names_clear(d);
     free(d->name);
     free(d->name_len);
@@ -533,8 +551,7 @@ void lj_dec_reset(lj_dec_t *d) {
 int64_t lj_dec_run(lj_dec_t *d, const uint8_t *data, size_t data_len, const uint32_t *pos, const uint64_t *meta,
                    int64_t nmessages, const int64_t *picks, int64_t npicks, int64_t ingested_us) {
     int64_t k = 0;
-    d->keys_len = 0;
-    d->key_off[0] = 0;
+    d->ndups = 0;
     d->stop = LJ_DEC_DONE;
     for (; k < npicks; k++) {
         if (d->rows >= d->cap) {
@@ -548,17 +565,19 @@ int64_t lj_dec_run(lj_dec_t *d, const uint8_t *data, size_t data_len, const uint
             break;
         }
         size_t blen = pos[6 * i + 5];
-        int64_t keys_at = d->keys_len;
         int g = row(d, data + pos[6 * i + 4], blen, meta + 4 * i, pick, ingested_us);
+        if (g == -DUPLICATE) {
+            abandon_row(d);
+            if (!dup_put(d, k)) continue;
+            g = -2; /* its key is remembered now, so it cannot be asked again: stop with no memory */
+        }
         if (g) {
             abandon_row(d);
-            d->keys_len = keys_at;
             d->stop = g == -DEFER ? LJ_DEC_DEFER : g == -2 ? LJ_DEC_NOMEM : d->rows ? LJ_DEC_FULL : LJ_DEC_DEFER;
             break;
         }
         d->rows++;
         d->body_bytes += (int64_t)blen;
-        d->key_off[k + 1] = (int32_t)d->keys_len;
     }
     return k;
 }
@@ -587,37 +606,4 @@ int lj_dec_put_float(lj_dec_t *d, int col, double value, int valid) {
 void lj_dec_end_row(lj_dec_t *d, int64_t body_bytes) {
     d->rows++;
     d->body_bytes += body_bytes;
-}
-
-void lj_dec_drop(lj_dec_t *d, const int64_t *rows, int64_t n) {
-    if (n <= 0) return;
-    int64_t w = rows[0], next = 0;
-    /* row r moves to w unless it is dropped; strings move with their offsets */
-    int32_t wstart[LJ_NSTR];
-    for (int c = 0; c < LJ_NSTR; c++) wstart[c] = d->s[c].offsets[w];
-    for (int64_t r = rows[0]; r < d->rows; r++) {
-        lj_scol_t *body = &d->s[LJ_S_BODY];
-        if (next < n && rows[next] == r) {
-            d->body_bytes -= body->offsets[r + 1] - body->offsets[r];
-            next++;
-            continue;
-        }
-        for (int c = 0; c < LJ_NSTR; c++) {
-            lj_scol_t *s = &d->s[c];
-            int32_t a = s->offsets[r], b = s->offsets[r + 1];
-            memmove(s->data + wstart[c], s->data + a, (size_t)(b - a));
-            int valid = (s->valid[r >> 3] >> (r & 7)) & 1;
-            set_valid(s->valid, w, valid);
-            wstart[c] += b - a;
-            s->offsets[w + 1] = wstart[c];
-        }
-        for (int c = 0; c < LJ_NNUM; c++) {
-            lj_ncol_t *m = &d->n[c];
-            m->values[w] = m->values[r];
-            set_valid(m->valid, w, (m->valid[r >> 3] >> (r & 7)) & 1);
-        }
-        w++;
-    }
-    d->rows = w;
-    for (int c = 0; c < LJ_NSTR; c++) d->s[c].len = d->s[c].offsets[w];
 }

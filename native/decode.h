@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dedupe.h"
+
 /* String columns (Arrow string/binary: int32 offsets, data, validity bitmap). */
 #define LJ_S_APP_ENV 0
 #define LJ_S_APP 1
@@ -63,11 +65,14 @@ typedef struct {
     int stop;               /* LJ_DEC_* of the last lj_dec_run */
     lj_scol_t s[LJ_NSTR];
     lj_ncol_t n[LJ_NNUM];
-    /* Per pick consumed by the last lj_dec_run: its dedupe key (app-env, NUL, event id) in
-     * keys[key_off[i] : key_off[i + 1]], or key_off[i] == key_off[i + 1] when it has none. */
-    uint8_t *keys;
-    int32_t *key_off;
-    int64_t keys_len, keys_room;
+    /* The idempotency keys remembered (native/dedupe.h), or NULL for no dedupe: a row whose
+     * key (app-env, NUL, event id) is remembered is no row, and its pick (numbered from the
+     * first pick of the last lj_dec_run) is in dups[0 .. ndups). */
+    lj_dd_t *dedupe;
+    int64_t *dups;
+    int64_t ndups, dups_room;
+    uint8_t *key;  /* the key being asked about */
+    int64_t key_len, key_room;
     /* Names the picks refer to by number (app-envs, topics, journals), copied here. */
     uint8_t **name;
     uint32_t *name_len;
@@ -95,6 +100,3 @@ int lj_dec_put_str(lj_dec_t *d, int col, const uint8_t *text, int64_t len);
 int lj_dec_put_int(lj_dec_t *d, int col, int64_t value, int valid);
 int lj_dec_put_float(lj_dec_t *d, int col, double value, int valid);
 void lj_dec_end_row(lj_dec_t *d, int64_t body_bytes);
-
-/* Removes rows[0 .. n) (ascending, from the open chunk), with their body bytes. */
-void lj_dec_drop(lj_dec_t *d, const int64_t *rows, int64_t n);

@@ -7,7 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from importer.decode import DUPLICATE_EVENT, MAX_EVENT_ID_BYTES, BatchBuilder, event_id, stream_key
+from importer.decode_native import MODULE, NativeRecentKeys
 from importer.dedupe import DEFAULT_CAPACITY, RecentKeys
+from harness.native import c_module
 from logjam.message import Message
 from logjam.meta import Compression
 
@@ -76,6 +78,50 @@ def test_capacity_must_be_positive() -> None:
     assert RecentKeys().capacity == DEFAULT_CAPACITY
     with pytest.raises(ValueError):
         RecentKeys(0)
+
+
+def test_the_c_memory_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        NativeRecentKeys(c_module(MODULE), 0)
+
+
+# Keys that share prefixes, lengths and bytes (NUL, non-ASCII, the empty key), for the C twin.
+TWIN_KEY_LIST = ["a", "b", "ab", "ba", "a\0b", "a\0c", "", "é", "e\u0301", "x" * 40, "x" * 41,
+                 "shop-prod\0" + "3f9c0a1b2c3d4e5f:1", "shop-prod\0" + "3f9c0a1b2c3d4e5f:2"]
+TWIN_KEYS = st.sampled_from(TWIN_KEY_LIST)
+TWIN_OPS = st.one_of(st.tuples(st.just("seen"), TWIN_KEYS), st.tuples(st.just("in"), TWIN_KEYS),
+                     st.tuples(st.just("extend"), st.lists(TWIN_KEYS, max_size=6)),
+                     st.tuples(st.just("repeats"), st.lists(st.one_of(st.none(), TWIN_KEYS), max_size=6)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 6), st.lists(TWIN_OPS, max_size=80))
+def test_the_c_memory_answers_as_its_python_twin(capacity: int, ops: list) -> None:
+    """native/dedupe.c against importer/dedupe.py: every answer, the length and what is remembered."""
+    twin, c = RecentKeys(capacity), NativeRecentKeys(c_module(MODULE), capacity)
+    for op, arg in ops:
+        if op == "in":
+            assert (arg in c) == (arg in twin)
+        else:
+            assert getattr(c, op)(arg) == getattr(twin, op)(arg), (op, arg)
+        assert len(c) == len(twin)
+    assert {k for k in TWIN_KEY_LIST if k in c} == set(twin.oldest_first())
+
+
+def test_the_c_memory_keeps_its_bound_over_many_keys() -> None:
+    """Many evictions through a table that wraps around: the last `capacity` keys, no other, exactly."""
+    capacity = 1000
+    twin, c = RecentKeys(capacity), NativeRecentKeys(c_module(MODULE), capacity)
+    keys = [f"s{i % 7}-prod\0id-{i * 7919 % 5003}" for i in range(20_000)]
+    assert c.repeats(keys) == twin.repeats(keys)
+    assert len(c) == len(twin) == capacity
+    assert all(k in c for k in twin.oldest_first())
+    assert not any(k in c for k in set(keys) - set(twin.oldest_first()))
+    # Reloaded oldest first (as the importer reloads what it wrote), both forget in the same order.
+    again, twin_again = NativeRecentKeys(c_module(MODULE), capacity), RecentKeys(capacity)
+    assert again.extend(twin.oldest_first()) == twin_again.extend(twin.oldest_first()) == capacity
+    more = [f"s{i % 5}-prod\0id-{i * 31 % 1500}" for i in range(5000)]
+    assert again.repeats(more) == twin_again.repeats(more)
 
 
 @pytest.mark.parametrize(("value", "key"), [
