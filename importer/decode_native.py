@@ -15,6 +15,10 @@ row's key as it makes the row (native/dedupe.c, `NativeRecentKeys` here, importe
 `RecentKeys` in C), and a row whose key it remembers is no row; a deferred message asks the
 same memory from the reference. `recent_keys()` makes the memory an importer keeps.
 
+`NativePicker` is the receive stage's loop over a chunk already in sequence (the picks
+above, from the messages' app-env and topic bytes) in C, native/pick.c; importer/receive.py
+fills its tables and stays the reference for what is picked.
+
 `NativeBatchBuilder.load()` is None when LOGJAM_NATIVE is off or the module was not built;
 the importer then runs the Python path.
 """
@@ -295,3 +299,53 @@ class NativeBatchBuilder:
 
 def _copy(ffi: Any, pointer: Any, size: int) -> bytes:
     return ffi.buffer(pointer, size)[:] if size else b""
+
+
+class NativePicker:
+    """Picks for a chunk already in sequence, in C (native/pick.c): one call per run of messages
+    whose app-env and topic are registered. Registered names mirror the receiver's caches
+    (importer/receive.py `Receiver._stream`, `_topic`), numbered as `builder.name_id` numbers them."""
+
+    def __init__(self, builder: NativeBatchBuilder) -> None:
+        self._builder = builder
+        self._ffi, self._lib = ffi, lib = builder._ffi, builder._lib
+        t = lib.lj_pick_new()
+        if t == ffi.NULL:
+            raise MemoryError("lj_pick_new")
+        self._t = ffi.gc(t, lib.lj_pick_free)
+        self._result = ffi.new("lj_pick_result_t *")
+        self._slot_names: list[str] = []  # per stream slot: its name, for the row counts
+
+    def clear(self) -> None:
+        """Forget every name (the builder numbered them again)."""
+        self._lib.lj_pick_clear(self._t)
+        self._slot_names.clear()
+
+    def stream(self, app_env: bytes, name: str, keeps: bool, number: int) -> None:
+        if self._lib.lj_pick_stream(self._t, app_env, len(app_env), number, keeps) < 0:
+            raise MemoryError("lj_pick_stream")
+        self._slot_names.append(name)
+
+    def topic(self, topic: bytes, number: int) -> None:
+        if self._lib.lj_pick_topic(self._t, topic, len(topic), number) < 0:
+            raise MemoryError("lj_pick_topic")
+
+    def run(self, raw: RawBatch, start: int, journal: int, picks: array.array, rows: dict[str, int]) -> tuple[int, int]:
+        """Picks raw's messages from `start` on, appended to `picks`, with a row counted per pick in
+        `rows` (by stream name), until a message with a name not registered; returns (its index, or
+        raw.n when all are done; the messages skipped as other workers' streams)."""
+        ffi, lib, t = self._ffi, self._lib, self._t
+        data, pos, _ = self._builder._raw_columns(raw)
+        at = len(picks)
+        picks.frombytes(bytes(32 * (raw.n - start)))  # room for 4 numbers a message
+        with ffi.from_buffer("int64_t[]", picks) as out:
+            stop = lib.lj_pick_run(t, data, len(raw.data), pos, raw.n, start, journal, out + at)
+        r = self._result
+        lib.lj_pick_result(t, r)
+        del picks[at + 4 * r.picks :]
+        names = self._slot_names
+        for k in range(r.touched):
+            slot = r.slots[k]
+            name = names[slot]
+            rows[name] = rows.get(name, 0) + r.counts[slot]
+        return stop, r.skipped

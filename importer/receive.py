@@ -2,7 +2,10 @@
 
 With the C decoder (importer/decode_native.py) the messages kept from a chunk are decoded
 together, in one call, at the end of the chunk, or before a message that is handed on
-alone (a replayed one), so rows keep the order of the sequence.
+alone (a replayed one), so rows keep the order of the sequence. A chunk already in sequence
+(one device, each message the next) is also picked in C (`NativePicker`), from tables of
+the app-envs and topics this receiver has decided about; a name it meets for the first time
+goes through `_stream`/`_topic` here, which register the answer in C.
 
 A worker receives every stream (its gap tracking needs every sequence number) and keeps
 only its own. Messages arrive as columns (`logjam.raw.RawBatch`, drained in C), so a
@@ -21,7 +24,7 @@ from typing import Callable
 
 from importer.batch import GroupCommit
 from importer.decode import DUPLICATE_EVENT
-from importer.decode_native import NativeBatchBuilder
+from importer.decode_native import NativeBatchBuilder, NativePicker
 from importer.report import GapReport, Tally
 from importer.sequence import Sequencer
 from importer.split import StreamFilter
@@ -53,6 +56,8 @@ class Receiver:
         self._journals: dict[str, int] = {}
         builder = batch.builder
         self._native = builder if isinstance(builder, NativeBatchBuilder) else None
+        # The same caches of _streams and _topics in C, for chunks in sequence (None: picked here).
+        self._picker = NativePicker(self._native) if self._native is not None else None
         # The chunk being received and its kept messages, 4 numbers each (importer/decode_native.py).
         self._pending: RawBatch | None = None
         self._picks = array.array("q")
@@ -73,6 +78,8 @@ class Receiver:
             entry = (name, keeps, self._native.name_id(name) if keeps and self._native is not None else -1)
             if len(self._streams) < 100_000:
                 self._streams[app_env] = entry
+                if self._picker is not None:
+                    self._picker.stream(app_env, *entry)
         return entry
 
     def _topic(self, topic_b: bytes) -> tuple[str, int]:
@@ -82,6 +89,8 @@ class Receiver:
             entry = (name, self._native.name_id(name) if self._native is not None else -1)
             if len(self._topics) < 100_000:
                 self._topics[topic_b] = entry
+                if self._picker is not None:
+                    self._picker.topic(topic_b, entry[1])
         return entry
 
     def _journal_id(self, journal: str | None) -> int:
@@ -103,6 +112,8 @@ class Receiver:
                 self._streams.clear()
                 self._topics.clear()
                 self._journals.clear()
+                if self._picker is not None:
+                    self._picker.clear()
             self._pending = raw
         picks, rows, streams, topics = self._picks, tally.rows, self._streams, self._topics
         # A chunk of one device's messages, each the next, without a heartbeat (whose bytes may also
@@ -179,20 +190,27 @@ class Receiver:
         journal_n = self._journal_id(self.sequencer.ledger.journal(device))
         tally = self.tally
         tally.received += n
-        picks, rows, streams, topics = self._picks, tally.rows, self._streams, self._topics
-        skipped = 0
-        for i in range(n):
+        picks, rows, streams, topics, picker = self._picks, tally.rows, self._streams, self._topics, self._picker
+        skipped = i = 0
+        while i < n:
+            if picker is not None:
+                # C picks until a name it has no answer for; that message is picked below, which registers it.
+                i, more = picker.run(raw, i, journal_n, picks, rows)
+                skipped += more
+                if i == n:
+                    break
             p = 6 * i
             at = pos[p]
             app_env = data[at : at + pos[p + 1]]
             name, keeps, stream = streams.get(app_env) or self._stream(app_env)
             if not keeps:
                 skipped += 1
-                continue
-            at = pos[p + 2]
-            topic_b = data[at : at + pos[p + 3]]
-            picks.extend((i, stream, (topics.get(topic_b) or self._topic(topic_b))[1], journal_n))
-            rows[name] = rows.get(name, 0) + 1
+            else:
+                at = pos[p + 2]
+                topic_b = data[at : at + pos[p + 3]]
+                picks.extend((i, stream, (topics.get(topic_b) or self._topic(topic_b))[1], journal_n))
+                rows[name] = rows.get(name, 0) + 1
+            i += 1
         tally.skipped += skipped
 
     def _flush(self) -> None:

@@ -85,7 +85,8 @@ link = _builder("bridges.host._native_link", "link.h", ["link.c"], zmq=True)
 scan = _builder("bridges.lumberjack._native_scan", "scan.h", ["scan.c"], zmq=False)
 sub_drain = _builder("logjam._native_sub", "sub_drain.h", ["sub_drain.c"], zmq=True)
 variant = _builder("importer._native_variant", "variant.h", ["variant.c"], zmq=False)
-decode = _builder("importer._native_decode", "decode.h", ["decode.c", "dedupe.c"], zmq=False, headers=("dedupe.h",))
+decode = _builder("importer._native_decode", "decode.h", ["decode.c", "dedupe.c", "pick.c"], zmq=False,
+                  headers=("dedupe.h", "pick.h"))
 otlp = _builder("bridges.otlp._native_otlp", "otlp.h", ["otlp_protobuf.c", "otlp_json.c", "otlp_body.c"], zmq=False)
 syslog = _builder("bridges.syslog._native_syslog", "syslog.h", ["syslog.c"], zmq=False)
 
