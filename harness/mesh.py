@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 
 from harness.cpu import children
-from harness.processes import REPO, command, free_port, free_port_run, port_open, wait_for
+from harness.processes import REPO, command, free_port, free_port_run, port_open, stop, wait_for
 from logjam.curve import ClientKey
 from tools.mesh import DEFAULTS, DEVICE_PORTS, device_port, ensure_keys, importers_subscribed, mesh_environment
 
@@ -219,15 +219,11 @@ class Mesh:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        # A SIGTERM that came before `up` set its handler ended `up` alone: stop its supervisord too.
-        stop_supervisord(self.data / "supervisord.pid")
+        try:
+            stop(proc, timeout=120)  # (a hang: killed, and an AssertionError once supervisord is stopped)
+        finally:
+            # A SIGTERM that came before `up` set its handler ended `up` alone: stop its supervisord too.
+            stop_supervisord(self.data / "supervisord.pid")
 
     def shutdown(self) -> None:
         # Our Connect client first, while its server is up: left open, pyspark's exit hook would

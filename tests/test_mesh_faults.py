@@ -289,12 +289,17 @@ def test_importer_sigkill_under_load_loses_and_duplicates_nothing(mesh):
     out.check_keys()
 
 
-def test_device_sigkill_under_load_keeps_every_acked_event(mesh):
-    dealer = DealerLoad(mesh, f"dev-{uuid.uuid4().hex[:8]}", resend=True)
-    beats = BeatsLoad(mesh, f"devlj-{uuid.uuid4().hex[:8]}")
+def device_sigkill_keeps_every_acked_event(mesh: Mesh, where: str = "") -> tuple[DealerLoad, BeatsLoad]:
+    """Device 0 SIGKILLed under a resending Producer's load and pylogbeat's through the lumberjack
+    bridge: every acked event lands exactly once, but for windows pylogbeat itself sent again.
+    `where` prefixes the run ids and the report lines; the loads are returned for their run ids.
+    (Also tests/test_spark_cluster.py's check on a mesh writing through a Spark cluster.)"""
+    tag, label = (f"{where}-", f"{where}: ") if where else ("", "")
+    dealer = DealerLoad(mesh, f"{tag}dev-{uuid.uuid4().hex[:8]}", resend=True)
+    beats = BeatsLoad(mesh, f"{tag}devlj-{uuid.uuid4().hex[:8]}")
     out, lj = run_fault(mesh, "logjam-device", dealer, beats)
-    out.report("device SIGKILL, Producer resending timed-out batches", f", never acked {len(dealer.unacked)}")
-    lj.report("device SIGKILL, pylogbeat through the lumberjack bridge")
+    out.report(f"{label}device SIGKILL, Producer resending timed-out batches", f", never acked {len(dealer.unacked)}")
+    lj.report(f"{label}device SIGKILL, pylogbeat through the lumberjack bridge")
     # A batch whose 202 was lost may have been journaled before the kill and again when resent:
     # both copies carry the same key, so every event lands exactly once, resent or not.
     assert all(out.counts[m] == 1 for m in out.acked), \
@@ -304,6 +309,11 @@ def test_device_sigkill_under_load_keeps_every_acked_event(mesh):
     # only windows pylogbeat itself sent again get new keys and may land twice.
     assert all(lj.counts[m] == 1 for m in lj.acked - beats.resent)
     lj.check_keys()
+    return dealer, beats
+
+
+def test_device_sigkill_under_load_keeps_every_acked_event(mesh):
+    device_sigkill_keeps_every_acked_event(mesh)
 
 
 def test_lumberjack_bridge_sigkill_under_load_keeps_every_acked_event(mesh):
