@@ -408,12 +408,11 @@ def _refresh_day(table_dir: Path, date: str, parts: list[PartitionRef], fsync: s
                     continue
                 bits = _file_filter(part.dir / rel)
                 if bits is not None:
-                    name = base_name(rel)
-                    filters.append((Entry(part.importer, part.app_env, name, *signature, LOOKUP_COLUMNS, 0, 0), bits))
+                    filters.append((Entry(part.importer, part.app_env, base_name(rel), *signature, LOOKUP_COLUMNS,
+                                          0, 0), bits))
                     built += 1
-        same = {e.key: e for e, _ in filters}
-        if old is not None and not built and same.keys() == entries.keys():
-            return None
+        if old is not None and not built and {e.key for e, _ in filters} == entries.keys():
+            return None  # every filter kept, none dropped: the file is up to date
     finally:
         if old is not None:
             old.close()
