@@ -135,18 +135,9 @@ def test_two_devices_two_importers_on_two_workers_survive_a_device_sigkill(tmp_p
 
 def run_cluster_fault(mesh: Mesh, ui: int, works: list[Path]) -> None:
     """Device 0 SIGKILLed under load on the cluster mesh; what landed, and where its tasks ran."""
-    from tests.test_mesh_faults import BeatsLoad, DealerLoad, run_fault
+    from tests.test_mesh_faults import device_sigkill_keeps_every_acked_event
 
-    dealer = DealerLoad(mesh, f"cdev-{os.urandom(4).hex()}", resend=True)
-    beats = BeatsLoad(mesh, f"clj-{os.urandom(4).hex()}")
-    out, lj = run_fault(mesh, "logjam-device", dealer, beats)
-    out.report("cluster: device SIGKILL, Producer resending timed-out batches", f", never acked {len(dealer.unacked)}")
-    lj.report("cluster: device SIGKILL, pylogbeat through the lumberjack bridge")
-    assert all(out.counts[m] == 1 for m in out.acked), \
-        sorted((m, out.counts[m]) for m in out.acked if out.counts[m] != 1)[:10]
-    out.check_keys()
-    assert all(lj.counts[m] == 1 for m in lj.acked - beats.resent)
-    lj.check_keys()
+    dealer, beats = device_sigkill_keeps_every_acked_event(mesh, "cluster")
     # Each importer landed only its own device. (The bridge's one pylogbeat connection has a
     # home device, whichever answered first with the fewest connections, so which devices
     # carried it depends on the start; the Producer's rows are device 0's.)
