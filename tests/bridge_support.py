@@ -1,16 +1,19 @@
 """Shared by the bridge test suites (every protocol) and the logjam-send tests: a real
-`logjam-bridge` process, a subscriber that is known to be connected, and collection of the
-messages one test sent. Protocol-specific helpers stay next to their suites."""
+`logjam-bridge` process, a subscriber that is known to be connected, collection of the
+messages one test sent, and the two threads of a client that floods a bridge (one sends, one
+reads the replies). Protocol-specific helpers stay next to their suites."""
 
 from __future__ import annotations
 
+import socket
 import ssl
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import zmq
 
@@ -145,3 +148,35 @@ def no_more(sub: Subscriber, app_env: str, wait: float = 1.0) -> list[Message]:
 def drain(sub: Subscriber, app_env: str, wait: float) -> list[tuple[Message, dict[str, Any]]]:
     """Like no_more, with each message's body: what the bridge still forwards within `wait` seconds."""
     return [(m, m.json()) for m in no_more(sub, app_env, wait)]
+
+
+# -- a client flooding a bridge from two threads (the back-pressure tests): one sends, one reads
+
+
+def send_unless_halted(sock: socket.socket, data: bytes, halt: threading.Event,
+                       progress: Callable[[], None] = lambda: None) -> bool:
+    """`data` on `sock` (which has a timeout), whole unless `halt` is set first; True when all of it
+    went. `progress` runs after every send that took bytes (a stalled sender stops calling it)."""
+    view = memoryview(data)
+    while view and not halt.is_set():
+        try:
+            view = view[sock.send(view):]
+            progress()
+        except (TimeoutError, BlockingIOError):
+            continue
+    return not view
+
+
+def read_replies(sock: socket.socket, feed: Callable[[bytes], Iterable[Any]], into: list, more: Callable[[], bool]) -> None:
+    """What `sock` (which has a timeout) receives, through `feed` (a client engine's), into `into`,
+    for as long as `more()`; ends early at the end of the stream or when the socket is closed."""
+    while more():
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        into.extend(feed(data))

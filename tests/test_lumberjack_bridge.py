@@ -23,7 +23,7 @@ from bridges.lumberjack.bridge import FEED_SLICE
 from bridges.lumberjack.engine import V1, AckFrame, LumberjackClient, encode_data_frame, encode_window
 from logjam.validation import is_valid_app_env
 from harness.processes import command, wait_for
-from tests.bridge_support import client_tls, collect, no_more, ready_subscriber, stop_bridge
+from tests.bridge_support import client_tls, collect, no_more, read_replies, ready_subscriber, send_unless_halted, stop_bridge
 from tests.lumberjack_support import start_lumberjack
 
 # Native-sensitive (LOGJAM_NATIVE picks the C path or its Python twin): `native_device` runs on both.
@@ -289,35 +289,21 @@ def test_device_paused_no_ack_flat_memory_then_everything_once(native_device) ->
         sent = 0
         last_progress = time.monotonic()
 
+        def progressed() -> None:
+            nonlocal last_progress
+            last_progress = time.monotonic()
+
         def pump() -> None:
-            nonlocal sent, last_progress
+            nonlocal sent
             sock.sendall(encode_window(1000, V1))
             pad = "x" * 150
             while not halt.is_set():
-                frame = encode_data_frame(sent + 1, {"line": f"p{sent + 1}", "pad": pad})
-                view = memoryview(frame)
-                while view and not halt.is_set():
-                    try:
-                        view = view[sock.send(view):]
-                        last_progress = time.monotonic()
-                    except (TimeoutError, BlockingIOError):
-                        continue
-                if not view:
+                if send_unless_halted(sock, encode_data_frame(sent + 1, {"line": f"p{sent + 1}", "pad": pad}), halt, progressed):
                     sent += 1
-
-        def read_acks() -> None:
-            while not done.is_set():
-                try:
-                    data = sock.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    return
-                acks.extend(ack_client.feed(data))
 
         # Everything flows while the device runs.
         pump_thread = threading.Thread(target=pump, daemon=True)
-        ack_thread = threading.Thread(target=read_acks, daemon=True)
+        ack_thread = threading.Thread(target=read_replies, args=(sock, ack_client.feed, acks, lambda: not done.is_set()), daemon=True)
         pump_thread.start()
         ack_thread.start()
         wait_for(lambda: acks and acks[-1].seq > 1000, timeout=30, what="acks while the device runs")

@@ -24,7 +24,8 @@ import pytest
 
 from bridges.segment import engine as wire
 from bridges.segment.store import dir_name
-from tests.bridge_support import BridgeProcess, client_tls, collect, drain, ready_subscriber, start_bridge, stop_bridge
+from tests.bridge_support import (BridgeProcess, client_tls, collect, drain, read_replies, ready_subscriber,
+                                  send_unless_halted, start_bridge, stop_bridge)
 from harness.device import start_device
 from harness.processes import free_port, start, stop, wait_for
 from harness.segment_client import SegmentTestClient, ServerClosed
@@ -633,39 +634,26 @@ def test_device_paused_no_ack_keepalives_flat_memory_then_everything_once(device
         halt = threading.Event()
         pad = "x" * 150
 
+        def progressed() -> None:
+            nonlocal last_progress
+            last_progress = time.monotonic()
+
         def pump() -> None:
-            nonlocal sent, last_progress
+            nonlocal sent
             engine = wire.SegmentClient()
             while not halt.is_set():
                 nums = range(sent + 1, sent + per_append + 1)
-                view = memoryview(engine.append(w, [js(n=i, pad=pad) for i in nums], nums[-1]))
-                while view and not halt.is_set():
-                    try:
-                        view = view[sock.send(view):]
-                        last_progress = time.monotonic()
-                    except (TimeoutError, BlockingIOError):
-                        continue
-                if not view:
+                if send_unless_halted(sock, engine.append(w, [js(n=i, pad=pad) for i in nums], nums[-1]), halt, progressed):
                     sent = nums[-1]
 
-        def read_replies() -> None:
-            engine = wire.SegmentClient()
-            while not halt.is_set() or (not replies or getattr(replies[-1], "event_number", 0) < sent):
-                try:
-                    data = sock.recv(65536)
-                except TimeoutError:
-                    continue
-                except OSError:
-                    return
-                if not data:
-                    return
-                replies.extend(engine.feed(data))
+        def more() -> bool:
+            return not halt.is_set() or (not replies or getattr(replies[-1], "event_number", 0) < sent)
 
         def acked() -> int:
             return max((r.event_number for r in replies if isinstance(r, wire.DataAppended)), default=0)
 
         pump_thread = threading.Thread(target=pump, daemon=True)
-        reply_thread = threading.Thread(target=read_replies, daemon=True)
+        reply_thread = threading.Thread(target=read_replies, args=(sock, wire.SegmentClient().feed, replies, more), daemon=True)
         pump_thread.start()
         reply_thread.start()
         wait_for(lambda: acked() > 2000, timeout=30, what="acks while the device runs")

@@ -19,7 +19,7 @@ import pytest
 
 from bridges.segment import engine as wire
 from bridges.segment.store import RECORD_SIZE, dir_name
-from tests.bridge_support import collect, drain, ready_subscriber, start_bridge, stop_bridge
+from tests.bridge_support import collect, drain, read_replies, ready_subscriber, send_unless_halted, start_bridge, stop_bridge
 from tests.disk_support import fill, small_tmpfs
 from harness.processes import free_port, stop, wait_for
 from tests.rustlog_clients import BinaryClient, JsonClient, RawConn
@@ -71,32 +71,19 @@ def test_segment_bridge_holds_appends_on_a_full_disk_and_resumes(device, tmp_pat
                 pad = "x" * 1000
                 while not halt.is_set():
                     nums = range(sent + 1, sent + 21)
-                    view = memoryview(engine.append(writer, [json.dumps({"n": i, "pad": pad}).encode() for i in nums], nums[-1]))
-                    while view and not halt.is_set():
-                        try:
-                            view = view[sock.send(view):]
-                        except (TimeoutError, BlockingIOError):
-                            continue
-                    if not view:
+                    data = engine.append(writer, [json.dumps({"n": i, "pad": pad}).encode() for i in nums], nums[-1])
+                    if send_unless_halted(sock, data, halt):
                         sent = nums[-1]
-
-            def read_replies() -> None:
-                engine = wire.SegmentClient()
-                while not halt.is_set() or acked() < sent:
-                    try:
-                        data = sock.recv(65536)
-                    except TimeoutError:
-                        continue
-                    if not data:
-                        return
-                    replies.extend(engine.feed(data))
 
             def acked() -> int:
                 return max((r.event_number for r in replies if isinstance(r, wire.DataAppended)), default=0)
 
             filler = fill(disk, leave=500 * 1024)
             pump_thread = threading.Thread(target=pump, daemon=True)
-            reply_thread = threading.Thread(target=read_replies, daemon=True)
+            def more() -> bool:
+                return not halt.is_set() or acked() < sent
+
+            reply_thread = threading.Thread(target=read_replies, args=(sock, wire.SegmentClient().feed, replies, more), daemon=True)
             pump_thread.start()
             reply_thread.start()
             wait_for(lambda: store_metrics(metrics, "segment")[0] == 0, timeout=60, what="the store to be full")
