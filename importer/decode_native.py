@@ -330,6 +330,12 @@ class NativePicker:
         if self._lib.lj_pick_topic(self._t, topic, len(topic), number) < 0:
             raise MemoryError("lj_pick_topic")
 
+    def holds(self, raw: RawBatch, app_env: bytes) -> bool:
+        """Whether a message of `raw` has exactly this app-env (the heartbeat's): only the app-env
+        frames are compared, not every byte of the chunk searched."""
+        data, pos, _ = self._builder._raw_columns(raw)
+        return self._lib.lj_pick_find(data, len(raw.data), pos, raw.n, app_env, len(app_env)) < raw.n
+
     def run(self, raw: RawBatch, start: int, journal: int, picks: array.array, rows: dict[str, int]) -> tuple[int, int]:
         """Picks raw's messages from `start` on, appended to `picks`, with a row counted per pick in
         `rows` (by stream name), until a message with a name not registered; returns (its index, or

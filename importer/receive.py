@@ -116,9 +116,12 @@ class Receiver:
                     self._picker.clear()
             self._pending = raw
         picks, rows, streams, topics = self._picks, tally.rows, self._streams, self._topics
-        # A chunk of one device's messages, each the next, without a heartbeat (whose bytes may also
-        # occur in a body: then it just takes the long way): sequenced at once, not message by message.
-        ordered = sequencer is not None and _HEARTBEAT not in data and sequencer.take_in_order(meta, raw.n)
+        # A chunk of one device's messages, each the next, without a heartbeat: sequenced at once, not
+        # message by message. C compares the app-env frames with the heartbeat's; without it the chunk's
+        # bytes are searched (a body holding those bytes then just takes the long way).
+        picker = self._picker
+        heartbeat = picker.holds(raw, _HEARTBEAT) if picker is not None else _HEARTBEAT in data
+        ordered = sequencer is not None and not heartbeat and sequencer.take_in_order(meta, raw.n)
         if ordered and native is not None:
             try:
                 self._pick_ordered(raw)

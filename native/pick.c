@@ -163,6 +163,16 @@ int64_t lj_pick_run(lj_pick_t *t, const uint8_t *data, size_t data_len, const ui
     return i;
 }
 
+int64_t lj_pick_find(const uint8_t *data, size_t data_len, const uint32_t *pos, int64_t n, const uint8_t *name,
+                     size_t len) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t *p = pos + 6 * i;
+        if ((uint64_t)p[0] + p[1] > data_len) return i;
+        if (p[1] == len && memcmp(data + p[0], name, len) == 0) return i;
+    }
+    return n;
+}
+
 void lj_pick_result(const lj_pick_t *t, lj_pick_result_t *out) {
     *out = (lj_pick_result_t){t->picks, t->skipped, t->touched, t->slots, t->counts};
 }

@@ -34,6 +34,12 @@ int lj_pick_topic(lj_pick_t *t, const uint8_t *name, size_t len, int64_t number)
 int64_t lj_pick_run(lj_pick_t *t, const uint8_t *data, size_t data_len, const uint32_t *pos, int64_t n,
                     int64_t start, int64_t journal, int64_t *picks);
 
+/* The first of messages 0 .. n-1 whose app-env is exactly `name` (or whose positions are out of
+ * bounds); n when there is none. For the heartbeat, which a chunk in sequence must not hold:
+ * looking at the app-env frames only costs a fraction of searching the whole chunk's bytes. */
+int64_t lj_pick_find(const uint8_t *data, size_t data_len, const uint32_t *pos, int64_t n, const uint8_t *name,
+                     size_t len);
+
 typedef struct {
     int64_t picks;     /* picks appended (4 numbers each) */
     int64_t skipped;   /* messages of streams not kept */

@@ -133,3 +133,19 @@ def test_the_same_batch_when_names_are_numbered_again(monkeypatch) -> None:
         c.close()
         py.close()
 
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([b"shop-prod", b"heartbeat", b"heartbeats", b"heartbea", b""]), min_size=1,
+                max_size=30))
+def test_a_heartbeat_is_found_by_its_app_env_alone(app_envs: list[bytes]) -> None:
+    """`holds` answers as comparing each message's app-env frame; a topic with the bytes is no heartbeat."""
+    side = Side(True)
+    try:
+        raw = chunk([(a, b"heartbeat") for a in app_envs], 1)
+        assert b"heartbeat" in raw.data  # what searching the bytes would take for one
+        picker = side.rec._picker
+        assert picker is not None
+        assert picker.holds(raw, b"heartbeat") == (b"heartbeat" in app_envs)
+    finally:
+        side.close()
