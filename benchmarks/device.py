@@ -36,7 +36,6 @@ sys.path.insert(0, str(REPO))  # harness/ is not installed
 from harness.cpu import fine_cpu_seconds  # noqa: E402
 
 BIN = Path(sys.executable).parent
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 APP = b"bench-app-production"
 TOPIC = b"logs.bench"

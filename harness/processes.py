@@ -93,22 +93,6 @@ def free_port_run(n: int, step: int) -> int:
     raise AssertionError(f"no {n} free ports {step} apart")
 
 
-def free_port_pair() -> int:
-    """A free port whose successor is free too (and handed out by neither call again)."""
-    for _ in range(100):
-        port = free_port()
-        if port + 1 in _given or port + 1 not in _PORTS:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        _given.add(port + 1)
-        return port
-    raise AssertionError("no two consecutive free ports")
-
-
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> T:
     """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -3,18 +3,14 @@
 The producer spec's ABNF allows only letters in application and environment names,
 but real applications use digits and the reference device checks something looser:
 every byte in 32..127 and at least one '-'. We follow the device (real clients rely
-on it) and offer `strict_app_env` for callers that want the ABNF.
+on it).
 """
 
 from __future__ import annotations
 
-import re
-
 # The limits live in logjam/constants.py, shared with the C modules; imported from here too.
 from logjam.constants import MAX_NAME_LENGTH, TOPIC_PREFIXES  # noqa: F401
 from logjam.errors import InvalidAppEnv, InvalidTopic
-
-_STRICT_APP_ENV = re.compile(r"[A-Za-z][A-Za-z_-]*-[A-Za-z][A-Za-z_]*\Z")
 
 
 def _as_bytes(name: bytes | str) -> bytes:
@@ -41,12 +37,6 @@ def is_valid_app_env(name: bytes | str) -> bool:
     except InvalidAppEnv:
         return False
     return True
-
-
-def strict_app_env(name: str) -> None:
-    """The producer spec's ABNF: letters, '_' and '-' in the application, letters and '_' in the environment."""
-    if not _STRICT_APP_ENV.match(name):
-        raise InvalidAppEnv(f"stream name {name!r} does not match application-environment")
 
 
 def check_topic(topic: bytes | str) -> None:

@@ -132,7 +132,7 @@ def test_handshake_replies() -> None:
 def test_legacy_client_gets_no_version() -> None:
     server = CourierServer()
     assert list(server.feed(encode_jdat(NONCE, EVENTS))) == expected_payload(NONCE, "JDAT", EVENTS)
-    assert server.legacy
+    assert server.handshake is None  # an old client skips the handshake
     with pytest.raises(LocalProtocolError):
         server.send(Version())
 

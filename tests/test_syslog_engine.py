@@ -18,7 +18,7 @@ from bridges.syslog.engine import (
     Frames,
     SyslogClient,
     SyslogServer,
-    datagram,
+    datagram_message,
 )
 from bridges.syslog.parse import infer_year, parse, structured_data
 from logjam.errors import FrameTooLarge, LocalProtocolError, ProtocolError
@@ -97,8 +97,8 @@ def test_limits_before_any_allocation() -> None:
 
 
 def test_datagrams() -> None:
-    assert datagram(b"<13>hi\n\0") == Frame(b"<13>hi", "udp")
-    assert datagram(b"\n") is None
+    assert datagram_message(b"<13>hi\n\0") == b"<13>hi"
+    assert datagram_message(b"\n") == b""
 
 
 # ---------------------------------------------------------------- the parser

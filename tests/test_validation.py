@@ -3,7 +3,7 @@
 import pytest
 
 from logjam.errors import InvalidAppEnv, InvalidTopic
-from logjam.validation import check_app_env, check_topic, is_valid_app_env, is_valid_topic, strict_app_env
+from logjam.validation import check_app_env, check_topic, is_valid_app_env, is_valid_topic
 
 
 @pytest.mark.parametrize("name", ["app-production", "my_app-prod", "shop2-staging", "a-b", b"logjam-dev"])
@@ -21,12 +21,6 @@ def test_bad_app_envs_say_why(name, reason):
     with pytest.raises(InvalidAppEnv, match=reason):
         check_app_env(name)
     assert not is_valid_app_env(name)
-
-
-def test_strict_grammar():
-    strict_app_env("my_app-production")
-    with pytest.raises(InvalidAppEnv):
-        strict_app_env("shop2-staging")
 
 
 @pytest.mark.parametrize("topic", ["logs", "logs.rails", "javascript", "events.x", "frontend.page", "frontend.ajax", "mobile"])

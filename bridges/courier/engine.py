@@ -265,11 +265,6 @@ class CourierServer(HeldErrors):
         self._sent_version = False
 
     @property
-    def legacy(self) -> bool:
-        """True when the client skipped the handshake (an old client)."""
-        return self.handshake is None
-
-    @property
     def mid_frame(self) -> bool:
         """Part of a message (a header, a handshake, a payload) has arrived, not all of it
         (the host's --frame-timeout runs)."""

@@ -1,8 +1,8 @@
 """Sans-IO syslog framing (RFC 6587 over TCP and TLS, RFC 5426 over UDP): server and client halves.
 
 No sockets here. `SyslogServer.feed(bytes)` cuts a stream into syslog messages, handed over
-as `Frames` runs (the messages of one read that share a framing, in order); `datagram(bytes)`
-gives the `Frame` of one UDP datagram. The message inside a
+as `Frames` runs (the messages of one read that share a framing, in order); `datagram_message(bytes)`
+gives the message of one UDP datagram. The message inside a
 frame is read by parse.py, which never fails: only the framing can be broken.
 
 Over a stream there are two framings, and the first byte of each message tells them apart
@@ -68,12 +68,6 @@ def datagram_message(data: bytes) -> bytes:
     """The message of one UDP datagram (RFC 5426): trailing LF and NUL, which some senders add,
     dropped; empty when there is none."""
     return data.rstrip(b"\n\0")
-
-
-def datagram(data: bytes) -> Frame | None:
-    """One UDP datagram is one message (`datagram_message`); None for an empty datagram."""
-    raw = datagram_message(data)
-    return Frame(raw, DATAGRAM) if raw else None
 
 
 class SyslogServer(HeldErrors):
