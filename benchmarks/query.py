@@ -169,7 +169,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--days", type=int, default=3)
-    ap.add_argument("--batch-rows", type=int, default=100_000, help="rows per importer write (one Spark job each)")
+    ap.add_argument("--batch-rows", type=int, default=100_000, help="rows per importer write (one commit each)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each query each way; the best is printed")
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--seed", type=int, default=1)

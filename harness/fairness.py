@@ -97,7 +97,7 @@ class Sampler(threading.Thread):
             self.stop.wait(max(0.0, 1.0 - (time.perf_counter() - started)))
 
 
-# Where the quiet stream's lag goes: importer 0's Spark jobs (count, seconds, rows) and the seconds
+# Where the quiet stream's lag goes: importer 0's commits (count, seconds, rows) and the seconds
 # device 0 held its input for the importers (--max-importer-lag), as counters read around a phase.
 WATCH = ("logjam_importer_write_seconds_count", "logjam_importer_write_seconds_sum", "logjam_importer_batch_rows_sum",
          "logjam_device_input_held_seconds_total", "logjam_device_fair_parked_seconds_total",
@@ -124,7 +124,7 @@ def describe_jobs(before: list[dict[str, float]], after: list[dict[str, float]],
     for k, (b, a) in enumerate(zip(before, after)):
         d = {name: a.get(name, 0.0) - b.get(name, 0.0) for name in WATCH}
         jobs = max(d["logjam_importer_write_seconds_count"], 1.0)
-        lines.append(f"importer {k}: {d['logjam_importer_write_seconds_count']:.0f} Spark jobs, "
+        lines.append(f"importer {k}: {d['logjam_importer_write_seconds_count']:.0f} commits, "
                      f"{d['logjam_importer_write_seconds_sum'] / jobs:.2f} s and "
                      f"{d['logjam_importer_batch_rows_sum'] / jobs:,.0f} rows each; device {k} past the hard lag limit "
                      f"{d['logjam_device_input_held_seconds_total']:.1f} s, parked the loud stream "

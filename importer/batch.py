@@ -6,7 +6,7 @@ a whole commit; meanwhile rows keep accumulating, and the next commit takes ever
 that arrived since the last one. Batch size thus follows the load with no tuning, and
 a commit's fixed cost (a file per partition, its fsyncs and renames; a whole job for a
 remote Spark) is paid once per batch, not per `--batch-rows`. `--batch-bytes` bounds a batch (and so the importer's memory and the
-length of a job); a full batch waits for the writer, and while it waits the importer
+length of a commit); a full batch waits for the writer, and while it waits the importer
 stops receiving (the SUB socket fills, and what its high-water mark drops comes back
 through replay).
 
@@ -37,7 +37,7 @@ DEFAULT_BATCH_BYTES = 64 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Rows for one Spark job, and the per-device positions they (and all before them) cover."""
+    """Rows for one commit, and the per-device positions they (and all before them) cover."""
 
     table: pa.Table
     mark: Mapping[int, Position] | None

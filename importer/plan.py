@@ -1,4 +1,4 @@
-"""Planning a batch's Spark job: which rows go now, and which wait in the spill for their partitions.
+"""Planning a batch's commit (its job): which rows go now, and which wait in the spill for their partitions.
 
 A job registers at most a budget of new partitions, so that a burst of new streams never
 holds up the streams that already flow: the rest of the burst waits in the spill
@@ -19,7 +19,7 @@ from table.partitioning import partitions_of
 
 log = logging.getLogger(__name__)
 
-# New partitions one Spark job may register: a burst of new streams waits in the spill, so the
+# New partitions one job may register: a burst of new streams waits in the spill, so the
 # streams that flow keep landing. A new partition costs a metastore registration and a file of
 # its own: 2-3 ms each on a quiet machine, ten times that on a busy one, so the budget follows
 # what the last jobs cost, aiming at NEW_PARTITION_JOB_SECONDS a job. Two such jobs, one under

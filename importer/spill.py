@@ -2,9 +2,9 @@
 
 Registering a partition costs the metastore 2-3 ms (measured), and writing into a new
 partition directory about as much again, so a burst of 10,000 new streams would hold one
-Spark job, and every stream that already flows with it, for most of a minute. Instead a
+commit, and every stream that already flows with it, for most of a minute. Instead a
 job takes the rows of partitions that exist plus as many new ones as fit in its time budget
-(importer/write.py, NewPartitionBudget);
+(importer/plan.py, NewPartitionBudget);
 the rest are written here first (fsynced, before that job commits, so the table never holds
 rows that were received after rows it lacks and that are nowhere durable), and each later
 job takes the next share of them. After a restart the files are read back, less the rows the

@@ -48,7 +48,8 @@ class WriteFailed(RuntimeError):
 
 
 class TableWriter:
-    """Writes batches of one importer into the catalog table, through Spark: plans, then commits."""
+    """Writes batches of one importer into the catalog table: plans, then commits (its own placed
+    files, or rows sent to Spark when `staging` is off)."""
 
     def __init__(self, database: str, importer: int, location: str, *, staging: bool = True,
                  partition_map: PartitionMap | None = None, spill_dir: Path | None = None,
