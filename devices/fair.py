@@ -17,7 +17,7 @@ has waited MAX_PARK seconds, whichever comes first, as long as the importers are
 hard limit (--max-importer-lag). Past it, where the device used to leave every input unread,
 the loud streams stay parked until the importers are back under it, and the others are
 still served. Parking bounds how much of the loud stream is between the device and Spark (so
-each Spark job stays short), not how much the loud stream lands.
+each importer commit stays short), not how much the loud stream lands.
 
 A device answers one connection in order (replies carry no id), so a reply to a message
 published at once, from a connection that has a parked message before it, is parked too: its

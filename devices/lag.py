@@ -4,7 +4,7 @@ PUB/SUB has no back-pressure, and a device journals and publishes far faster tha
 lands rows (measured: bridges acknowledged ~100k events/s while ~6k/s landed), so
 without this a burst becomes minutes of staleness, and an importer behind its SUB
 high-water mark has to fetch everything through replay. Importers report, over the
-replay endpoint, the position everything up to which is committed to Spark (or filtered
+replay endpoint, the position everything up to which is committed to the table (or filtered
 out). The device remembers when it published which seq, and while an *in-sync* importer
 is more than `--max-importer-lag` seconds (or `--max-importer-lag-messages` messages)
 behind, it reads nothing from its inputs:

@@ -20,22 +20,22 @@ class ImporterMetrics:
         self.rows = Counter("logjam_importer_rows", "Rows accepted into batches, per stream", ["worker", "app_env"], registry=r)
         self.parse_errors = Counter("logjam_importer_parse_errors", "Rows whose body could not be decompressed or parsed",
                                     ["worker", "app_env"], registry=r)
-        self.written = Counter("logjam_importer_rows_written", "Rows committed to Spark", ["worker"], registry=r).labels(**labels)
-        self.batches = Counter("logjam_importer_batches_written", "Batches committed to Spark", ["worker"], registry=r).labels(**labels)
-        self.write_failures = Counter("logjam_importer_write_failures", "Failed Spark write attempts (retried)",
+        self.written = Counter("logjam_importer_rows_written", "Rows committed to the table", ["worker"], registry=r).labels(**labels)
+        self.batches = Counter("logjam_importer_batches_written", "Batches committed to the table", ["worker"], registry=r).labels(**labels)
+        self.write_failures = Counter("logjam_importer_write_failures", "Failed batch write attempts (retried)",
                                       ["worker"], registry=r).labels(**labels)
         self.lost_rows = Counter("logjam_importer_rows_lost", "Rows given up on at shutdown after failed writes",
                                  ["worker"], registry=r).labels(**labels)
-        self.write_seconds = Histogram("logjam_importer_write_seconds", "Seconds per Spark batch write", ["worker"],
+        self.write_seconds = Histogram("logjam_importer_write_seconds", "Seconds per batch write", ["worker"],
                                        buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), registry=r).labels(**labels)
         self.lock_wait = Histogram("logjam_importer_lock_wait_seconds",
                                    "Seconds a batch write waited for its root's lock (held by a compaction's swap)",
                                    ["worker"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
                                    registry=r).labels(**labels)
-        self.batch_rows = Histogram("logjam_importer_batch_rows", "Rows per Spark write (group commit follows the load)",
+        self.batch_rows = Histogram("logjam_importer_batch_rows", "Rows per batch write (group commit follows the load)",
                                     ["worker"], buckets=(100, 1000, 10_000, 50_000, 100_000, 200_000, 500_000),
                                     registry=r).labels(**labels)
-        self.batch_bytes = Histogram("logjam_importer_batch_bytes", "Bytes per Spark write (bounded by --batch-bytes)",
+        self.batch_bytes = Histogram("logjam_importer_batch_bytes", "Bytes per batch write (bounded by --batch-bytes)",
                                      ["worker"], buckets=(2**16, 2**20, 2**23, 2**24, 2**25, 2**26, 2**27, 2**28),
                                      registry=r).labels(**labels)
         self.commit_delay = Histogram("logjam_importer_commit_delay_seconds",

@@ -1,7 +1,8 @@
 """One importer worker as a pipeline of named stages: receive -> decode -> batch -> write -> checkpoint.
 
-- receive: `logjam.subscriber.Subscriber` (SUB to every device) and `importer.sequence.Sequencer`
-  (each device in sequence order; duplicates dropped; holes filled from replay);
+- receive: `importer.receive.Receiver` over `logjam.subscriber.Subscriber` (SUB to every device
+  it reads: its own under `--own-devices`) and `importer.sequence.Sequencer` (each device in
+  sequence order; duplicates dropped; holes filled from replay);
 - decode: `importer.decode.BatchBuilder` (a row per message, dedupe by `@metadata._id`), made in
   C a drained chunk at a time by `importer.decode_native.NativeBatchBuilder` when LOGJAM_NATIVE allows;
 - batch: `importer.batch.GroupCommit` (group commit, bounded by bytes);
