@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"largest batch, in bytes of decoded rows (default {DEFAULT_BATCH_BYTES >> 20} MiB)")
     p.add_argument("--batch-rows", type=int, default=None, help="also cut a batch at this many rows (default: no limit)")
     p.add_argument("--write-timeout", type=float, default=120.0,
-                   help="a Spark write pending this long is reported as stalled and retried (default 120 s)")
+                   help="a batch write pending this long is reported as stalled and retried (default 120 s)")
     p.add_argument("--unhealthy-after", type=float, default=FAILING_FOR, metavar="SECONDS",
                    help=f"writes failing this long in a row make /healthz unhealthy (default {FAILING_FOR:g} s, or "
                         "--write-timeout if shorter)")
