@@ -19,8 +19,9 @@ the body's `@metadata._id` (the same bytes on every resend) lets the importer dr
 the second copy. A device that is merely slow or paused keeps its TCP connection and
 is waited for.
 
-With several devices, each publish() goes to the next connected one in turn (ZeroMQ's
-DEALER round-robin, but per call, so a batch stays on one device). Unanswered requests
+With several devices, each publish() goes to one device, its connection's home (below),
+or, without one, the next connected device in turn (ZeroMQ's DEALER round-robin, but per
+call, so a batch stays on one device). Unanswered requests
 stay with the device they were sent to and are resent only to it, never to another:
 its journal settles whether it had them, and both copies meet in the one importer that
 owns that device, where the key drops the second. Sent to another device, the copy
