@@ -41,7 +41,7 @@ def worker_health(worker: "Worker") -> list[Check]:
         checks.append(Check("writes", False, f"writes failing for {now - failing:.0f}s: {writer.last_error}; "
                                              f"{last_text}"))
     elif started is not None and now - started > limit:
-        checks.append(Check("writes", False, f"a Spark write has been pending {now - started:.0f}s "
+        checks.append(Check("writes", False, f"a batch write has been pending {now - started:.0f}s "
                                              f"(--write-timeout {limit:g}s); {last_text}"))
     elif waiting and since > limit:
         checks.append(Check("writes", False, f"rows waiting and {last_text} (--write-timeout {limit:g}s)"))
