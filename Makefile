@@ -99,5 +99,5 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules $(SYSLOG_NG_DIR) .pytest_cache .hypothesis native/generated build
-	find logjam devices bridges -name '_native*.so' -delete
+	find logjam devices bridges importer -name '_native*.so' -delete
 	rm -rf warehouse/jars
