@@ -1,4 +1,6 @@
-"""Shared fixtures: a real logjam-device process on random ports, and test certificates."""
+"""Shared fixtures: a real logjam-device process on random ports, each test under LOGJAM_NATIVE=require
+and off where the C path decides its outcome (`native_mode`), test certificates, the session's
+logjam-spark (tests/spark_fixture.py) and the shared mesh (tests/mesh_conftest_plugin.py)."""
 
 from __future__ import annotations
 
