@@ -81,10 +81,6 @@ class PartitionLog:
     def segment_count(self) -> int:
         return len(self._log.segments)
 
-    @property
-    def size_bytes(self) -> int:
-        return self._log.size
-
     # -- the forwarded watermark (see docs/protocols/rustlog.md, "Crash between the log and the device")
 
     def _read_watermark(self) -> int:
