@@ -1,5 +1,5 @@
 /* An OTLP ExportLogsServiceRequest, read from its protobuf wire bytes, written as the
- * bridge's JSON bodies (bridges/otlp/native_records.py; the mapping is docs/protocols/otlp.md).
+ * bridge's JSON bodies (bridges/otlp/records.py; the mapping is docs/protocols/otlp.md).
  *
  * Also the module's cffi declaration (native/build.py reads it without its #include and
  * #pragma lines): only declarations below.
