@@ -1,22 +1,22 @@
 """A lookup's plan: which files of which partitions may hold an id, by the lookup index (table/lookup_index.py).
 
 tools/trace.py's `lookup` (behind `logjam-sql --trace`) asks `plan` before Spark plans, and
-queries only what it leaves, naming those files (`predicate`): Spark then lists and opens
-nothing else. A partition whose live files are not known (a swap under way, a torn marker, a
-drop) or whose day's index does not parse is searched whole; a live file the index has no
-filter for (placed since the last maintenance pass) is searched. Because the query names
-files, a merge's swap between the plan and the query could hide the merged rows (the new
-file's name was not named): `moved` tells the caller which partitions changed meanwhile, to
-search them again whole.
+reads only the files it leaves, by path (`named_files`): Spark then lists and opens nothing
+else. A partition whose live files are not known (a swap under way, a torn marker, a drop) or
+whose day's index does not parse is searched whole, through the table (`predicate`); a live
+file the index has no filter for (placed since the last maintenance pass) is read. A merge's
+swap between the plan and the read does not hide rows: the files it replaced stay readable
+for their grace (table/protocol.py), and one deleted meanwhile fails the read, which the
+lookup then plans again.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import pyarrow as pa
 
@@ -30,11 +30,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Search:
-    """One partition to query: `files` (names) the only ones that may hold the id, or None: all of them."""
+    """One partition to query: `files` (relative to its dir) the only ones that may hold the id, or None: all."""
 
     part: PartitionRef
     files: tuple[str, ...] | None
-    seen: frozenset[str] = frozenset()  # the names of the partition's live files when planned
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,18 +53,6 @@ class LookupPlan:
     @property
     def ruled_out(self) -> int:
         return len(self.every) - len(self.search)
-
-    def whole(self, parts: Sequence[PartitionRef]) -> LookupPlan:
-        """This plan with `parts` searched whole."""
-        keys = {_key(p) for p in parts}
-        searched = {_key(s.part) for s in self.search}
-        search = [replace(s, files=None) if _key(s.part) in keys else s for s in self.search]
-        search += [Search(p, None) for p in parts if _key(p) not in searched]
-        return replace(self, search=tuple(search))
-
-
-def _key(p: PartitionRef) -> tuple[int, str, str]:
-    return p.importer, p.app_env, p.date
 
 
 def plan(table_dir: Path, probes: Mapping[str, Sequence[str]], first_day: str | None = None) -> LookupPlan:
@@ -94,61 +81,55 @@ def plan(table_dir: Path, probes: Mapping[str, Sequence[str]], first_day: str | 
                     e = day.entries.get((part.importer, part.app_env, base_name(rel)))
                     if e is None or not e.describes(signature, probes):
                         unindexed += 1
-                        files.append(base_name(rel))
+                        files.append(rel)
                     elif any(may_hold(day.filter(e), h) for h in hashed):
-                        files.append(base_name(rel))
+                        files.append(rel)
                 if files:
-                    search.append(Search(part, tuple(sorted(set(files))), frozenset(base_name(r) for r in live)))
+                    search.append(Search(part, _one_each(files)))
         finally:
             if day is not None:
                 day.close()
-    return LookupPlan(tuple(every), tuple(search), unindexed)
+    return LookupPlan(tuple(every), tuple(_unique_names(search)), unindexed)
 
 
-def moved(lookup: LookupPlan) -> list[PartitionRef]:
-    """The partitions searched by file name whose live files' names are not those the plan saw any more (a
-    swap, a late file): the query, naming the plan's files, may have missed rows moved into new ones."""
-    changed = []
-    for s in lookup.search:
-        if s.files is not None:
-            live = live_files(s.part.dir)
-            if live is None or {base_name(r) for r in live} != s.seen:
-                changed.append(s.part)
-    return changed
+def _one_each(files: list[str]) -> tuple[str, ...]:
+    """One path of each name: a stray listed in the dir and in `_compacted-<gen>/` while being moved."""
+    return tuple(sorted({base_name(rel): rel for rel in files}.values()))
+
+
+def _unique_names(search: list[Search]) -> list[Search]:
+    """`search` with a partition searched whole where one of its files' names is also another's: a row read by
+    path is told its partition by its file's name (merges and importers name files by uuid: never, really)."""
+    count: dict[str, int] = defaultdict(int)
+    for s in search:
+        for rel in s.files or ():
+            count[base_name(rel)] += 1
+    return [Search(s.part, None) if any(count[base_name(r)] > 1 for r in s.files or ()) else s for s in search]
+
+
+def named_files(lookup: LookupPlan) -> dict[str, tuple[str, PartitionRef]]:
+    """The files to read by path, by name: (path relative to its partition's dir, the partition)."""
+    return {base_name(rel): (rel, s.part) for s in lookup.search for rel in s.files or ()}
 
 
 def predicate(lookup: LookupPlan) -> str | None:
-    """SQL over the partition columns and `_metadata.file_name` selecting `lookup.search` (so that Spark lists
-    only those partitions and opens only those files), None when that is every file of every partition of
-    the plan; a day searched whole is named by its date alone."""
-    if not lookup.search:
-        return "false"
-    if len(lookup.search) == len(lookup.every) and all(s.files is None for s in lookup.search):
+    """SQL over the partition columns selecting the partitions `lookup` searches whole (so that Spark lists
+    only those), None when there are none; a day searched whole is named by its date alone."""
+    whole = [s.part for s in lookup.search if s.files is None]
+    if not whole:
         return None
     every_of: dict[str, int] = defaultdict(int)
     for p in lookup.every:
         every_of[p.date] += 1
-    chosen: dict[str, dict[int, list[Search]]] = defaultdict(lambda: defaultdict(list))
-    for s in lookup.search:
-        chosen[s.part.date][s.part.importer].append(s)
+    chosen: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for p in whole:
+        chosen[p.date][p.importer].append(p.app_env)
     terms = []
     for date, importers in sorted(chosen.items()):
-        if sum(len(v) for v in importers.values()) == every_of[date] and all(
-                s.files is None for v in importers.values() for s in v):
+        if sum(len(v) for v in importers.values()) == every_of[date]:
             terms.append(f"date = DATE'{date}'")
             continue
-        for importer, searches in sorted(importers.items()):
-            where = f"date = DATE'{date}' AND importer = {int(importer)}"
-            whole = [s.part.app_env for s in searches if s.files is None]
-            named = [s for s in searches if s.files is not None]
-            if whole:
-                terms.append(f"({where} AND app_env IN ({_strings(whole)}))")
-            if named:
-                files = sorted({f for s in named for f in s.files or ()})
-                terms.append(f"({where} AND app_env IN ({_strings(s.part.app_env for s in named)}) "
-                             f"AND _metadata.file_name IN ({_strings(files)}))")
+        for importer, app_envs in sorted(importers.items()):
+            names = ", ".join(f"'{sql_string(a)}'" for a in sorted(app_envs))
+            terms.append(f"(date = DATE'{date}' AND importer = {int(importer)} AND app_env IN ({names}))")
     return "(" + " OR ".join(terms) + ")"
-
-
-def _strings(values: Iterable[str]) -> str:
-    return ", ".join(f"'{sql_string(v)}'" for v in sorted(set(values)))
