@@ -17,6 +17,13 @@ from tests.spark_fixture import spark_server  # noqa: F401  (session-scoped logj
 # The run's shared mesh (`shared_mesh`) and the mesh tests' order; `--dist loadgroup`'s groups under pytest-xdist.
 pytest_plugins = ["tests.mesh_conftest_plugin", "harness.xdist_groups"]
 
+# Every JVM the tests start (logjam-spark, the mesh's, a standalone cluster's, beeline) compiles
+# with C1 only. A test's JVM lives seconds to minutes, and on two shared cores C2's compiler
+# threads were the largest CPU cost of a Spark test (measured: one crash-point test's process tree
+# 65-80 s of CPU with C2, 35-43 s with C1 only). Benchmarks and `make up` keep the JVM's default.
+# A JVM notes the variable on stderr ("Picked up JAVA_TOOL_OPTIONS"); no test reads a JVM's stderr.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
+
 # LOGJAM_NATIVE (logjam/native.py) per test, where the C path and its Python twin both need
 # running: `require` (the C, or a failure when it is not built) and `off` (the twin), in one
 # pytest run. Tests whose outcome cannot depend on the switch run once, under the LOGJAM_NATIVE
