@@ -82,10 +82,6 @@ class NativeRecentKeys:
             raise MemoryError("lj_dd_seen")
         return bool(got)
 
-    def repeats(self, keys: list[str | None]) -> list[int]:
-        seen = self.seen
-        return [i for i, key in enumerate(keys) if key and seen(key)]
-
     def extend(self, keys: Iterable[str]) -> int:
         seen = self.seen
         return sum(1 for key in keys if not seen(key))

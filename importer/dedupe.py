@@ -53,11 +53,6 @@ class RecentKeys:
             self._next = (i + 1) % self.capacity
         return False
 
-    def repeats(self, keys: list[str | None]) -> list[int]:
-        """`seen` for each key in order (None and "" are no key): the indices of the keys seen before."""
-        seen = self.seen
-        return [i for i, key in enumerate(keys) if key and seen(key)]
-
     def extend(self, keys: Iterable[str]) -> int:
         """Remember `keys`, oldest first (as when reloading what was written); returns how many were new."""
         added = 0

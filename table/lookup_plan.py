@@ -50,10 +50,6 @@ class LookupPlan:
         """The distinct days of all the partitions, searched or ruled out."""
         return sorted({p.date for p in self.every})
 
-    @property
-    def ruled_out(self) -> int:
-        return len(self.every) - len(self.search)
-
 
 def plan(table_dir: Path, probes: Mapping[str, Sequence[str]], first_day: str | None = None) -> LookupPlan:
     """The files to query for rows whose `column = value` for any (column, values) of `probes`."""
