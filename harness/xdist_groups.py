@@ -55,7 +55,8 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def _starts_spark(item: pytest.Item) -> bool:
-    return "spark_server" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark") is not None
+    """Its `spark` mark: tests/conftest.py derives it from the fixtures that start a Spark JVM."""
+    return item.get_closest_marker("spark") is not None
 
 
 @pytest.hookimpl(trylast=True)  # after the other plugins' order (tests/mesh_conftest_plugin.py's mesh tests first)

@@ -31,6 +31,24 @@ os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 NATIVE_MODES = [pytest.param("require", id="C"), pytest.param("off", id="py")]
 
 
+# Markers derived from the fixtures a test uses (its fixtures' own fixtures included), so that
+# `-m spark` and `-m 'not slow'` select what they say: a fixture that starts a Spark JVM
+# (logjam-spark alone, or a whole mesh with its own) makes a test `spark`; a whole mesh, `slow`.
+# A test that starts Spark or a mesh in its body carries the mark itself (test_spark_cluster.py).
+SPARK_FIXTURES = frozenset({"spark_server", "jdbc_server", "shared_mesh", "upmesh"})
+MESH_FIXTURES = frozenset({"shared_mesh", "upmesh"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before harness/xdist_groups.py orders the groups by this mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & SPARK_FIXTURES:
+            item.add_marker(pytest.mark.spark)
+        if used & MESH_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=NATIVE_MODES)
 def native_mode(request, monkeypatch) -> str:
     """LOGJAM_NATIVE for this test, once `require` and once `off`: for this process (every

@@ -21,7 +21,7 @@ from tests.test_importer_recovery import Journaled, landed, send_numbered, wait_
 
 # A cluster and a mesh of its own: with the shared mesh's tests in one xdist worker, after them
 # (tests/mesh_conftest_plugin.py), so no two of these run at once.
-pytestmark = pytest.mark.xdist_group(MESH_GROUP)
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group(MESH_GROUP)]
 
 
 def spark_class(spark_home: Path, log: Path, *args: str) -> subprocess.Popen:
