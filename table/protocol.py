@@ -24,9 +24,9 @@ The actors and their moves, each under the importer root's flock (`root_lock`) u
 - a compaction owns its output dir `_compacted-<gen>/` from before its first byte: only the
   holder of the table's compaction lock deletes unnamed `_compacted-*` dirs (`reap`), never an
   importer. A swap links what it did not merge and marks "swapping" (`begin_swap`), moves the
-  catalog (`move_catalog`), marks "done" (`finish_swap`); a compacted partition's swap moves the
-  catalog with the root lock let go, and a writer meeting it places into both locations
-  (`follow`). `delete_retired` deletes what a swap replaced once its grace has passed.
+  catalog (`move_catalog`) with the root lock let go (a writer meeting the live swap places into
+  both locations, `follow`), marks "done" (`finish_swap`). `delete_retired` deletes what a swap
+  replaced once its grace has passed.
 - retention *drops* a partition (`drop`): decides again under the lock (skipping one in a live
   swap), marks it dropping,
   drops it from the catalog, deletes its dir and an app_env dir left empty.
@@ -291,13 +291,13 @@ def follow(spark: Any, database: str, part: PartitionRef, grace: float = DEFAULT
     """With the root lock held: settle a dead swap, then move strays in. Returns files moved.
 
     `compacting`: the caller holds the table's compaction lock, so no swap is running. Otherwise a
-    swap whose catalog move runs with the root lock released (`Swap.unlocked`) may be live; then
+    swap, whose catalog move runs with the root lock released (`move_catalog`), may be live; then
     the strays go into both of its locations (`_place_during_swap`) and the swap is left alone."""
     marker = load_marker(spark, database, part, grace)
     if marker is not None and marker.state == "swapping":
-        if marker.previous is not None and not compacting and compaction_running(part.root.parent):
+        if not compacting and compaction_running(part.root.parent):
             return _place_during_swap(part, marker)
-        marker = _settle_swap(spark, database, part, marker)
+        marker = _settle_swap(spark, database, part, marker, grace)
     if marker is None:
         return 0
     target = part.dir / marker.location
@@ -314,35 +314,47 @@ def follow(spark: Any, database: str, part: PartitionRef, grace: float = DEFAULT
 
 
 def _place_during_swap(part: PartitionRef, marker: Marker) -> int:
-    """Strays while a swap may be running between a compacted location and `_compacted-<gen>/`: each is linked
-    into the new location first, then renamed into the old one, so that whichever the catalog names (now,
-    after the swap, or after a rollback of a dead one) holds it once."""
-    old, new = part.dir / Marker.from_json(marker.previous or {}).location, part.dir / marker.location
+    """Strays while a swap may be running: each is linked into the new location first, then renamed into the
+    old one (a first swap's old location is the dir itself, which holds them already), so that whichever
+    location the catalog names (now, after the swap, or after a rollback of a dead one) holds it once."""
+    new = part.dir / marker.location
+    old = part.dir / Marker.from_json(marker.previous).location if marker.previous else None
     moved = strays(part.dir, marker)
     for path in moved:
         if not (new / path.name).exists():
             os.link(path, new / path.name)
     if moved:
         fsync_dir(new)
-    for path in moved:
-        os.rename(path, old / path.name)
-    if moved:
+    if old is not None and moved:
+        for path in moved:
+            os.rename(path, old / path.name)
         fsync_dir(old)
         fsync_dir(part.dir)
     return len(moved)
 
 
-def _settle_swap(spark: Any, database: str, part: PartitionRef, marker: Marker) -> Marker | None:
+def _settle_swap(spark: Any, database: str, part: PartitionRef, marker: Marker, grace: float) -> Marker | None:
     location = partition_location(spark, database, part)
     if location is not None and location.resolve() == (part.dir / marker.location).resolve():
-        marker.state, marker.previous = "done", None
-        write_marker(part.dir, marker)
+        _mark_done(part, marker, Deadline.after(grace))
         log.info("finished the swap of %s to %s, which a killed compaction had made", part.dir, marker.location)
         return marker
     previous = Marker.from_json(marker.previous) if marker.previous else None
     write_marker(part.dir, previous)
     log.info("rolled back a compaction of %s that was killed before its swap", part.dir)
     return previous
+
+
+def _mark_done(part: PartitionRef, marker: Marker, deadline: Deadline) -> None:
+    """Write the swap's marker as "done". A file a writer placed in the dir during a first swap, which the new
+    location holds by a link, is retired with the others: a query planned before the swap may still read it
+    in the dir, its old location."""
+    location = part.dir / marker.location
+    for path in data_files(part.dir):
+        if path.name not in marker.retire and (location / path.name).exists():
+            marker.retire[path.name] = deadline
+    marker.state, marker.previous = "done", None
+    write_marker(part.dir, marker)
 
 
 def settle_root(spark: Any, database: str, importer: int, table_location: str) -> int:
@@ -409,15 +421,10 @@ class Swap:
     part: PartitionRef
     out: Path
     marker: Marker
+    grace: float
     link: float
     mark: float
     catalog: float = 0.0
-
-    @property
-    def unlocked(self) -> bool:
-        """Whether the catalog may move with the root's lock released: the partition was compacted before, so
-        a writer that meets the live swap places into both locations (`follow`), and no one reads the dir."""
-        return self.marker.previous is not None
 
 
 def begin_swap(spark: Any, database: str, part: PartitionRef, out: Path, sources: set[str], gen: int,
@@ -430,7 +437,7 @@ def begin_swap(spark: Any, database: str, part: PartitionRef, out: Path, sources
         raise SwapRefused(f"{out} is gone; nothing swapped")
     marker = load_marker(spark, database, part, grace)
     if marker is not None and marker.state == "swapping":
-        marker = _settle_swap(spark, database, part, marker)  # the caller holds the compaction lock: it is dead
+        marker = _settle_swap(spark, database, part, marker, grace)  # the caller holds the compaction lock: dead
     current = part.dir / marker.location if marker else part.dir
     if not all((current / name).exists() for name in sources):
         raise SwapRefused(f"{part.dir}: a merged file left its location; nothing swapped")
@@ -448,12 +455,12 @@ def begin_swap(spark: Any, database: str, part: PartitionRef, out: Path, sources
                       previous=marker.to_json() if marker else None)
     linked = time.monotonic()
     write_marker(part.dir, swapping)  # durable before the catalog moves: "swapping" names the new dir
-    return Swap(part, out, swapping, linked - started, time.monotonic() - linked)
+    return Swap(part, out, swapping, grace, linked - started, time.monotonic() - linked)
 
 
 def move_catalog(spark: Any, database: str, swap: Swap) -> None:
-    """Point the catalog at the swap's output: readers move over in one update. Under the root lock unless
-    `swap.unlocked`; the caller holds the table's compaction lock either way."""
+    """Point the catalog at the swap's output: readers move over in one update. With the root lock let go (a
+    writer meanwhile places into both locations, `follow`), and the table's compaction lock held."""
     began = time.monotonic()
     set_location(spark, database, swap.part, swap.out)
     swap.catalog = time.monotonic() - began
@@ -462,8 +469,7 @@ def move_catalog(spark: Any, database: str, swap: Swap) -> None:
 def finish_swap(swap: Swap) -> SwapTimes:
     """With the root lock held, after `move_catalog`: mark the swap "done"."""
     began = time.monotonic()
-    swap.marker.state, swap.marker.previous = "done", None
-    write_marker(swap.part.dir, swap.marker)
+    _mark_done(swap.part, swap.marker, Deadline.after(swap.grace))
     return SwapTimes(swap.link, swap.mark + time.monotonic() - began, swap.catalog)
 
 
@@ -548,8 +554,7 @@ def _in_swap(part: PartitionRef) -> bool:
         marker = read_marker(part.dir)
     except TornMarker:
         return False
-    return (marker is not None and marker.state == "swapping" and marker.previous is not None
-            and compaction_running(part.root.parent))
+    return marker is not None and marker.state == "swapping" and compaction_running(part.root.parent)
 
 
 def finish_drop(spark: Any, database: str, parts: list[PartitionRef]) -> None:

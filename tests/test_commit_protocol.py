@@ -183,27 +183,35 @@ def test_a_commit_killed_at_every_step_is_whole_or_absent_after_recovery(spark_s
         _whole_or_absent(t, seqs, landed, at)
 
 
-def test_a_commit_killed_at_every_step_while_a_swap_moves_the_catalog_is_whole_or_absent(spark_server,
-                                                                                          tmp_path) -> None:
-    """A compacted partition's swap moves the catalog with the root's lock let go, and a commit meanwhile places
-    into both locations. The swap is stopped there, a commit is killed at each of its steps, the swap goes
-    on, the mesh recovers: the batch whole or absent, every earlier row once; unkilled, it is queryable at once."""
+@pytest.mark.parametrize("swap", ["first", "compacted"])
+def test_a_commit_killed_at_every_step_while_a_swap_moves_the_catalog_is_whole_or_absent(spark_server, tmp_path,
+                                                                                          swap) -> None:
+    """A swap moves the catalog with the root's lock let go, and a commit meanwhile places into both locations
+    (for a partition's first swap, the dir itself and `_compacted-1/`). The swap is stopped there, a commit is
+    killed at each of its steps, the swap goes on, the mesh recovers: the batch whole or absent, every earlier
+    row once; unkilled, it is queryable at once."""
     t = Table(spark_server, tmp_path)
     landed = [t.land({"a-prod": 5}) for _ in range(4)]
-    maintenance_pass(t.spark, t.database, MaintenanceConfig(compact_grace=0.0, compact_fanin=2), retention=False)
-    assert protocol.read_marker(t.pdir("a-prod")) is not None  # compacted: its next swap lets the lock go
+    if swap == "compacted":
+        maintenance_pass(t.spark, t.database, MaintenanceConfig(compact_grace=0.0, compact_fanin=2), retention=False)
+        assert protocol.read_marker(t.pdir("a-prod")) is not None
     for at in _each_step():
-        landed += [t.land({"a-prod": 3}) for _ in range(2)]
+        # A first swap each time: a new stream, named to sort (and so be swapped) before the earlier ones.
+        app_env = "a-prod" if swap == "compacted" else f"n{999 - at:03d}-prod"
+        landed += [t.land({app_env: 3}) for _ in range(2)]
         child = cp.stopped_at(t.tmp, t.url, t.database, t.location, "compact", 0, grace=0.0, stop_on="catalog")
         assert child is not None, "the compaction moved no catalog location"
-        marker = protocol.read_marker(t.pdir("a-prod"))
-        assert marker is not None and marker.state == "swapping" and marker.previous is not None
-        rows, seqs = t.rows({"a-prod": 3})
+        marker = protocol.read_marker(t.pdir(app_env))
+        assert marker is not None and marker.state == "swapping"
+        assert (marker.previous is None) == (swap == "first")
+        rows, seqs = t.rows({app_env: 3})
         killed = _kill(t, "append", at, rows=cp.dump(rows, tmp_path / f"r{at}.parquet"))
         if not killed:
             assert at > 3 and t.counts(seqs) == (len(seqs), len(seqs)), "a commit during the swap is not queryable"
         cp.resume(child)
-        assert protocol.read_marker(t.pdir("a-prod")).state == "done"
+        assert protocol.read_marker(t.pdir(app_env)).state == "done"
+        if not killed:
+            assert t.counts(seqs) == (len(seqs), len(seqs)), "a commit during the swap is not queryable after it"
         t.recover()
         _whole_or_absent(t, seqs, landed, at)
         if not killed:

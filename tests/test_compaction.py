@@ -324,7 +324,10 @@ def test_todays_partition_is_compacted_in_levels_while_written_and_read(spark_se
 
 @pytest.mark.timeout(600)
 def test_swaps_hold_an_importers_lock_briefly_and_let_it_in_between_holds(spark_server, tmp_path) -> None:
-    """Many partitions swapped in one pass: a writer waiting on the root's lock gets it within about a second."""
+    """Many partitions swapped in one pass: a writer waiting on the root's lock gets it within about a second.
+
+    A hold only links and writes markers (the catalog moves outside it), so 48 swaps fit the default
+    budget of one hold; a budget of 10 ms makes the pass end holds and hand the lock over between them."""
     import time
 
     from table.protocol import root_lock
@@ -359,7 +362,7 @@ def test_swaps_hold_an_importers_lock_briefly_and_let_it_in_between_holds(spark_
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
     try:
-        results = list(compaction.swap_all(t.spark, t.database, merges, on_hold=holds.append))
+        results = list(compaction.swap_all(t.spark, t.database, merges, on_hold=holds.append, budget=0.01))
     finally:
         done.set()
         thread.join(30)

@@ -16,9 +16,10 @@ row, a bounded number of files per partition. One compaction pass (warehouse/mai
 3. per partition, under the importer root's lock, builds
    `<partition dir>/_compacted-<gen>/`: the merged files plus hard links to every file of the
    current location it did not merge (including files the importer added meanwhile), writes
-   `_compaction.json` in state "swapping", sets the catalog's location of the partition to the
-   new directory (the atomic swap: one metastore update), and marks it "done" (the swap and its
-   recovery are the table's commit protocol, table/protocol.py, which writers follow too);
+   `_compaction.json` in state "swapping", lets the lock go, sets the catalog's location of the
+   partition to the new directory (the atomic swap: one metastore update), and under the lock
+   again marks it "done" (the swap and its recovery are the table's commit protocol,
+   table/protocol.py, which writers follow too);
 4. the replaced files and directories are deleted `grace` seconds later, so a query
    planned before the swap can still read them.
 Readers see either the old set of files or the new one, never a row missing or doubled.
@@ -243,13 +244,14 @@ def check(merge: Merge) -> Checked:
 
 
 def swap_all(spark: Any, database: str, merges: list[Merge], grace: float = DEFAULT_GRACE_S,
-             on_hold: Callable[[float], None] = lambda seconds: None) -> Iterator[tuple[Merge, Compacted | BaseException]]:
-    """Swap every written merge in, root by root, holding each root's lock for about SWAP_BUDGET_S at a time.
+             on_hold: Callable[[float], None] = lambda seconds: None,
+             budget: float = SWAP_BUDGET_S) -> Iterator[tuple[Merge, Compacted | BaseException]]:
+    """Swap every written merge in, root by root, holding each root's lock for about `budget` seconds at a time.
 
     An importer writes back to back under load, and flock is not fair: a compaction that
     took the lock once per partition could wait behind write after write. So the swaps of
     one root are taken several to a hold. A hold stops before a swap that would likely take
-    it past SWAP_BUDGET_S (judged by its slowest swap so far), which bounds how long an
+    it past the budget (judged by its slowest swap so far), which bounds how long an
     importer's write waits for compaction, and the next hold of that root waits HOLD_GAP_S,
     so that an importer blocked on the lock gets it in between.
     """
@@ -261,7 +263,7 @@ def swap_all(spark: Any, database: str, merges: list[Merge], grace: float = DEFA
             yield merge, e
     for todo in by_root.values():
         while todo:
-            yield from _hold(spark, database, todo, grace, SWAP_BUDGET_S, on_hold)
+            yield from _hold(spark, database, todo, grace, budget, on_hold)
             if todo:
                 time.sleep(HOLD_GAP_S)
 
@@ -270,10 +272,9 @@ def _hold(spark: Any, database: str, todo: deque[Checked], grace: float, budget:
           on_hold: Callable[[float], None]) -> list[tuple[Merge, Compacted | BaseException]]:
     """One hold of a root's lock: begin swaps from the head of `todo` while the budget allows.
 
-    A compacted partition's swap moves the catalog after the lock is let go (`Swap.unlocked`),
-    and is marked done in a second, short hold: an importer's write never waits for a catalog
-    update of such a swap. A partition's first swap (its dir is still its location) keeps the
-    lock throughout."""
+    The catalog moves after the lock is let go, and each swap is marked done in a second, short
+    hold: an importer's write never waits for a catalog update (a writer that meets a live
+    swap places into both of its locations, protocol.follow)."""
     done: list[tuple[Merge, Compacted | BaseException]] = []
     begun: list[tuple[Checked, protocol.Swap]] = []
     root = todo[0].merge.part.root
@@ -284,12 +285,7 @@ def _hold(spark: Any, database: str, todo: deque[Checked], grace: float, budget:
             checked = todo.popleft()
             began = time.monotonic()
             try:
-                swap = _begin(spark, database, checked, grace)
-                if swap.unlocked:
-                    begun.append((checked, swap))
-                else:
-                    protocol.move_catalog(spark, database, swap)
-                    done.append((checked.merge, _compacted(checked, protocol.finish_swap(swap))))
+                begun.append((checked, _begin(spark, database, checked, grace)))
             except (OSError, protocol.SwapRefused, protocol.TornMarker) as e:
                 done.append((checked.merge, e))
             slowest = max(slowest, time.monotonic() - began)
@@ -306,9 +302,9 @@ def _hold(spark: Any, database: str, todo: deque[Checked], grace: float, budget:
     on_hold(seconds)
     if seconds > SLOW_HOLD_S:
         times = [c.swap for _, c in done if isinstance(c, Compacted)]
-        log.warning("held %s's lock for %.2fs for %d swaps (linking %.2fs, markers %.2fs, catalog %.2fs of which "
-                    "%d swaps' outside the lock)", root, seconds, len(done), sum(t.link for t in times),
-                    sum(t.mark for t in times), sum(t.catalog for t in times), len(begun))
+        log.warning("held %s's lock for %.2fs for %d swaps (linking %.2fs, markers %.2fs; the catalog's %.2fs "
+                    "outside it)", root, seconds, len(done), sum(t.link for t in times), sum(t.mark for t in times),
+                    sum(t.catalog for t in times))
     return done
 
 
