@@ -35,8 +35,8 @@ _ALL_PORTS = range(10000, max(10001, _ephemeral_start()))
 def _worker_ports(ports: range) -> range:
     """This pytest-xdist worker's own slice of `ports` (all of them outside xdist).
 
-    `_given` below keeps one process from handing out a port twice, but two workers (`-n 2`:
-    PYTEST_XDIST_WORKER gw0, gw1) would each pick from the same range, and a port one picked
+    `_given` below keeps one process from handing out a port twice, but the workers (`-n 3`:
+    PYTEST_XDIST_WORKER gw0, gw1, gw2) would each pick from the same range, and a port one picked
     stays unbound until its server starts (seconds, for a whole mesh): disjoint slices keep them
     from colliding.
     """

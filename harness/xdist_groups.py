@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     With --no-loadscope-reorder the scheduler hands out groups in the order of the collection (else
     the groups with the most tests first), so one worker starts with the first group (the mesh's,
-    which boots its own Spark) while the other starts with these instead of booting the session's
+    which boots its own Spark) while the others start with these instead of booting the session's
     `logjam-spark` at the same moment: JVMs starting at once on two cores took each past its ready
     deadline (seen at a load of 12-20). A stable sort: within a group the order stays.
     """

@@ -14,7 +14,7 @@
   streams) run after all of these, and the shared mesh stops after its last test, so they do not
   share the machine with it.
 
-Under pytest-xdist (`-n 2 --dist loadgroup --no-loadscope-reorder`; any other --dist is refused),
+Under pytest-xdist (`make test`'s `-n 3 --dist loadgroup --no-loadscope-reorder`; any other --dist is refused),
 every test that takes the mesh and every test module marked `xdist_group(MESH_GROUP)` (a mesh or
 cluster of its own) form one group (harness/xdist_groups.py), run by one worker in the order above:
 the shared mesh boots once, and no two meshes run at once.
