@@ -128,6 +128,16 @@ def _blocks_for(distinct: int) -> int:
     return max(1, -(-distinct * BITS_PER_VALUE // (BLOCK * 8)))
 
 
+def distinct(h: np.ndarray) -> np.ndarray:
+    """The distinct hashes, ascending: what `np.unique` returns, by a sort and one comparison. numpy 2.4's
+    unique of 64-bit integers took 13x a sort's time (0.52 s against 0.04 s for 600,000: three columns of
+    200,000 rows), most of the index's CPU."""
+    h = np.sort(h)
+    if len(h) > 1:
+        h = h[np.concatenate(([True], h[1:] != h[:-1]))]
+    return h
+
+
 def build_filter(hashed: Sequence[np.ndarray]) -> bytes:
     """A split-block bloom filter holding every hash of `hashed`, sized for their number."""
     h = np.concatenate(hashed) if hashed else np.zeros(0, np.uint64)
@@ -439,4 +449,4 @@ def _file_filter(path: Path) -> bytes | None:
     except (OSError, pa.ArrowException) as e:
         log.warning("lookup index: %s not indexed (searched by every lookup until merged): %s", path, e)
         return None
-    return build_filter([np.unique(np.concatenate(hashed))] if hashed else [])
+    return build_filter([distinct(np.concatenate(hashed))] if hashed else [])

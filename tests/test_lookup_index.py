@@ -14,8 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from importer.decode import BatchBuilder
 from importer.write import TableWriter
@@ -98,6 +101,15 @@ def test_the_filter_holds_every_value_it_was_built_from() -> None:
     assert sum(lookup_index.may_hold(bits, int(h)) for h in others) / len(others) < 0.005
     # The column is part of the hash: a trace id is not taken for a request id.
     assert lookup_index.hashes("trace_id", pa.array(["x"]))[0] != lookup_index.hashes("request_id", pa.array(["x"]))[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.integers(0, 4))
+def test_distinct_is_numpys_unique(values: list[int], repeat: int) -> None:
+    """The index's own distinct (a sort and a comparison, as numpy 2.4's unique is slow) is np.unique's answer."""
+    h = np.array(values * (repeat + 1), dtype=np.uint64)
+    got = lookup_index.distinct(h)
+    assert got.dtype == np.uint64 and np.array_equal(got, np.unique(h))
 
 
 def garble(paths: list[Path]) -> None:
