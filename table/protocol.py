@@ -304,7 +304,9 @@ def follow(spark: Any, database: str, part: PartitionRef, grace: float = DEFAULT
     moved = strays(part.dir, marker)
     for path in moved:
         if (target / path.name).exists():
-            os.unlink(path)  # linked in by a writer killed during a swap: the location holds it already
+            # The location holds this very file (a link; `_mark_done` retires the ones it sees): a rename onto
+            # another link of the same file would do nothing and leave the stray for ever.
+            os.unlink(path)
         else:
             os.rename(path, target / path.name)  # one rename per file: each file's rows appear whole, once
     if moved:
