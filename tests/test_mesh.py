@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -199,7 +200,19 @@ def test_the_table_answers_jdbc_and_keeps_its_partitions_across_a_spark_restart(
     wait_for(lambda: table_metrics(mesh).get("logjam_table_partitions", 0) > 0, timeout=60,
              what="logjam-spark's table census")
 
-    mesh.ctl("restart", "logjam-spark")
+    # The restart meets a hung JVM (stopped, not dead): logjam-spark kills it at its --stop-timeout
+    # (20 s), and says so, before supervisord's stopwaitsecs (30 s) would kill the group unexplained.
+    jvms = children(mesh.pid("logjam-spark"))
+    assert jvms
+    for pid in jvms:
+        os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    mesh.ctl("stop", "logjam-spark")
+    took = time.monotonic() - started
+    assert 15 < took < 28, f"logjam-spark stopped {took:.1f}s after SIGTERM with its JVM hung"
+    assert not [p for p in jvms if Path(f"/proc/{p}").exists()], "the hung JVM outlived logjam-spark"
+    assert "has not stopped 20s after SIGTERM; killing it" in mesh.logs()
+    mesh.ctl("start", "logjam-spark")
     wait_for(lambda: port_open(mesh.port("LOGJAM_JDBC_PORT")), timeout=180, interval=1, what="JDBC after restart")
     assert sorted(r[0] for r in wait_for(lambda: beeline(mesh, "SHOW PARTITIONS logjam.messages"), timeout=60)) \
         == partitions

@@ -4,6 +4,7 @@ tasks on the worker's executor (not in the driver)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -32,9 +33,10 @@ def spark_class(spark_home: Path, log: Path, *args: str) -> subprocess.Popen:
 
 
 def master_state(ui_port: int) -> dict:
+    """The master's state from its web UI; {} while the UI is not up or answers with something else."""
     try:
         return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2).read())
-    except OSError:
+    except (OSError, ValueError, http.client.HTTPException):  # refused, reset, cut short, not JSON yet
         return {}
 
 

@@ -50,6 +50,7 @@ class SparkServerConfig:
     metastore_uri: str | None
     database: str
     driver_memory: str
+    stop_timeout: float  # after SIGTERM, the JVM's time to stop before it is killed
     conf: tuple[str, ...]  # --conf KEY=VALUE as given; warehouse/spark_jvm.py checks them
     metrics_port: int | None
     verbose: bool

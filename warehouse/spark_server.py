@@ -9,7 +9,11 @@ It runs the installed pyspark's own `spark-submit` as a child process that dies 
   partitions across restarts (or `--metastore-uri thrift://...` for an existing one).
 Once the server answers, it makes sure the table exists (adopting rows written before),
 then runs table maintenance (compaction and retention, warehouse/maintenance.py) on a
-schedule. SIGTERM or SIGINT stops maintenance and the JVM, then we exit 0.
+schedule. SIGTERM or SIGINT stops maintenance and the JVM, then we exit 0. A JVM that has not
+stopped `--stop-timeout` seconds later (a shutdown hook waiting on a busy cluster, a stopped
+process) prints its threads into the log and is killed: the table's commit protocol survives a
+killed driver, and a stop must be bounded however we are run (a terminal, a supervisor that
+signals only us), and say in the log what hung.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metastore-uri", metavar="thrift://HOST:9083", help="use this Hive metastore instead")
     p.add_argument("--database", default=DEFAULT_DATABASE, help="database of the messages table")
     p.add_argument("--driver-memory", default="2g", help="JVM heap of the driver (default 2g)")
+    p.add_argument("--stop-timeout", type=float, default=20.0, metavar="SECONDS",
+                   help="after SIGTERM, how long the JVM may take to stop before it is killed; keep it under "
+                        "supervisord's stopwaitsecs (default %(default)s)")
     p.add_argument("--conf", action="append", default=None, metavar="KEY=VALUE", help="extra Spark setting; repeatable")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve the table's Prometheus metrics (partitions, files, compaction, retention) and "
@@ -108,6 +115,17 @@ def _table_session(config: SparkServerConfig, stopping: threading.Event) -> Any:
     return None
 
 
+def _kill_if_hung(proc: subprocess.Popen, exited: threading.Event, timeout: float) -> None:
+    """Give the JVM `timeout` s to run its shutdown hooks; then its thread dump (SIGQUIT), and SIGKILL."""
+    if exited.wait(timeout):
+        return
+    log.warning("the Spark JVM has not stopped %.0fs after SIGTERM; killing it (its threads follow, if it can "
+                "still print them)", timeout)
+    proc.send_signal(signal.SIGQUIT)  # the JVM writes every thread's stack to its stdout: our log
+    if not exited.wait(2.0):
+        proc.kill()
+
+
 def run(config: SparkServerConfig) -> int:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         log.error("Java 17+ is required for Spark, and 'java' is not on PATH (nor JAVA_HOME set)")
@@ -127,13 +145,17 @@ def run(config: SparkServerConfig) -> int:
              f", JDBC :{config.jdbc_port}" if config.jdbc_port else "", config.master, warehouse,
              config.metastore_uri or metastore)
 
-    stopping = threading.Event()
+    stopping, exited = threading.Event(), threading.Event()
     proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL, cwd=metastore)
 
     def forward(signum: int, frame: object) -> None:
+        if stopping.is_set():
+            return
         stopping.set()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
+            threading.Thread(target=_kill_if_hung, args=(proc, exited, config.stop_timeout), name="stop-deadline",
+                             daemon=True).start()
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
@@ -154,8 +176,10 @@ def run(config: SparkServerConfig) -> int:
             break
         except KeyboardInterrupt:
             continue
+    exited.set()
     if stopping.is_set():
-        # The JVM answers SIGTERM with 143 after running its shutdown hooks: a clean stop.
+        # The JVM answers SIGTERM with 143 after running its shutdown hooks: a clean stop (or it was
+        # killed at the deadline, which _kill_if_hung has logged).
         log.info("Spark server stopped")
         return 0
     log.error("Spark server exited with status %s", code)
