@@ -2,8 +2,12 @@
 kill -9 it (or stop it) at its n-th step.
 
 A *step* is one durable effect on the table's directory tree (os.mkdir, rename, replace, link,
-unlink, rmdir below the table's location) or one catalog change (an ALTER statement). The
-child counts them as the real code makes them, so a test can kill it at each step in turn
+unlink, rmdir below the table's location) or one catalog change (an ALTER statement). For a
+kill, a call that can only fail without an effect (`makedirs` meeting a dir that exists, an
+unlink of a path already gone) is no step: a kill there leaves what a kill at the next real
+step leaves, since locks die with the process. A stop counts every call: stopped before taking
+a lock (whose `makedirs` is such a call), a process leaves the lock free to others. The child
+counts steps as the real code makes them, so a test can kill it at each step in turn
 (`kill_at`, until it finishes unkilled) or stop it there (`stopped_at`). Nothing of the code
 under test is replaced: the counters only wrap the calls.
 
@@ -77,6 +81,17 @@ OPERATIONS: dict[str, Callable[[Any, dict], None]] = {
 }
 
 
+# When each call is bound to fail and change nothing (os.path.lexists is lstat: no counted call).
+NO_EFFECT: dict[str, Callable[..., bool]] = {
+    "mkdir": lambda path, *args: os.path.lexists(path),
+    "rename": lambda src, *args: not os.path.lexists(src),
+    "replace": lambda src, *args: not os.path.lexists(src),
+    "link": lambda src, dst, *args: os.path.lexists(dst) or not os.path.lexists(src),
+    "unlink": lambda path, *args: not os.path.lexists(path),
+    "rmdir": lambda path, *args: not os.path.lexists(path),
+}
+
+
 def child_main(spec: dict) -> None:
     table = str(spec["table_dir"])
     at, how = int(spec.get("at", 0)), spec.get("how", "kill")
@@ -87,15 +102,16 @@ def child_main(spec: dict) -> None:
         if steps[0] == at:
             os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
-    def counted(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def counted(fn: Callable[..., Any], no_effect: Callable[..., bool]) -> Callable[..., Any]:
         def call(path: Any, *args: Any, **kwargs: Any) -> Any:
-            if str(path).startswith(table) or (args and str(args[0]).startswith(table)):
+            if (str(path).startswith(table) or (args and str(args[0]).startswith(table))) \
+                    and not no_effect(path, *args):
                 step()
             return fn(path, *args, **kwargs)
         return call
 
-    for name in ("mkdir", "rename", "replace", "link", "unlink", "rmdir"):
-        setattr(os, name, counted(getattr(os, name)))
+    for name, no_effect in NO_EFFECT.items():
+        setattr(os, name, counted(getattr(os, name), no_effect if how == "kill" else lambda *args: False))
     spark = _spark(spec["url"])
     real_sql = spark.sql
 

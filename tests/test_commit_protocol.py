@@ -286,46 +286,59 @@ def test_an_importer_start_at_every_step_of_a_merge_leaves_its_output_alone(spar
     t = Table(spark_server, tmp_path)
     for _ in range(4):
         t.land({"a-prod": 3})
-    unblocked_in_swap = 0
     for at in _each_step():
         for _ in range(4):
             t.land({"a-prod": 3})
         child = cp.stopped_at(t.tmp, t.url, t.database, t.location, "compact", at, grace=0.0)
         if child is None:
             assert at > 5
-            assert unblocked_in_swap, "no commit went ahead while a swap moved the catalog"
             break
-        # The importer's start and a commit, while the compaction is stopped (they may wait for its lock).
-        later = t.rows({"a-prod": 2})[0]
-        done: list[BaseException | None] = []
+        _start_and_commit_meanwhile(t, child, at)
+    # Each pass differs from the one before, so step k of pass k need not be a catalog update: once more,
+    # stopped right before one.
+    for _ in range(4):
+        t.land({"a-prod": 3})
+    child = cp.stopped_at(t.tmp, t.url, t.database, t.location, "compact", 0, grace=0.0, stop_on="catalog")
+    assert child is not None, "the compaction moved no catalog location"
+    assert _start_and_commit_meanwhile(t, child, 0), "a commit waited for a swap's catalog update"
 
-        def importer() -> None:
-            try:
-                cp.OPERATIONS["start"](t.spark, {"database": t.database, "location": t.location})
-                TableWriter(t.database, 0, t.location).write(t.spark, later)
-                done.append(None)
-            except BaseException as e:  # reported below
-                done.append(e)
 
-        thread = threading.Thread(target=importer)
-        thread.start()
-        # Holding the root's lock, the stopped compaction keeps it waiting; it gets up to 5 s to do harm
-        # otherwise, and once it waits on the lock there is nothing more it can do before the resume.
-        _finished_or_waiting_on(thread, t.table_dir / "importer=0" / protocol.LOCK, 5)
-        if not thread.is_alive():  # it did not wait for the stopped compaction: its rows are queryable now
-            assert done == [None], done
-            assert t.counts() == (t.seq, t.seq), f"stopped at step {at}, before the compaction went on"
-            marker = protocol.read_marker(t.pdir("a-prod"))
-            unblocked_in_swap += marker is not None and marker.state == "swapping"
-        cp.resume(child)
-        thread.join(120)
+def _start_and_commit_meanwhile(t: Table, child: cp.Child, at: int) -> bool:
+    """An importer's start and a commit while the compaction `child` is stopped (they may wait for its lock),
+    then the compaction resumes and the mesh recovers. Returns whether they finished while it was stopped
+    in a swap (the marker "swapping")."""
+    later = t.rows({"a-prod": 2})[0]
+    done: list[BaseException | None] = []
+
+    def importer() -> None:
+        try:
+            cp.OPERATIONS["start"](t.spark, {"database": t.database, "location": t.location})
+            TableWriter(t.database, 0, t.location).write(t.spark, later)
+            done.append(None)
+        except BaseException as e:  # reported below
+            done.append(e)
+
+    thread = threading.Thread(target=importer)
+    thread.start()
+    # Holding the root's lock, the stopped compaction keeps it waiting; it gets up to 5 s to do harm
+    # otherwise, and once it waits on the lock there is nothing more it can do before the resume.
+    _finished_or_waiting_on(thread, t.table_dir / "importer=0" / protocol.LOCK, 5)
+    unblocked_in_swap = False
+    if not thread.is_alive():  # it did not wait for the stopped compaction: its rows are queryable now
         assert done == [None], done
-        assert t.counts() == (t.seq, t.seq), f"stopped at step {at}"
+        assert t.counts() == (t.seq, t.seq), f"stopped at step {at}, before the compaction went on"
         marker = protocol.read_marker(t.pdir("a-prod"))
-        assert marker is None or (t.pdir("a-prod") / marker.location).is_dir()
-        t.recover()
-        assert t.counts() == (t.seq, t.seq)
-        t.assert_clean()
+        unblocked_in_swap = marker is not None and marker.state == "swapping"
+    cp.resume(child)
+    thread.join(120)
+    assert done == [None], done
+    assert t.counts() == (t.seq, t.seq), f"stopped at step {at}"
+    marker = protocol.read_marker(t.pdir("a-prod"))
+    assert marker is None or (t.pdir("a-prod") / marker.location).is_dir()
+    t.recover()
+    assert t.counts() == (t.seq, t.seq)
+    t.assert_clean()
+    return unblocked_in_swap
 
 
 def test_retention_killed_at_every_step_drops_whole_and_the_day_takes_rows_again(spark_server, tmp_path) -> None:
