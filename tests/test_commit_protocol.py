@@ -381,6 +381,30 @@ def test_retention_between_a_registration_and_its_write_does_not_lose_the_rows(s
     assert t.counts(seqs) == (5, 5)
 
 
+def test_retention_meeting_a_live_first_swap_leaves_the_day_to_a_later_pass(spark_server, tmp_path) -> None:
+    """An expired day's first merge is stopped right before its catalog update when retention runs: retention
+    leaves that day alone (its rows readable), and once the swap is done the next retention drops it whole."""
+    t = Table(spark_server, tmp_path)
+    keep = t.land({"a-prod": 4})
+    old = sum(len(t.land({"old-prod": 3}, day=OLD, arrived=OLD)) for _ in range(2))
+    child = cp.stopped_at(t.tmp, t.url, t.database, t.location, "compact", 0, grace=0.0, stop_on="catalog")
+    assert child is not None, "the compaction moved no catalog location"
+    marker = protocol.read_marker(t.pdir("old-prod", OLD))
+    assert marker is not None and marker.state == "swapping" and marker.previous is None, marker
+    spec = {"database": t.database, "location": t.location, "days": 7}
+    cp.OPERATIONS["retention"](t.spark, spec)
+    assert t.pdir("old-prod", OLD).is_dir(), "retention dropped a day whose swap was moving the catalog"
+    assert t.counts() == (len(keep) + old, len(keep) + old)
+    cp.resume(child)
+    assert protocol.read_marker(t.pdir("old-prod", OLD)).state == "done"
+    assert t.counts() == (len(keep) + old, len(keep) + old)
+    cp.OPERATIONS["retention"](t.spark, spec)
+    assert t.counts() == (len(keep), len(keep))
+    assert not t.pdir("old-prod", OLD).parent.exists()
+    t.recover()
+    t.assert_clean()
+
+
 def test_a_torn_marker_is_rebuilt_and_stops_no_one(spark_server, tmp_path) -> None:
     """Finding 5: an empty `_compaction.json` wedged the importer writing that partition and every pass."""
     t = Table(spark_server, tmp_path)
