@@ -10,7 +10,9 @@ NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 PYTEST_ARGS ?=
 # `make test` runs the suite in three pytest-xdist workers on the CI box's 2 cores: with two, the
 # cores were busy 1.54 of 2 on average (tests wait on sockets, JVMs and deadlines), and a fresh
-# clone took 22 min; with three, 19m40s-21m20s in four runs. --dist loadgroup keeps the mesh
+# clone took 22 min; with three, 19m40s-21m35s in five runs one afternoon. The box's speed varies:
+# the same build took 16m56s that evening, and with crash points that skip no-op calls the suite
+# took 15m44s and 16m03s in the same hour. --dist loadgroup keeps the mesh
 # tests in one worker and in their order (tests/mesh_conftest_plugin.py, harness/xdist_groups.py);
 # --no-loadscope-reorder hands groups out in collection order, that longest group first, instead
 # of those with the most tests first. PYTEST_XDIST= runs it in one process.
