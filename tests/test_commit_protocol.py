@@ -100,9 +100,12 @@ class Table:
         maintenance_pass(self.spark, self.database, MaintenanceConfig(compact_grace=0.0, compact_fanin=2),
                          retention=False)
 
-    def child(self, operation: str, at: int = 0, **extra):
-        return dict(tmp=self.tmp, url=self.url, database=self.database, location=self.location,
-                    operation=operation, at=at, **extra)
+    def compaction_stopped_at_catalog(self) -> cp.Child:
+        """A compaction pass in a child, stopped right before its first catalog update (a swap's)."""
+        child = cp.stopped_at(self.tmp, self.url, self.database, self.location, "compact", 0, grace=0.0,
+                              stop_on="catalog")
+        assert child is not None, "the compaction moved no catalog location"
+        return child
 
     def assert_clean(self) -> None:
         """Invariant 3 and 4 after recovery: nothing aside, every marker readable and naming a real dir."""
@@ -199,8 +202,7 @@ def test_a_commit_killed_at_every_step_while_a_swap_moves_the_catalog_is_whole_o
         # A first swap each time: a new stream, named to sort (and so be swapped) before the earlier ones.
         app_env = "a-prod" if swap == "compacted" else f"n{999 - at:03d}-prod"
         landed += [t.land({app_env: 3}) for _ in range(2)]
-        child = cp.stopped_at(t.tmp, t.url, t.database, t.location, "compact", 0, grace=0.0, stop_on="catalog")
-        assert child is not None, "the compaction moved no catalog location"
+        child = t.compaction_stopped_at_catalog()
         marker = protocol.read_marker(t.pdir(app_env))
         assert marker is not None and marker.state == "swapping"
         assert (marker.previous is None) == (swap == "first")
@@ -298,13 +300,13 @@ def test_an_importer_start_at_every_step_of_a_merge_leaves_its_output_alone(spar
     # stopped right before one.
     for _ in range(4):
         t.land({"a-prod": 3})
-    child = cp.stopped_at(t.tmp, t.url, t.database, t.location, "compact", 0, grace=0.0, stop_on="catalog")
-    assert child is not None, "the compaction moved no catalog location"
+    child = t.compaction_stopped_at_catalog()
     assert _start_and_commit_meanwhile(t, child, 0), "a commit waited for a swap's catalog update"
 
 
 def _start_and_commit_meanwhile(t: Table, child: cp.Child, at: int) -> bool:
-    """An importer's start and a commit while the compaction `child` is stopped (they may wait for its lock),
+    """An importer's start and a commit while the compaction `child` is stopped at step `at` (0: before its
+    catalog update; they may wait for its lock),
     then the compaction resumes and the mesh recovers. Returns whether they finished while it was stopped
     in a swap (the marker "swapping")."""
     later = t.rows({"a-prod": 2})[0]
@@ -387,8 +389,7 @@ def test_retention_meeting_a_live_first_swap_leaves_the_day_to_a_later_pass(spar
     t = Table(spark_server, tmp_path)
     keep = t.land({"a-prod": 4})
     old = sum(len(t.land({"old-prod": 3}, day=OLD, arrived=OLD)) for _ in range(2))
-    child = cp.stopped_at(t.tmp, t.url, t.database, t.location, "compact", 0, grace=0.0, stop_on="catalog")
-    assert child is not None, "the compaction moved no catalog location"
+    child = t.compaction_stopped_at_catalog()
     marker = protocol.read_marker(t.pdir("old-prod", OLD))
     assert marker is not None and marker.state == "swapping" and marker.previous is None, marker
     spec = {"database": t.database, "location": t.location, "days": 7}
