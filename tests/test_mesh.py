@@ -127,6 +127,15 @@ def rss_mib(pid: int) -> float:
     return total
 
 
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (or is stopped); a zombie is dead, only not yet reaped by its new parent."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def children(pid: int) -> list[int]:
     try:
         direct = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
@@ -210,7 +219,7 @@ def test_the_table_answers_jdbc_and_keeps_its_partitions_across_a_spark_restart(
     mesh.ctl("stop", "logjam-spark")
     took = time.monotonic() - started
     assert 15 < took < 28, f"logjam-spark stopped {took:.1f}s after SIGTERM with its JVM hung"
-    assert not [p for p in jvms if Path(f"/proc/{p}").exists()], "the hung JVM outlived logjam-spark"
+    assert not [p for p in jvms if alive(p)], "the hung JVM (or a process it started) outlived logjam-spark"
     assert "has not stopped 20s after SIGTERM; killing it" in mesh.logs()
     mesh.ctl("start", "logjam-spark")
     wait_for(lambda: port_open(mesh.port("LOGJAM_JDBC_PORT")), timeout=180, interval=1, what="JDBC after restart")

@@ -19,6 +19,7 @@ signals only us), and say in the log what hung.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import logging
 import os
@@ -116,14 +117,29 @@ def _table_session(config: SparkServerConfig, stopping: threading.Event) -> Any:
 
 
 def _kill_if_hung(proc: subprocess.Popen, exited: threading.Event, timeout: float) -> None:
-    """Give the JVM `timeout` s to run its shutdown hooks; then its thread dump (SIGQUIT), and SIGKILL."""
+    """Give the JVM `timeout` s to run its shutdown hooks; then its thread dump (SIGQUIT), and SIGKILL to it
+    and to what it started (Python workers): once the JVM is gone they would be nobody's."""
     if exited.wait(timeout):
         return
     log.warning("the Spark JVM has not stopped %.0fs after SIGTERM; killing it (its threads follow, if it can "
                 "still print them)", timeout)
     proc.send_signal(signal.SIGQUIT)  # the JVM writes every thread's stack to its stdout: our log
-    if not exited.wait(2.0):
-        proc.kill()
+    if exited.wait(2.0):
+        return
+    for pid in _descendants(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.kill()
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid`, from /proc (Linux, as prctl above)."""
+    try:
+        direct = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                  for c in (task / "children").read_text().split()]
+    except OSError:
+        return []
+    return direct + [d for c in direct for d in _descendants(c)]
 
 
 def run(config: SparkServerConfig) -> int:
