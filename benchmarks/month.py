@@ -121,6 +121,7 @@ def build(sessions: dict[str, Any], writers: dict[str, TableWriter], args: argpa
     needles: dict[str, str] = {}
     seq = 0
     ingested = int(now.timestamp() * 1e6)
+    t0, reported = time.perf_counter(), 0.0
     while seq < args.rows:
         builder = BatchBuilder()
         for _ in range(min(args.batch_rows, args.rows - seq)):
@@ -135,6 +136,11 @@ def build(sessions: dict[str, Any], writers: dict[str, TableWriter], args: argpa
         rows = builder.build()
         for database, writer in writers.items():
             writer.write(sessions[database], rows)
+        elapsed = time.perf_counter() - t0
+        if elapsed - reported >= 60 or seq == args.rows:  # a 30M build takes long: say how far it is
+            reported = elapsed
+            print(f"  placed {seq:,} of {args.rows:,} rows in {elapsed:.0f} s "
+                  f"(~{elapsed * (args.rows - seq) / seq:.0f} s to go)", flush=True)
     return needles
 
 
@@ -153,6 +159,8 @@ def compact(sessions: dict[str, Any]) -> dict[str, tuple[int, float, float]]:
             merges, seconds, cpu_s = done[db]
             done[db] = (merges + result.compacted, seconds + time.perf_counter() - t,
                         cpu_s + time.process_time() + server_cpu() - cpu)
+            print(f"  {db}: a maintenance pass merged {result.compacted} partitions in "
+                  f"{time.perf_counter() - t:.0f} s", flush=True)
             if not result.compacted:
                 busy.discard(db)
     return done
