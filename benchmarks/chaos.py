@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.cpu import children  # noqa: E402
 from harness.mesh import Mesh  # noqa: E402
 from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
-from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
+from runtime.lifecycle import exit_with  # noqa: E402
 from tools.mesh import DEFAULTS, health_report  # noqa: E402
 from harness.processes import REPO, command, port_open  # noqa: E402
 
@@ -759,4 +759,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     # Spark Connect's atexit hook would call the server stopped above and retry for minutes.
-    exit_skipping_atexit(main())
+    exit_with(main)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.fairness import measure, parser, report  # noqa: E402
 from harness.mesh import Mesh  # noqa: E402
-from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
+from runtime.lifecycle import exit_with  # noqa: E402
 
 
 def main() -> int:
@@ -60,4 +60,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     # Spark Connect's atexit hook would call the server stopped above and retry for minutes.
-    exit_skipping_atexit(main())
+    exit_with(main)

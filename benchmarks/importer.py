@@ -39,7 +39,7 @@ from importer.decode import BatchBuilder  # noqa: E402
 from logjam.message import Message  # noqa: E402
 from logjam.meta import Compression  # noqa: E402
 from logjam.producer import Producer  # noqa: E402
-from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
+from runtime.lifecycle import exit_with  # noqa: E402
 from harness.processes import command, free_port, port_open, wait_for  # noqa: E402
 
 DATABASE = "bench"
@@ -256,4 +256,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     # Spark Connect's atexit hook would call the server stopped above and retry for minutes.
-    exit_skipping_atexit(main())
+    exit_with(main)

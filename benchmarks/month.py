@@ -50,7 +50,7 @@ from benchmarks.query import body as request_body  # noqa: E402
 from benchmarks.query import disk  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
 from importer.write import TableWriter  # noqa: E402
-from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
+from runtime.lifecycle import exit_with  # noqa: E402
 from table import lookup_index  # noqa: E402
 from table.catalog import ensure_table, table_location  # noqa: E402
 from table.layout import Layout  # noqa: E402
@@ -328,4 +328,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     # Spark Connect's atexit hook would call the server stopped above and retry for minutes.
-    exit_skipping_atexit(main())
+    exit_with(main)

@@ -38,7 +38,7 @@ from table.protocol import local_partitions  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
 from table.schema import DOC_COLUMN  # noqa: E402
 from importer.write import TableWriter  # noqa: E402
-from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
+from runtime.lifecycle import exit_with  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 DATABASE = "bench"
@@ -235,4 +235,4 @@ def run(spark, url: str, base: Path, args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     # Spark Connect's atexit hook would call the server stopped above and retry for minutes.
-    exit_skipping_atexit(main())
+    exit_with(main)

@@ -223,12 +223,12 @@ def _cpu_main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    from runtime.lifecycle import exit_skipping_atexit
+    from runtime.lifecycle import exit_with
 
     if len(sys.argv) == 6 and sys.argv[1] == "classic":
         _classic_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5])
     elif len(sys.argv) >= 2 and sys.argv[1] == "cpu":
-        exit_skipping_atexit(_cpu_main(sys.argv[2:]))
+        exit_with(lambda: _cpu_main(sys.argv[2:]))
     else:
         sys.exit("usage: spark_writes.py cpu [--rows N] [--batch N]   (Spark CPU per row: issue 34's reference)\n"
                  "       spark_writes.py classic ROWS.arrow BATCH_ROWS V2 TMPDIR (run by benchmarks/importer.py)")

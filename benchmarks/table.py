@@ -40,7 +40,7 @@ from table.protocol import live_files  # noqa: E402
 from warehouse.tiers import level_of  # noqa: E402
 from logjam.curve import ClientKey  # noqa: E402
 from logjam.producer import Producer  # noqa: E402
-from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
+from runtime.lifecycle import exit_with  # noqa: E402
 from tools.mesh import DEFAULTS, device_port  # noqa: E402
 
 TARGETS = {"files": 50, "query": 2.0}
@@ -267,4 +267,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     # Spark Connect's atexit hook would call the server stopped above and retry for minutes.
-    exit_skipping_atexit(main())
+    exit_with(main)

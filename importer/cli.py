@@ -127,9 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot start: %s", describe(e))
         log.debug("start failed", exc_info=True)
         status = 1
-    if status is None:
-        status = worker.run()
-    lifecycle.exit_skipping_atexit(status)
+    if status is not None:
+        lifecycle.exit_skipping_atexit(status)
+    lifecycle.exit_with(worker.run)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 
 def stop_event(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> threading.Event:
@@ -43,3 +43,27 @@ def exit_skipping_atexit(status: int) -> NoReturn:
         except (OSError, ValueError):
             pass
     os._exit(status)
+
+
+def exit_with(main: Callable[[], int]) -> NoReturn:
+    """Run `main` and exit with the status it returns, without atexit hooks (`exit_skipping_atexit`).
+
+    What `main` raises ends the process as Python would end it, a `SystemExit`'s code or
+    message, any other exception's traceback and status 1, and without the hooks too: an
+    error is no reason to spend minutes retrying a server that is gone.
+    """
+    import sys
+    import traceback
+
+    try:
+        status = main()
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            status = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            status = 1
+    except BaseException:  # noqa: BLE001 (reported as the interpreter would, then the exit below)
+        traceback.print_exc()
+        status = 1
+    exit_skipping_atexit(status)

@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger().setLevel(logging.WARNING)
         # pyspark logs every failed query with its JVM stack trace; the one-line error below is enough.
         logging.getLogger("SQLQueryContextLogger").disabled = True
-    lifecycle.exit_skipping_atexit(run(config))
+    lifecycle.exit_with(lambda: run(config))
 
 
 if __name__ == "__main__":

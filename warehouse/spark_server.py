@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging("logjam-spark", config.verbose)
     from runtime import lifecycle
 
-    lifecycle.exit_skipping_atexit(run(config))
+    lifecycle.exit_with(lambda: run(config))
 
 
 if __name__ == "__main__":
