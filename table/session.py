@@ -121,10 +121,26 @@ def resolve_warehouse(spark: Any, explicit: str | None) -> str:
     return value.rstrip("/")
 
 
+def connect_endpoint(url: str) -> tuple[str, int]:
+    """(host, port) of a Spark Connect URL `sc://host[:port][/;params]`."""
+    parsed = urllib.parse.urlparse(url.split(";", 1)[0])
+    return parsed.hostname or "127.0.0.1", parsed.port or defaults.SPARK_PORT
+
+
+def connect_refused(url: str, timeout: float = 5.0) -> str | None:
+    """Why nothing answers at the Connect URL's TCP port (None when something does). pyspark's
+    client would retry such a server for about a minute per call before it said so."""
+    host, port = connect_endpoint(url)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as e:
+        return f"{host}:{port}: {e.strerror or e}"
+
+
 def wait_for_connect_server(url: str, stop: threading.Event) -> bool:
     """Poll the Connect endpoint's TCP port so a missing server means waiting, not a long client retry loop."""
-    parsed = urllib.parse.urlparse(url.split(";", 1)[0])
-    host, port = parsed.hostname or "127.0.0.1", parsed.port or defaults.SPARK_PORT
+    host, port = connect_endpoint(url)
     warned = False
     while not stop.is_set():
         try:

@@ -81,6 +81,20 @@ def test_empty_warehouse_and_bad_query(spark_server, tmp_path) -> None:
     assert "UNRESOLVED_COLUMN" in r.stderr and "JVM stacktrace" not in r.stderr
 
 
+@pytest.mark.timeout(60)
+def test_no_server_is_said_at_once() -> None:
+    # pyspark's client retries a refused connection for about a minute a call, twice (the query,
+    # then the session's release): logjam-sql tried the port first and says so.
+    from harness.processes import free_port
+    port = free_port()
+    t = time.monotonic()
+    r = subprocess.run([command("logjam-sql"), "SELECT 1", "--spark", f"sc://127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=50)
+    assert time.monotonic() - t < 20
+    assert r.returncode == 1 and r.stdout == ""
+    assert f"no Spark Connect server answers at 127.0.0.1:{port}: Connection refused" in r.stderr, r.stderr
+
+
 @pytest.mark.timeout(300)
 def test_a_master_url_runs_a_classic_session_over_the_same_files(spark_server, tmp_path) -> None:
     """`--spark local[1]` (offered by --help) starts its own session, whose catalog adopts the rows on disk."""

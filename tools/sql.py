@@ -30,7 +30,7 @@ from warehouse.maintenance import maintenance_pass
 from table.paths import table_path
 from table.schema import DEFAULT_DATABASE
 from table.checks import local_dir, spark_url
-from table.session import DEFAULT_SPARK, is_connect, open_session, resolve_warehouse
+from table.session import DEFAULT_SPARK, connect_refused, is_connect, open_session, resolve_warehouse
 from runtime import lifecycle
 from runtime.check import Checker
 from runtime.config import add_config_flag, from_flags, parse_config, setup_logging
@@ -148,6 +148,10 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_widt
 def run(config: SqlConfig) -> int:
     from pyspark.errors import PySparkException
 
+    if is_connect(config.spark) and (refused := connect_refused(config.spark)):
+        print(f"logjam-sql: no Spark Connect server answers at {refused} (is logjam-spark running? make status)",
+              file=sys.stderr)
+        return 1
     spark = open_session(config.spark, app_name="logjam-sql", warehouse=config.warehouse)
     if is_connect(config.spark):
         # A one-shot query gains nothing from reattaching, and its asynchronous release races
