@@ -43,17 +43,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import lumberjack_load  # noqa: E402
+from harness import lumberjack_load, prometheus  # noqa: E402
 from harness.lumberjack_load import WINDOW, Shipper, ship, windows  # noqa: E402
 from harness.cpu import cpu  # noqa: E402
 from harness.mesh import Mesh  # noqa: E402
 from harness.processes import command  # noqa: E402
-from runtime.lifecycle import exit_skipping_atexit  # noqa: E402
+from runtime.lifecycle import exit_with  # noqa: E402
 from tools.mesh import DEFAULTS  # noqa: E402
 
 # Issue 34: landed >= 1.2x what ca445a6 landed on the same machine in the same hour (about 25k
-# ev/s on the quiet 2-core machine of that issue, so 30k), p99 <= 3 s at 5k ev/s.
-TARGETS = {"landed": 30_000.0, "drain": 15.0, "p99": 3.0}
+# ev/s on the quiet 2-core machine of that issue, so 30k). Issue 43: at 5k ev/s, sent -> queryable
+# p50 <= 0.5 s and p99 <= 1 s (issue 34 had asked for p99 <= 3 s).
+TARGETS = {"landed": 30_000.0, "drain": 15.0, "p50": 0.5, "p99": 1.0}
 # CPU per landed event each kind of process may spend (us), from issue 34: the importers 0.4x
 # of 28dc2f2's 34 us; the devices and the bridge what ca445a6 spent (7 and 7.3 us; ipc hops
 # carry no CURVE); Spark 1.3x its CPU per row in benchmarks/spark_writes.py with `doc` (about
@@ -107,6 +108,33 @@ def bytes_per_row(mesh: Mesh) -> tuple[float, float]:
         files, was = measure()[1], files
         idle = idle + 1 if files >= was else 0
     return before, measure()[0]
+
+
+# The importers' histograms that split a row's freshness: its batch's wait and write (commit_delay:
+# from the batch's first row until committed) and, within the write, the wait for the root's lock.
+COMMIT_HISTOGRAMS = ("logjam_importer_commit_delay_seconds", "logjam_importer_write_seconds",
+                     "logjam_importer_lock_wait_seconds")
+
+
+def commit_histograms(mesh: Mesh) -> dict[str, prometheus.Buckets]:
+    """COMMIT_HISTOGRAMS, each summed over the importers."""
+    base = int(mesh.env["LOGJAM_IMPORTER_METRICS_PORT"])
+    out: dict[str, prometheus.Buckets] = {}
+    for name in COMMIT_HISTOGRAMS:
+        out[name] = {}
+        for i in range(int(mesh.env["LOGJAM_IMPORTERS"])):
+            for le, n in prometheus.buckets(base + i, name).items():
+                out[name][le] = out[name].get(le, 0.0) + n
+    return out
+
+
+def describe_commits(h: dict[str, prometheus.Buckets]) -> str:
+    """One line: the steady phase's commits and where a batch's time went, read off the histograms' buckets."""
+    q = {name: (prometheus.quantile(b, 0.5), prometheus.quantile(b, 0.99)) for name, b in h.items()}
+    delay, write, lock = (q[name] for name in COMMIT_HISTOGRAMS)
+    return (f"of which the importers' {prometheus.total(h[COMMIT_HISTOGRAMS[0]]):.0f} commits: a batch's first row "
+            f"-> committed p50 {delay[0]:.2f} s, p99 {delay[1]:.2f} s; its write p50 {write[0] * 1e3:.0f} ms, "
+            f"p99 {write[1] * 1e3:.0f} ms; the root's lock waited for p99 {lock[1] * 1e3:.0f} ms")
 
 
 # The steady phase's pause between two polls. A poll is one count query (0.2-0.4 s on the quiet
@@ -181,7 +209,10 @@ def main() -> int:
         port = int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
         print(f"mesh up in {time.monotonic() - started:.0f} s", flush=True)
         r = load_phase(mesh, port, args)
+        commits_before = commit_histograms(mesh)
         lat, low, poll = steady_phase(mesh, port, args) if args.steady_seconds > 0 else ([], [], 0.0)
+        commits = {name: prometheus.between(commits_before[name], after)
+                   for name, after in commit_histograms(mesh).items()}
         lat, low = sorted(lat), sorted(low)
         disk = bytes_per_row(mesh)
         acked_rate, landed_rate = r["acked"] / r["elapsed"], r["landed_in_window"] / r["elapsed"]
@@ -198,9 +229,11 @@ def main() -> int:
         if lat:
             p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
             lo50, lo99 = low[len(low) // 2], low[int(len(low) * 0.99)]
+            met = p50 <= TARGETS["p50"] and p99 <= TARGETS["p99"]
             print(f"  steady {args.steady_rate:,.0f} ev/s, sent -> queryable: p50 {p50:.2f} s, p99 {p99:.2f} s "
-                  f"({TARGETS['p99'] / p99:.2f}x of the {TARGETS['p99']:.0f} s target; a poll every {poll:.2f} s, "
-                  f"the last poll that did not see them: p50 {lo50:.2f} s, p99 {lo99:.2f} s)")
+                  f"(targets p50 <= {TARGETS['p50']} s, p99 <= {TARGETS['p99']} s: {'met' if met else 'MISSED'}; "
+                  f"a poll every {poll:.2f} s, the last poll that did not see them: p50 {lo50:.2f} s, p99 {lo99:.2f} s)")
+            print("  " + describe_commits(commits))
         print(f"  lost {lost}, duplicated {dup} (rows {r['rows']}, distinct event ids {r['distinct']})")
         print(f"  bytes on disk per row: {disk[0]:.1f} as landed (compaction passes ran meanwhile), "
               f"{disk[1]:.1f} after a full compaction")
@@ -226,4 +259,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     # Spark Connect's atexit hook would call the server stopped above and retry for minutes.
-    exit_skipping_atexit(main())
+    exit_with(main)

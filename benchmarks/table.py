@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness import prometheus  # noqa: E402
 from harness.mesh import Mesh  # noqa: E402
 from table.protocol import local_partitions  # noqa: E402
 from table.protocol import live_files  # noqa: E402
@@ -106,8 +107,7 @@ def metrics(port: str | int) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith(("logjam_compaction_bytes", "logjam_table_importer_bytes", "logjam_compaction_seconds_",
-                            "logjam_compaction_partitions_total", "logjam_compaction_lock_hold_seconds_bucket",
-                            "logjam_importer_lock_wait_seconds_bucket")):
+                            "logjam_compaction_partitions_total", "logjam_compaction_lock_hold_seconds_bucket")):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
@@ -118,11 +118,8 @@ def lock_waits(mesh: Mesh) -> tuple[float, float, float]:
     base = int(mesh.env["LOGJAM_IMPORTER_METRICS_PORT"])
     total = within = half = 0.0
     for i in range(int(mesh.env["LOGJAM_IMPORTERS"])):
-        for name, value in metrics(base + i).items():
-            if name.startswith("logjam_importer_lock_wait_seconds_bucket"):
-                total += value if 'le="+Inf"' in name else 0.0
-                within += value if 'le="1.0"' in name else 0.0
-                half += value if 'le="0.5"' in name else 0.0
+        waits = prometheus.buckets(base + i, "logjam_importer_lock_wait_seconds")
+        total, within, half = total + prometheus.total(waits), within + waits.get(1.0, 0.0), half + waits.get(0.5, 0.0)
     return total, within, half
 
 

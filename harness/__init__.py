@@ -6,7 +6,8 @@ starting and stopping processes, the repository root and the venv's console scri
 `courier_client` and `segment_client` (protocol clients written from the specs), `mesh` (a whole
 mesh under supervisord on spare ports), `lumberjack_load` (the end-to-end Lumberjack load),
 `fairness` (the quiet-against-loud scenario of benchmarks/fairness.py and tests/test_mesh_fairness.py)
-`cpu` (the CPU seconds of a benchmarked process, from /proc) and `xdist_groups` (the pytest plugin
+`cpu` (the CPU seconds of a benchmarked process, from /proc), `prometheus` (a process's histograms
+from its /metrics, and their quantiles) and `xdist_groups` (the pytest plugin
 behind `make test`'s `--dist loadgroup`, registered by tests/conftest.py).
 
 It is not installed: pyproject.toml's package list leaves it out, as it leaves out tests/ and

@@ -27,10 +27,11 @@ class ImporterMetrics:
         self.lost_rows = Counter("logjam_importer_rows_lost", "Rows given up on at shutdown after failed writes",
                                  ["worker"], registry=r).labels(**labels)
         self.write_seconds = Histogram("logjam_importer_write_seconds", "Seconds per batch write", ["worker"],
-                                       buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), registry=r).labels(**labels)
+                                       buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+                                       registry=r).labels(**labels)
         self.lock_wait = Histogram("logjam_importer_lock_wait_seconds",
                                    "Seconds a batch write waited for its root's lock (held by a compaction's swap)",
-                                   ["worker"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+                                   ["worker"], buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
                                    registry=r).labels(**labels)
         self.batch_rows = Histogram("logjam_importer_batch_rows", "Rows per batch write (group commit follows the load)",
                                     ["worker"], buckets=(100, 1000, 10_000, 50_000, 100_000, 200_000, 500_000),
@@ -40,7 +41,9 @@ class ImporterMetrics:
                                      registry=r).labels(**labels)
         self.commit_delay = Histogram("logjam_importer_commit_delay_seconds",
                                       "Seconds from a batch's first row to its commit", ["worker"],
-                                      buckets=(0.5, 1, 2, 3, 5, 8, 13, 21, 34, 60), registry=r).labels(**labels)
+                                      # Fine around --flush-interval's default (0.5 s), where a second's freshness is won or lost.
+                                      buckets=(0.1, 0.25, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 1, 1.5, 2, 3, 5, 8, 13, 21,
+                                               34, 60), registry=r).labels(**labels)
         self.last_write = Gauge("logjam_importer_last_write_timestamp_seconds", "Unix time of the last committed batch",
                                 ["worker"], registry=r).labels(**labels)
         self.quarantined_rows = Counter("logjam_importer_rows_quarantined",
