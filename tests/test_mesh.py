@@ -26,6 +26,7 @@ import pytest
 from pylogbeat import PyLogBeatClient
 
 from harness.processes import command, port_open, wait_for
+from warehouse.spark_server import descendants
 from tests.mesh_support import (
     EXPECTED_ROUTE, landed, repeated_event_ids, send_everywhere, wait_landed, wait_until_importing,
 )
@@ -117,7 +118,7 @@ def test_killed_importer_is_restarted_and_later_traffic_lands(mesh):
 def rss_mib(pid: int) -> float:
     """Resident memory of a process and its children (logjam-spark's JVM is its child)."""
     total = 0.0
-    for p in [pid, *children(pid)]:
+    for p in [pid, *descendants(pid)]:
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -134,15 +135,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] != "Z"
-
-
-def children(pid: int) -> list[int]:
-    try:
-        direct = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
-                  for c in (t / "children").read_text().split()]
-    except OSError:
-        return []
-    return direct + [g for c in direct for g in children(c)]
 
 
 def test_8k_bodies_at_full_speed_land_without_running_out_of_memory(mesh):
@@ -211,7 +203,7 @@ def test_the_table_answers_jdbc_and_keeps_its_partitions_across_a_spark_restart(
 
     # The restart meets a hung JVM (stopped, not dead): logjam-spark kills it at its --stop-timeout
     # (20 s), and says so, before supervisord's stopwaitsecs (30 s) would kill the group unexplained.
-    jvms = children(mesh.pid("logjam-spark"))
+    jvms = descendants(mesh.pid("logjam-spark"))
     assert jvms
     for pid in jvms:
         os.kill(pid, signal.SIGSTOP)

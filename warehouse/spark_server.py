@@ -126,20 +126,20 @@ def _kill_if_hung(proc: subprocess.Popen, exited: threading.Event, timeout: floa
     proc.send_signal(signal.SIGQUIT)  # the JVM writes every thread's stack to its stdout: our log
     if exited.wait(2.0):
         return
-    for pid in _descendants(proc.pid):
+    for pid in descendants(proc.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     proc.kill()
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """The processes below `pid`, from /proc (Linux, as prctl above)."""
     try:
         direct = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
                   for c in (task / "children").read_text().split()]
     except OSError:
         return []
-    return direct + [d for c in direct for d in _descendants(c)]
+    return direct + [d for c in direct for d in descendants(c)]
 
 
 def run(config: SparkServerConfig) -> int:
