@@ -5,7 +5,8 @@ e2e-like messages (benchmarks/e2e.py's events as the Lumberjack bridge maps them
 out as the SUB drain hands them over (`logjam.raw.RawBatch`, 4096 messages a chunk, the
 chunks alternating between `--devices` devices, as e2e's two devices) and fed to a real
 `Receiver` with a `Sequencer` (in order), a `GroupCommit` and a deduplicating
-`BatchBuilder`; batches are cut as the worker cuts them, into Arrow tables. What is timed is
+`BatchBuilder` whose memory already holds --remembered other keys (a running importer's: each
+new key makes it forget one); batches are cut as the worker cuts them, into Arrow tables. What is timed is
 the process's CPU time for all of it. With --place each batch then goes the way the
 importer's commit takes it to the table's files (importer/commit.py `TableTarget.append`
 without the catalog: sorted, `doc` encoded, one Parquet file per partition staged, fsynced
@@ -17,7 +18,7 @@ them together; --tree DIR imports the importer from another checkout (with its C
 built in place), to compare a change with the code before it in the same hour.
 
 Usage: LOGJAM_NATIVE=off|auto python benchmarks/importer_decode.py [--messages N] [--rounds R] [--place]
-           [--compare] [--tree DIR] [--profile]
+           [--remembered N] [--compare] [--tree DIR] [--profile]
 """
 
 from __future__ import annotations
@@ -41,13 +42,12 @@ import zmq  # noqa: E402
 
 from harness.lumberjack_load import body  # noqa: E402
 from importer.batch import GroupCommit  # noqa: E402
-from importer.commit import _SORT  # noqa: E402
 from importer.checkpoint import Position  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
 from importer.decode_native import NativeBatchBuilder  # noqa: E402
-from importer.dedupe import RecentKeys  # noqa: E402
+from importer.dedupe import DEFAULT_CAPACITY, RecentKeys  # noqa: E402
 from importer.metrics import ImporterMetrics  # noqa: E402
-from importer.place import place  # noqa: E402
+from importer.place import grouped, place  # noqa: E402
 from importer.receive import Receiver  # noqa: E402
 from importer.report import GapReport, Tally  # noqa: E402
 from importer.sequence import Ledger, Sequencer  # noqa: E402
@@ -89,7 +89,7 @@ class Placer:
         self.n = 0
 
     def __call__(self, table) -> None:  # type: ignore[no-untyped-def]
-        rows = table.sort_by(_SORT)
+        rows = grouped(table)
         self.n += 1
         place(rows.append_column(DOC_COLUMN, self.doc.column(rows)), self.dir / "staging", self.dir / "root",
               f"b{self.n}", _mkdirs)
@@ -104,9 +104,20 @@ def _mkdirs(dirs: list[Path]) -> None:
         d.mkdir(parents=True, exist_ok=True)
 
 
-def run(batches: list[RawBatch], keep: list | None = None, placer: Placer | None = None) -> tuple[float, int]:
+def full_memory(remembered: int) -> RecentKeys:
+    """A dedupe memory already holding `remembered` keys no message repeats: a running importer's,
+    where each new key also makes the memory forget its oldest (its default capacity is 1M keys,
+    about 17 s of e2e's load per importer)."""
+    keys = RecentKeys()
+    keys.extend(f"earlier\0{n:020d}" for n in range(remembered))
+    return keys
+
+
+def run(batches: list[RawBatch], keep: list | None = None, placer: Placer | None = None,
+        remembered: int = 0) -> tuple[float, int]:
     """CPU seconds for the receive -> decode -> batch path over `batches` (and the placing of each
-    batch, given a `placer`), and the rows it made (the batches' tables go to `keep` when given)."""
+    batch, given a `placer`), and the rows it made (the batches' tables go to `keep` when given).
+    The dedupe memory starts with `remembered` other keys (`full_memory`)."""
     metrics = ImporterMetrics(0)
     devices = sorted({raw.meta[1] for raw in batches})
     endpoints = {d: f"tcp://127.0.0.1:{d}" for d in devices}
@@ -114,8 +125,9 @@ def run(batches: list[RawBatch], keep: list | None = None, placer: Placer | None
     ctx = zmq.Context()
     sequencer = Sequencer(ledger, metrics, context=ctx, device_endpoint=dict(endpoints), replay_port=1,
                           replay_timeout=1.0, stopping=lambda: False)
-    native = NativeBatchBuilder.load(dedupe=RecentKeys())
-    group = GroupCommit(native if native is not None else BatchBuilder(dedupe=RecentKeys()), flush_interval=1.0)
+    native = NativeBatchBuilder.load(dedupe=full_memory(remembered))
+    group = GroupCommit(native if native is not None else BatchBuilder(dedupe=full_memory(remembered)),
+                        flush_interval=1.0)
     receiver = Receiver(group, StreamFilter(), Tally(), GapReport(metrics), sequencer, dict(endpoints))
     rows = 0
 
@@ -154,6 +166,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--remembered", type=int, default=DEFAULT_CAPACITY, metavar="N",
+                    help="keys in the dedupe memory before a round starts, as in a running importer (default: its "
+                         "capacity, so that every row's key makes it forget one; 0: an importer just started)")
     ap.add_argument("--place", action="store_true", help="also sort, encode doc and place each batch's files")
     ap.add_argument("--compare", action="store_true", help="LOGJAM_NATIVE=require and off, one process each")
     ap.add_argument("--tree", help="the checkout whose importer is measured (default: this one)")
@@ -169,19 +184,20 @@ def main() -> None:
             import cProfile
             import pstats
             prof = cProfile.Profile()
-            prof.runcall(run, batches, None, placer)
+            prof.runcall(run, batches, None, placer, args.remembered)
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
             return
         per = []
         for _ in range(args.rounds):
-            spent, rows = run(batches, None, placer)
+            spent, rows = run(batches, None, placer, args.remembered)
             assert rows == args.messages, (rows, args.messages)
             per.append(spent / rows * 1e6)
     finally:
         if placer is not None:
             placer.close()
     print(f"LOGJAM_NATIVE={os.environ.get('LOGJAM_NATIVE', 'auto')}{' --place' if args.place else ''} "
-          f"[{_TREE}]: {args.messages} messages ({args.devices} devices, {args.streams} streams) x {args.rounds}: "
+          f"[{_TREE}]: {args.messages} messages ({args.devices} devices, {args.streams} streams, {args.remembered} keys "
+          f"remembered before) x {args.rounds}: "
           f"CPU per event min {min(per):.2f} us, median {sorted(per)[len(per) // 2]:.2f} us "
           f"({', '.join(f'{p:.2f}' for p in per)})")
 

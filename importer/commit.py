@@ -2,7 +2,7 @@
 
 `TableTarget` is where an importer's rows go and how one commit gets them there
 (docs/reliability.md, "The table's commit protocol", says it step by step):
-1. The rows are sorted by (app_env, date).
+1. Each partition's rows are brought together (importer/place.py `grouped`).
 2. The partitions it needs are registered in the catalog (table/catalog.py).
 3. Under the root's lock, partitions that retention dropped since (their dir is gone or being
    dropped) are registered again, and the rows become files of the table under this
@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from importer.failures import describe
-from importer.place import place, unplaced, unstage
+from importer.place import grouped, place, unplaced, unstage
 from importer.spill import Spill
 from importer.variant import DocEncoder
 from table import protocol
@@ -52,7 +52,6 @@ from table.schema import DOC_COLUMN, PARTITION_COLUMNS, WRITE_OPTIONS, with_doc
 
 log = logging.getLogger(__name__)
 
-_SORT = [("app_env", "ascending"), ("date", "ascending")]
 # An importer writes `doc` unshredded: shredding it at ingest halved the rows/s of Spark's write
 # (measured, docs/schema.md); the day's closing merge shreds it.
 _NO_SHREDDING = {"spark.sql.variant.writeShredding.enabled": "false"}
@@ -122,7 +121,7 @@ class TableTarget:
     def append(self, spark: Any, rows: pa.Table, commit: Commit) -> tuple[int, float]:
         """Register, write under the root's lock, follow compaction. Returns (new partitions, seconds)."""
         mapped, specs = self.map.apply(rows)
-        mapped = mapped.sort_by(_SORT)
+        mapped = grouped(mapped)
         started = time.monotonic()
         new = self.partitions.register(spark, specs)
         registered = time.monotonic()

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from importer.decode import BatchBuilder
-from importer.place import place, runs
+from importer.place import grouped, place, runs
 from table.layout import LOOKUP_COLUMNS
 from table.protocol import MOVES, recover_placements
 from logjam.message import Message
@@ -55,6 +55,28 @@ def test_runs_are_the_partitions_of_a_sorted_table() -> None:
     keys = [(table.column("app_env")[a].as_py(), table.column("date")[a].as_py()) for a, _ in spans]
     assert keys == sorted(set(keys)) and len(keys) == 5  # b-prod has one day only
     assert runs(table.slice(0, 0)) == []
+
+
+def test_grouped_brings_each_partitions_rows_together_in_arrival_order() -> None:
+    table = _rows({"a-prod": 6, "b-prod": 5, "c-dev": 4})
+    shuffled = table.take(pa.array([7, 0, 12, 3, 9, 1, 14, 6, 2, 10, 5, 13, 8, 4, 11]))
+    together = grouped(shuffled)
+    keys = list(zip(together.column("app_env").to_pylist(), together.column("date").to_pylist()))
+    assert [k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]] == list(dict.fromkeys(keys))  # one run each
+    for key in set(keys):  # arrival order kept within a partition
+        before = [m for m, k in zip(shuffled.column("message").to_pylist(),
+                                     zip(shuffled.column("app_env").to_pylist(), shuffled.column("date").to_pylist()))
+                  if k == key]
+        assert [m for m, k in zip(together.column("message").to_pylist(), keys) if k == key] == before
+    assert len(runs(together)) == 6  # three app-envs, two days each
+
+
+def test_grouped_leaves_a_batch_already_grouped_as_it_is() -> None:
+    table = _rows({"b-prod": 3, "a-prod": 4})  # grouped, though not in name order
+    one_day = table.filter(pa.compute.equal(table.column("date"), pa.scalar(DAYS[0])))
+    assert grouped(one_day) is one_day
+    single = table.slice(0, 1)
+    assert grouped(single) is single
 
 
 def test_one_file_per_partition_with_every_row_and_nothing_left_staged(tmp_path: Path) -> None:
