@@ -1,9 +1,18 @@
 /* importer/dedupe.py's RecentKeys in C; see native/dedupe.h.
  *
- * The keys live in a ring in first-seen order (each a malloc'd copy with its hash), and an
- * open-addressing table with linear probing finds a key's ring slot. The table has at least
- * twice as many slots as the capacity, so probes stay short; forgetting a key shifts the
- * entries after it back (no tombstones), so a long-running importer never slows down. */
+ * The keys live in a ring in first-seen order, and an open-addressing table with linear
+ * probing finds a key's ring slot. The table has at least twice as many slots as the
+ * capacity, so probes stay short; forgetting a key shifts the entries after it back (no
+ * tombstones), so a long-running importer never slows down.
+ *
+ * Laid out for a memory far larger than the caches (1M keys by default, ~80 MB): at capacity
+ * every new key is one lookup, one forgetting and one insertion, and each pointer followed
+ * is a cache miss. So a table slot holds the key's 32-bit tag (the hash's high half, which
+ * also gives the key's home slot) beside its ring slot: probes, the search for the slot to
+ * forget and the shift after it read the table alone, and a ring entry is read only when
+ * a tag matches. A ring entry holds a key of up to INLINE bytes itself (an idempotency key
+ * with its stream's name is 30-60 bytes), so remembering one costs no malloc; the ring is
+ * written in order, which the hardware prefetches. Longer keys get a malloc'd copy. */
 
 #include "dedupe.h"
 
@@ -13,20 +22,33 @@
 #include "lj_hash.h"
 
 #define MAX_CAPACITY (1LL << 30)
+#define INLINE 56 /* key bytes a ring entry holds itself: the entry is one 64-byte cache line */
 
 typedef struct {
-    uint64_t hash;
-    uint8_t *key; /* NULL while the slot is unused */
-    size_t len;
+    uint32_t tag;
+    uint32_t len; /* the key's length, or LONG: the key is in `heap` (its length first) */
+    union {
+        uint8_t bytes[INLINE];
+        struct {
+            size_t len;
+            uint8_t *copy;
+        } heap;
+    } key;
 } entry_t;
+
+#define LONG UINT32_MAX
 
 struct lj_dd {
     int64_t capacity, count;
     int64_t oldest; /* once full: the ring slot that is forgotten next */
     entry_t *ring;  /* capacity */
-    uint32_t *table; /* mask + 1 slots: a ring slot + 1, or 0 for empty */
+    uint64_t *table; /* mask + 1 slots: tag << 32 | (ring slot + 1), or 0 for empty */
     uint64_t mask;
 };
+
+static inline uint32_t tag_of(uint64_t hash) { return (uint32_t)(hash >> 32); }
+static inline uint64_t home_of(const lj_dd_t *dd, uint32_t tag) { return tag & dd->mask; }
+static inline uint64_t slot_value(uint32_t tag, int64_t r) { return (uint64_t)tag << 32 | (uint64_t)(r + 1); }
 
 lj_dd_t *lj_dd_new(int64_t capacity) {
     if (capacity < 1 || capacity > MAX_CAPACITY) return NULL;
@@ -35,10 +57,10 @@ lj_dd_t *lj_dd_new(int64_t capacity) {
     uint64_t slots = 16;
     while (slots < 2 * (uint64_t)capacity) slots *= 2;
     dd->capacity = capacity;
-    dd->mask = slots - 1;
+    dd->mask = slots - 1; /* at most 2**31 - 1: the tag's 32 bits cover it */
     /* calloc: pages a small memory never uses are never touched */
     dd->ring = calloc((size_t)capacity, sizeof(entry_t));
-    dd->table = calloc((size_t)slots, sizeof(uint32_t));
+    dd->table = calloc((size_t)slots, sizeof(uint64_t));
     if (!dd->ring || !dd->table) {
         lj_dd_free(dd);
         return NULL;
@@ -46,25 +68,41 @@ lj_dd_t *lj_dd_new(int64_t capacity) {
     return dd;
 }
 
+static void release(entry_t *e) {
+    if (e->len == LONG) free(e->key.heap.copy);
+}
+
 void lj_dd_free(lj_dd_t *dd) {
     if (!dd) return;
     if (dd->ring)
-        for (int64_t i = 0; i < dd->count; i++) free(dd->ring[i].key);
+        for (int64_t i = 0; i < dd->count; i++) release(&dd->ring[i]);
     free(dd->ring);
     free(dd->table);
     free(dd);
 }
 
+static int same_key(const entry_t *e, const uint8_t *key, size_t len) {
+    if (e->len != LONG) return e->len == len && memcmp(e->key.bytes, key, len) == 0;
+    return e->key.heap.len == len && memcmp(e->key.heap.copy, key, len) == 0;
+}
+
 /* The table slot holding `key`, or the empty slot where its probe ends (table[slot] == 0). */
-static uint64_t find(const lj_dd_t *dd, const uint8_t *key, size_t len, uint64_t hash) {
-    uint64_t i = hash & dd->mask;
+static uint64_t find(const lj_dd_t *dd, const uint8_t *key, size_t len, uint32_t tag) {
+    uint64_t i = home_of(dd, tag);
     for (;;) {
-        uint32_t at = dd->table[i];
-        if (!at) return i;
-        const entry_t *e = &dd->ring[at - 1];
-        if (e->hash == hash && e->len == len && memcmp(e->key, key, len) == 0) return i;
+        uint64_t v = dd->table[i];
+        if (!v) return i;
+        if ((uint32_t)(v >> 32) == tag && same_key(&dd->ring[(uint32_t)v - 1], key, len)) return i;
         i = (i + 1) & dd->mask;
     }
+}
+
+/* The table slot holding ring slot r: a probe that compares whole slot values, never a key. */
+static uint64_t find_slot_of(const lj_dd_t *dd, int64_t r) {
+    uint32_t tag = dd->ring[r].tag;
+    uint64_t want = slot_value(tag, r), i = home_of(dd, tag);
+    while (dd->table[i] != want) i = (i + 1) & dd->mask;
+    return i;
 }
 
 /* Empties table slot i, moving back the entries whose probe passed over it. */
@@ -72,44 +110,64 @@ static void unlink_slot(lj_dd_t *dd, uint64_t i) {
     uint64_t j = i;
     for (;;) {
         j = (j + 1) & dd->mask;
-        uint32_t at = dd->table[j];
-        if (!at) break;
-        uint64_t home = dd->ring[at - 1].hash & dd->mask;
+        uint64_t v = dd->table[j];
+        if (!v) break;
+        uint64_t home = home_of(dd, (uint32_t)(v >> 32));
         /* the entry at j stays when its home lies cyclically in (i, j] */
         int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
         if (stays) continue;
-        dd->table[i] = at;
+        dd->table[i] = v;
         i = j;
     }
     dd->table[i] = 0;
 }
 
 int lj_dd_contains(const lj_dd_t *dd, const uint8_t *key, size_t len) {
-    return dd->table[find(dd, key, len, lj_hash_bytes(key, len))] != 0;
+    return dd->table[find(dd, key, len, tag_of(lj_hash_bytes(key, len)))] != 0;
 }
 
 int64_t lj_dd_len(const lj_dd_t *dd) { return dd->count; }
 
-int lj_dd_seen(lj_dd_t *dd, const uint8_t *key, size_t len) {
-    uint64_t hash = lj_hash_bytes(key, len);
-    uint64_t slot = find(dd, key, len, hash);
-    if (dd->table[slot]) return 1;
-    uint8_t *copy = malloc(len ? len : 1);
+/* Fills ring entry e with `key`; -1 when its copy could not be made (e unchanged). */
+static int store(entry_t *e, uint32_t tag, const uint8_t *key, size_t len) {
+    if (len <= INLINE) {
+        e->tag = tag;
+        e->len = (uint32_t)len;
+        memcpy(e->key.bytes, key, len);
+        return 0;
+    }
+    uint8_t *copy = malloc(len);
     if (!copy) return -1;
     memcpy(copy, key, len);
+    e->tag = tag;
+    e->len = LONG;
+    e->key.heap.len = len;
+    e->key.heap.copy = copy;
+    return 0;
+}
+
+int lj_dd_seen(lj_dd_t *dd, const uint8_t *key, size_t len) {
+    uint32_t tag = tag_of(lj_hash_bytes(key, len));
+    uint64_t slot = find(dd, key, len, tag);
+    if (dd->table[slot]) return 1;
     int64_t r;
     if (dd->count < dd->capacity) {
-        r = dd->count++;
+        r = dd->count;
+        if (store(&dd->ring[r], tag, key, len)) return -1;
+        dd->count++;
     } else {
         /* forget the oldest key; the shift may move this key's empty slot, so look again */
         r = dd->oldest;
         entry_t *old = &dd->ring[r];
-        unlink_slot(dd, find(dd, old->key, old->len, old->hash));
-        free(old->key);
+        entry_t kept = *old;
+        if (store(old, tag, key, len)) return -1;
+        old->tag = kept.tag; /* find_slot_of looks for the forgotten key's tag */
+        unlink_slot(dd, find_slot_of(dd, r));
+        old->tag = tag;
+        release(&kept);
         dd->oldest = (r + 1) % dd->capacity;
-        slot = find(dd, key, len, hash);
+        slot = find(dd, key, len, tag);
     }
-    dd->ring[r] = (entry_t){hash, copy, len};
-    dd->table[slot] = (uint32_t)(r + 1);
+    dd->table[slot] = slot_value(tag, r);
     return 0;
 }

@@ -5,7 +5,8 @@
  * The last `capacity` distinct keys in the order they were first seen; a key is any byte
  * string (the empty one too, as in the twin: the callers decide what is no key). Exact: keys
  * are compared byte for byte, a hash only finds where to look. Memory is bounded by the
- * capacity: one ring slot, two table slots and a copy of the key for each key remembered.
+ * capacity: for each key remembered, a 64-byte ring entry (holding the key when it is at most
+ * 56 bytes, else pointing at a copy) and two 8-byte table slots.
  *
  * Also the module's cffi declaration (native/build.py reads it before native/decode.h):
  * only declarations below.

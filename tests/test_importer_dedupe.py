@@ -91,8 +91,10 @@ def test_the_c_memory_capacity_must_be_positive() -> None:
         NativeRecentKeys(c_module(MODULE), 0)
 
 
-# Keys that share prefixes, lengths and bytes (NUL, non-ASCII, the empty key), for the C twin.
+# Keys that share prefixes, lengths and bytes (NUL, non-ASCII, the empty key), for the C twin;
+# 56 bytes is the longest a ring entry of native/dedupe.c holds itself, longer ones are copied.
 TWIN_KEY_LIST = ["a", "b", "ab", "ba", "a\0b", "a\0c", "", "é", "e\u0301", "x" * 40, "x" * 41,
+                 "y" * 56, "y" * 57, "y" * 55 + "é", "y" * 300, "y" * 299 + "z",
                  "shop-prod\0" + "3f9c0a1b2c3d4e5f:1", "shop-prod\0" + "3f9c0a1b2c3d4e5f:2"]
 TWIN_KEYS = st.sampled_from(TWIN_KEY_LIST)
 TWIN_OPS = st.one_of(st.tuples(st.just("seen"), TWIN_KEYS), st.tuples(st.just("in"), TWIN_KEYS),
@@ -120,7 +122,7 @@ def test_the_c_memory_keeps_its_bound_over_many_keys() -> None:
     """Many evictions through a table that wraps around: the last `capacity` keys, no other, exactly."""
     capacity = 1000
     twin, c = RecentKeys(capacity), NativeRecentKeys(c_module(MODULE), capacity)
-    keys = [f"s{i % 7}-prod\0id-{i * 7919 % 5003}" for i in range(20_000)]
+    keys = [f"s{i % 7}-prod\0id-{i * 7919 % 5003}" + "-long" * (i % 3 == 0) * 12 for i in range(20_000)]
     assert repeats(c, keys) == repeats(twin, keys)
     assert len(c) == len(twin) == capacity
     assert all(k in c for k in twin.oldest_first())
