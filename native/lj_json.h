@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* The four hex digits at p as a number in *out: 0, or -1 when one is not a hex digit. */
 static inline int lj_hex4(const uint8_t *p, uint32_t *out) {
@@ -20,6 +21,28 @@ static inline int lj_hex4(const uint8_t *p, uint32_t *out) {
     }
     *out = v;
     return 0;
+}
+
+/* The first byte at or after p that a JSON string reader must look at (`"`, `\\`, a C0
+ * control or a non-ASCII byte), or end. Eight bytes a step: a log line's strings are long runs
+ * of plain ASCII, and a byte at a time was most of the importer's JSON reading. A step finds a
+ * word's first such byte exactly (the borrow of the zero-byte test only reaches bytes above
+ * the first match, and those are never counted). */
+static inline const uint8_t *lj_plain_run(const uint8_t *p, const uint8_t *end) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    while (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+        /* a byte's high bit: it is `"`, it is `\\`, it is below 0x20, it is 0x80 or above */
+        uint64_t hit = (((q - ones) & ~q) | ((b - ones) & ~b) | ((w - ones * 0x20) & ~w) | w) & highs;
+        if (hit) return p + (__builtin_ctzll(hit) >> 3);
+        p += 8;
+    }
+#endif
+    while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\') p++;
+    return p;
 }
 
 /* Length of the well-formed UTF-8 sequence at p (no overlongs, surrogates or code points past

@@ -39,7 +39,7 @@ static int string(rd_t *r, jv_t *v) {
     v->kind = V_STR;
     v->s = r->p;
     v->esc = 0;
-    while (p < end) {
+    while ((p = lj_plain_run(p, end)) < end) {
         uint8_t c = *p;
         if (c == '"') {
             r->p = p + 1;

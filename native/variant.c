@@ -93,7 +93,7 @@ static int read_string(parser_t *ps) {
     const uint8_t *p = ps->p + 1, *end = ps->end;
     for (;;) {
         const uint8_t *run = p;
-        while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\') p++;
+        p = lj_plain_run(p, end);
         if (p > run) {
             if (reserve(b, (size_t)(p - run))) return NOMEM;
             memcpy(b->p + b->len, run, (size_t)(p - run));

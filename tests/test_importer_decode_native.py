@@ -370,3 +370,20 @@ def test_a_chunk_in_order_is_sequenced_at_once_and_anything_else_message_by_mess
     stopping = Sequencer(ledger, ImporterMetrics(0), context=zmq.Context.instance(), device_endpoint={},
                          replay_port=1, replay_timeout=1.0, stopping=lambda: True)
     assert not stopping.take_in_order(meta([(3, 21)]), 1)
+
+
+# Each byte the string readers stop at (native/lj_json.h `lj_plain_run`, eight bytes a step),
+# and bytes next to them that they must pass: at every offset of a word, in a key and in values.
+RUN_BYTES = [b'\\"', b"\\\\", b"\\n", b"\\u00e9", "é".encode(), "€".encode(), "😀".encode(), b"\x1f", b"\x7f",
+             b" ", b"!", b"#", b"[", b"]", b"\x80", b"\xc3", b"\x00", b'"']
+
+
+@pytest.mark.parametrize("special", RUN_BYTES, ids=lambda b: b.hex())
+def test_strings_with_a_stop_byte_at_every_offset_read_as_in_python(special: bytes) -> None:
+    c_module(MODULE)
+    msgs = []
+    for at in range(18):
+        text = b"a" * at + special + b"b" * (17 - at)
+        body = b'{"message":"' + text + b'","k' + text[:at] + b'":1,"@metadata":{"_id":"' + text + b'"}}'
+        msgs.append(msg(body, seq=at + 1))
+    same(msgs)

@@ -39,6 +39,7 @@ from importer.variant_py import MAX_PART, PyDocEncoder
 from logjam import native
 from table.schema import DOC_ARROW_TYPE, DOC_EXPR, spark_read_ddl
 from tests.conftest import NATIVE_MODES, native_env
+from tests.test_importer_decode_native import RUN_BYTES
 from harness.native import c_module
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.native]
@@ -424,3 +425,13 @@ def test_the_twin_and_the_c_give_the_same_arrays_for_any_body(bodies: list[bytes
     table = table_of(bodies)
     assert_twin_matches_c(c, table)
     assert_twin_matches_c(c, table.slice(min(skip, len(bodies))))
+
+
+def test_strings_with_a_stop_byte_at_every_offset_encode_as_the_twin_does() -> None:
+    """native/lj_json.h `lj_plain_run` reads eight bytes a step: each byte it stops at, at every offset."""
+    bodies = []
+    for special in RUN_BYTES:
+        for at in range(18):
+            text = b"a" * at + special + b"b" * (17 - at)
+            bodies.append(b'{"m":"' + text + b'","k' + text[:at] + b'":[1,"' + text + b'"]}')
+    assert_twin_matches_c(c_encoder(), table_of(bodies))
