@@ -139,6 +139,30 @@ static int read_string(parser_t *ps) {
     }
 }
 
+/* The JSON string at ps->p as text: straight from the input when it holds no escape (most
+ * do), so that it is copied once, into the value or the key list; else unescaped into s->str. */
+static int string_view(parser_t *ps, const uint8_t **text, size_t *len) {
+    const uint8_t *start = ps->p + 1, *p = start, *end = ps->end;
+    for (;;) {
+        p = lj_plain_run(p, end);
+        if (p >= end || *p < 0x80) break;
+        size_t n = utf8_len(p, end);
+        if (!n) return BAD;
+        p += n;
+    }
+    if (p < end && *p == '"') {
+        if ((size_t)(p - start) > MAX_PART) return BAD;
+        *text = start;
+        *len = (size_t)(p - start);
+        ps->p = p + 1;
+        return OK;
+    }
+    int rc = read_string(ps); /* an escape (or a control byte, or the end: refused there) */
+    *text = ps->s->str.p;
+    *len = ps->s->str.len;
+    return rc;
+}
+
 static uint32_t hash(const uint8_t *p, size_t n) {
     uint32_t h = 2166136261u;
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
@@ -159,10 +183,8 @@ static int rehash(state_t *s, size_t cap) {
     return OK;
 }
 
-/* The dictionary id of the key in s->str, added when new. */
-static int intern(state_t *s, uint32_t *id) {
-    const uint8_t *k = s->str.p;
-    size_t n = s->str.len;
+/* The dictionary id of the key k (n bytes), added when new. */
+static int intern(state_t *s, const uint8_t *k, size_t n, uint32_t *id) {
     if ((s->nkeys + 1) * 2 > s->slot_cap && rehash(s, s->slot_cap ? s->slot_cap * 2 : 64)) return NOMEM;
     size_t i = hash(k, n) & (s->slot_cap - 1);
     for (; s->slot[i]; i = (i + 1) & (s->slot_cap - 1)) {
@@ -359,7 +381,9 @@ static int read_object(parser_t *ps, buf_t *out) {
     for (rc = open_container(ps, '}'); rc == MORE; rc = after_entry(ps, '}')) {
         uint32_t id;
         if (ps->p >= ps->end || *ps->p != '"') return BAD;
-        if ((rc = read_string(ps)) || (rc = intern(s, &id))) return rc;
+        const uint8_t *key;
+        size_t key_len;
+        if ((rc = string_view(ps, &key, &key_len)) || (rc = intern(s, key, key_len, &id))) return rc;
         skip_ws(ps);
         if (ps->p >= ps->end || *ps->p != ':') return BAD;
         ps->p++;
@@ -418,18 +442,19 @@ static int read_value(parser_t *ps, buf_t *out) {
         ps->depth--;
         return rc;
     case '"': {
-        buf_t *str = &ps->s->str;
-        if ((rc = read_string(ps))) return rc;
-        if (reserve(out, 5 + str->len)) return NOMEM;
-        if (str->len <= MAX_SHORT_STRING) {
-            out->p[out->len++] = (uint8_t)(str->len << 2 | BASIC_SHORT_STRING);
+        const uint8_t *text;
+        size_t len;
+        if ((rc = string_view(ps, &text, &len))) return rc;
+        if (reserve(out, 5 + len)) return NOMEM;
+        if (len <= MAX_SHORT_STRING) {
+            out->p[out->len++] = (uint8_t)(len << 2 | BASIC_SHORT_STRING);
         } else {
             out->p[out->len] = (uint8_t)(P_STRING << 2 | BASIC_PRIMITIVE);
-            put_le(out->p + out->len + 1, str->len, 4);
+            put_le(out->p + out->len + 1, len, 4);
             out->len += 5;
         }
-        memcpy(out->p + out->len, str->p, str->len);
-        out->len += str->len;
+        memcpy(out->p + out->len, text, len);
+        out->len += len;
         return OK;
     }
     case 't': return literal(ps, "true", 4) ? BAD : put_primitive(out, P_TRUE, 0, 0);
