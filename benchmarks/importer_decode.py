@@ -6,12 +6,13 @@ out as the SUB drain hands them over (`logjam.raw.RawBatch`, 4096 messages a chu
 chunks alternating between `--devices` devices, as e2e's two devices) and fed to a real
 `Receiver` with a `Sequencer` (in order), a `GroupCommit` and a deduplicating
 `BatchBuilder` whose memory already holds --remembered other keys (a running importer's: each
-new key makes it forget one); batches are cut as the worker cuts them, into Arrow tables. What is timed is
-the process's CPU time for all of it. With --place each batch then goes the way the
-importer's commit takes it to the table's files (importer/commit.py `TableTarget.append`
-without the catalog: sorted, `doc` encoded, one Parquet file per partition staged, fsynced
-and renamed, importer/place.py) into a temporary root, so the number is SUB frames to placed
-file. The drain itself (native/sub_drain.c) and the Spark catalog calls are not in it.
+new key makes it forget one); batches are cut as the worker cuts them, into Arrow tables.
+What is timed is the process's CPU time for all of it. With --place each batch then goes the
+way the importer's commit takes it to the table's files (importer/commit.py
+`TableTarget.append` without the catalog: each partition's rows together, `doc` encoded, one
+Parquet file per partition staged, fsynced and renamed, importer/place.py) into a temporary
+root, so the number is SUB frames to placed file. The drain itself (native/sub_drain.c) and
+the Spark catalog calls are not in it.
 
 --compare runs each LOGJAM_NATIVE setting (require, off) in a process of its own and prints
 them together; --tree DIR imports the importer from another checkout (with its C modules
@@ -169,7 +170,7 @@ def main() -> None:
     ap.add_argument("--remembered", type=int, default=DEFAULT_CAPACITY, metavar="N",
                     help="keys in the dedupe memory before a round starts, as in a running importer (default: its "
                          "capacity, so that every row's key makes it forget one; 0: an importer just started)")
-    ap.add_argument("--place", action="store_true", help="also sort, encode doc and place each batch's files")
+    ap.add_argument("--place", action="store_true", help="also group by partition, encode doc and place each batch's files")
     ap.add_argument("--compare", action="store_true", help="LOGJAM_NATIVE=require and off, one process each")
     ap.add_argument("--tree", help="the checkout whose importer is measured (default: this one)")
     ap.add_argument("--profile", action="store_true", help="one round under cProfile, top 25 by own time")
