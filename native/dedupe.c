@@ -158,12 +158,10 @@ int lj_dd_seen(lj_dd_t *dd, const uint8_t *key, size_t len) {
     } else {
         /* forget the oldest key; the shift may move this key's empty slot, so look again */
         r = dd->oldest;
-        entry_t *old = &dd->ring[r];
-        entry_t kept = *old;
-        if (store(old, tag, key, len)) return -1;
-        old->tag = kept.tag; /* find_slot_of looks for the forgotten key's tag */
-        unlink_slot(dd, find_slot_of(dd, r));
-        old->tag = tag;
+        uint64_t old_slot = find_slot_of(dd, r);
+        entry_t kept = dd->ring[r];
+        if (store(&dd->ring[r], tag, key, len)) return -1;
+        unlink_slot(dd, old_slot); /* reads the table alone, so the ring entry may hold the new key already */
         release(&kept);
         dd->oldest = (r + 1) % dd->capacity;
         slot = find(dd, key, len, tag);

@@ -86,14 +86,24 @@ static void put_utf8(buf_t *b, uint32_t cp) { b->len += lj_utf8_put(b->p + b->le
 
 static size_t utf8_len(const uint8_t *p, const uint8_t *end) { return lj_utf8_len(p, end); }
 
-/* The JSON string at ps->p (its opening quote), unescaped into s->str. */
-static int read_string(parser_t *ps) {
+/* From p, past plain ASCII and well-formed UTF-8, to the first byte that ends a string's text
+ * (`"`, `\\`, a C0 control) or to end; NULL at a byte that is not UTF-8. */
+static const uint8_t *text_run(const uint8_t *p, const uint8_t *end) {
+    while ((p = lj_plain_run(p, end)) < end && *p >= 0x80) {
+        size_t n = utf8_len(p, end);
+        if (!n) return NULL;
+        p += n;
+    }
+    return p;
+}
+
+/* The JSON string at ps->p (its opening quote), unescaped into s->str; `from` is where its
+ * first escape is (text_run stopped there). */
+static int read_string(parser_t *ps, const uint8_t *from) {
     buf_t *b = &ps->s->str;
     b->len = 0;
-    const uint8_t *p = ps->p + 1, *end = ps->end;
+    const uint8_t *run = ps->p + 1, *p = from, *end = ps->end;
     for (;;) {
-        const uint8_t *run = p;
-        p = lj_plain_run(p, end);
         if (p > run) {
             if (reserve(b, (size_t)(p - run))) return NOMEM;
             memcpy(b->p + b->len, run, (size_t)(p - run));
@@ -102,14 +112,6 @@ static int read_string(parser_t *ps) {
         if (p >= end || *p < 0x20) return BAD;
         if (reserve(b, 4)) return NOMEM;
         if (*p == '"') { ps->p = p + 1; return b->len > MAX_PART ? BAD : OK; }
-        if (*p >= 0x80) {
-            size_t n = utf8_len(p, end);
-            if (!n) return BAD;
-            memcpy(b->p + b->len, p, n);
-            b->len += n;
-            p += n;
-            continue;
-        }
         if (end - p < 2) return BAD;
         uint8_t e = p[1];
         p += 2;
@@ -136,20 +138,16 @@ static int read_string(parser_t *ps) {
         }
         default: return BAD;
         }
+        run = p;
+        if (!(p = text_run(p, end))) return BAD;
     }
 }
 
 /* The JSON string at ps->p as text: straight from the input when it holds no escape (most
  * do), so that it is copied once, into the value or the key list; else unescaped into s->str. */
 static int string_view(parser_t *ps, const uint8_t **text, size_t *len) {
-    const uint8_t *start = ps->p + 1, *p = start, *end = ps->end;
-    for (;;) {
-        p = lj_plain_run(p, end);
-        if (p >= end || *p < 0x80) break;
-        size_t n = utf8_len(p, end);
-        if (!n) return BAD;
-        p += n;
-    }
+    const uint8_t *start = ps->p + 1, *end = ps->end, *p = text_run(start, end);
+    if (!p) return BAD;
     if (p < end && *p == '"') {
         if ((size_t)(p - start) > MAX_PART) return BAD;
         *text = start;
@@ -157,7 +155,7 @@ static int string_view(parser_t *ps, const uint8_t **text, size_t *len) {
         ps->p = p + 1;
         return OK;
     }
-    int rc = read_string(ps); /* an escape (or a control byte, or the end: refused there) */
+    int rc = read_string(ps, p); /* an escape (or a control byte, or the end: refused there) */
     *text = ps->s->str.p;
     *len = ps->s->str.len;
     return rc;

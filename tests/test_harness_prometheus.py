@@ -8,6 +8,7 @@ import math
 import pytest
 
 from harness import prometheus
+from harness.processes import free_port
 from importer.metrics import ImporterMetrics
 
 pytestmark = pytest.mark.timeout(30)
@@ -34,5 +35,4 @@ def test_quantiles_of_an_importer_s_commit_delays_over_a_phase():
 def test_nothing_observed_or_nothing_answering():
     assert math.isnan(prometheus.quantile({}, 0.5))
     assert prometheus.quantile({1.0: 0.0, math.inf: 4.0}, 0.5) == 1.0  # past the last bound: that bound
-    from harness.processes import free_port
     assert prometheus.buckets(free_port(), "logjam_importer_commit_delay_seconds") == {}

@@ -13,7 +13,7 @@ from table.catalog import ensure_table
 from importer.decode import BatchBuilder
 from importer.write import TableWriter
 from logjam.message import Message
-from harness.processes import command
+from harness.processes import command, free_port
 from tests.spark_fixture import database_for
 
 
@@ -85,7 +85,6 @@ def test_empty_warehouse_and_bad_query(spark_server, tmp_path) -> None:
 def test_no_server_is_said_at_once() -> None:
     # pyspark's client retries a refused connection for about a minute a call, twice (the query,
     # then the session's release): logjam-sql tried the port first and says so.
-    from harness.processes import free_port
     port = free_port()
     t = time.monotonic()
     r = subprocess.run([command("logjam-sql"), "SELECT 1", "--spark", f"sc://127.0.0.1:{port}"],
