@@ -134,22 +134,22 @@ def test_a_resend_after_a_bridge_sigkill_goes_to_the_device_of_the_first_copy(tw
     nonce = os.urandom(16)
     if protocol == "lumberjack":
         other = _lumberjack_window(bridge.port, [b'{"message":"other"}'])
-        ours = _lumberjack_window(bridge.port, events)
+        mine = _lumberjack_window(bridge.port, events)
     else:
         other = TestCourierClient(bridge.port)
         other.send([b'{"message":"other"}'])
         other.wait_all_acked()
-        ours = TestCourierClient(bridge.port)
-        ours.send(events, nonce=nonce)
-        ours.wait_all_acked()
+        mine = TestCourierClient(bridge.port)
+        mine.send(events, nonce=nonce)
+        mine.wait_all_acked()
     # Homes go by fewest connections, then in turn: start_bridge's port probe took device 0's
-    # turn (and left), `other` got device 1, ours device 0.
+    # turn (and left), `other` got device 1, `mine` device 0.
     first = _device_of(subs, app_env, 21)
     assert sorted(first) == [0] * 20 + [1], first
     os.kill(bridge.proc.pid, signal.SIGKILL)
     bridge.proc.wait(10)
     other.close()
-    ours.close()
+    mine.close()
 
     # The restarted bridge's port probe takes device 0's turn again, so a new connection is
     # homed on device 1. The resend goes to device 0, where the first copy is.
@@ -163,7 +163,8 @@ def test_a_resend_after_a_bridge_sigkill_goes_to_the_device_of_the_first_copy(tw
             again.wait_all_acked()
     resent = _device_of(subs, app_env, 20)
     assert resent == [0] * 20, resent
-    assert not any(ours(m, app_env) for sub in subs for m in sub.recv_batch(timeout=0.5))
+    stray = [m for sub in subs for m in sub.recv_batch(timeout=0.5) if ours(m, app_env)]
+    assert not stray, f"more than the 20 resent messages arrived: {stray}"
     assert stop(bridge.proc) == 0, bridge.output()
     for sub in subs:
         sub.close()
