@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -102,6 +102,59 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float 
             return result
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class StartFailed(AssertionError):
+    """A process that exited, went quiet or outlasted its bound before it was ready; the message
+    says which, with the tail of what it printed."""
+
+
+def log_tail(log: Path, lines: int = 60, limit: int = 8000) -> str:
+    """The last `lines` lines of a process's log (at most `limit` characters), for a failure message."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError as e:
+        return f"(its log {log} cannot be read: {e})"
+    tail = "\n".join(text.splitlines()[-lines:])[-limit:]
+    return tail or "(its log is empty)"
+
+
+def wait_for_start(proc: subprocess.Popen, ready: Callable[[], T], log: Path, *, what: str,
+                   ports: Sequence[int] = (), quiet: float = 180.0, limit: float = 900.0,
+                   interval: float = 0.25) -> T:
+    """Poll `ready` while `proc` starts, for as long as it shows progress; raises StartFailed.
+
+    A start on a loaded machine can take many times its usual wall time and still be sound, so
+    there is no fixed deadline: the wait fails as soon as `proc` exits, once `quiet` seconds pass
+    in which its `log` did not grow and none of `ports` opened, or after `limit` seconds in all.
+    """
+    begun = last = time.monotonic()
+    size = -1
+    opened: set[int] = set()
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise StartFailed(f"{what}: the process exited with {code} before it was ready; its log ends:\n"
+                              f"{log_tail(log)}")
+        result = ready()
+        if result:
+            return result
+        now = time.monotonic()
+        try:
+            grown = log.stat().st_size
+        except OSError:
+            grown = -1
+        newly = {p for p in ports if p not in opened and port_open(p)}
+        if grown != size or newly:
+            size, last = grown, now
+            opened |= newly
+        elif now - last > quiet:
+            raise StartFailed(f"{what}: no new output and no port opened for {now - last:.0f}s "
+                              f"({now - begun:.0f}s since the start); its log ends:\n{log_tail(log)}")
+        if now - begun > limit:
+            raise StartFailed(f"{what}: not ready after {now - begun:.0f}s, though still making progress; "
+                              f"its log ends:\n{log_tail(log)}")
         time.sleep(interval)
 
 

@@ -14,11 +14,11 @@ import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
-from harness.processes import command, free_port, port_open, stop, wait_for
+from harness.processes import command, free_port, port_open, stop, wait_for_start
 
 
 @dataclass
@@ -48,18 +48,59 @@ class SparkServer:
 
 
 @pytest.fixture(scope="session")
-def spark_server(tmp_path_factory) -> SparkServer:
+def spark_server(request, tmp_path_factory) -> SparkServer:
     base = Path(tmp_path_factory.mktemp("spark"))
     forks = base / "forks.log"
     env = dict(os.environ, PATH=f"{_fork_witnesses(base / 'witness', forks)}{os.pathsep}{os.environ['PATH']}")
-    with running_spark_server(base, env=env, forks=forks) as server:
+    with _timeout_paused(request) as resume, running_spark_server(base, env=env, forks=forks) as server:
+        resume()
         yield server
 
 
 @contextmanager
+def _timeout_paused(request) -> Iterator[Callable[[], None]]:
+    """Stop pytest-timeout's timer for the test that first asks for the server until `resume()` (or the
+    block's end) starts it afresh. The timer counts fixture setup too, so the test's own bound would cut
+    a start that `running_spark_server` is still right to wait for. Without pytest-timeout, a no-op."""
+    item = request._pyfuncitem
+    hook = item.config.hook
+    try:
+        from pytest_timeout import _get_item_settings  # its only way to a test's own timeout
+
+        settings = _get_item_settings(item)
+        cancel, arm = hook.pytest_timeout_cancel_timer, hook.pytest_timeout_set_timer
+    except (ImportError, AttributeError):
+        yield lambda: None
+        return
+    paused = settings.timeout is not None and settings.timeout > 0 and not settings.func_only
+    if paused:
+        cancel(item=item)
+
+    def resume() -> None:
+        nonlocal paused
+        if paused:
+            paused = False
+            arm(item=item, settings=settings)
+
+    try:
+        yield resume
+    finally:
+        resume()
+
+
+# At a load average of 15 a start of some 30 s takes minutes and is still sound: the bound in all is
+# generous, and what fails a stuck start early is `timeout`, the bound on a start without progress.
+START_LIMIT = 15 * 60.0
+
+
+@contextmanager
 def running_spark_server(base: Path, *, jdbc: int = 0, env: dict[str, str] | None = None,
-                         forks: Path | None = None, timeout: float = 120) -> Iterator[SparkServer]:
-    """A `logjam-spark` over `base`, ready (with HiveServer2 on port `jdbc` unless 0) until the block ends."""
+                         forks: Path | None = None, timeout: float = 180) -> Iterator[SparkServer]:
+    """A `logjam-spark` over `base`, ready (with HiveServer2 on port `jdbc` unless 0) until the block ends.
+
+    Its start is waited for while it makes progress (harness/processes.py `wait_for_start`): it fails
+    at once if the server exits, after `timeout` seconds without new output or a port opening, or
+    after START_LIMIT seconds in all, each time with the tail of the server's log."""
     warehouse = base / "warehouse"
     log = base / "logjam-spark.log"
     port = free_port()
@@ -73,13 +114,12 @@ def running_spark_server(base: Path, *, jdbc: int = 0, env: dict[str, str] | Non
     server = SparkServer(proc, port, warehouse, log, forks, jdbc)
 
     def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"logjam-spark exited early:\n{server.output()}")
         return port_open(port) and "table logjam.messages ready" in server.output() and (
             not jdbc or "JDBC (HiveServer2) ready" in server.output())
 
     try:
-        wait_for(ready, timeout=timeout, interval=0.25, what="logjam-spark to listen and create its table")
+        wait_for_start(proc, ready, log, ports=[p for p in (port, jdbc) if p], quiet=timeout, limit=START_LIMIT,
+                       interval=0.25, what="logjam-spark to listen and create its table")
         yield server
     finally:
         if server._session is not None:
