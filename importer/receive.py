@@ -5,7 +5,9 @@ together, in one call, at the end of the chunk, or before a message that is hand
 alone (a replayed one), so rows keep the order of the sequence. A chunk already in sequence
 (one device, each message the next) is also picked in C (`NativePicker`), from tables of
 the app-envs and topics this receiver has decided about; a name it meets for the first time
-goes through `_stream`/`_topic` here, which register the answer in C.
+goes through `_stream`/`_topic` here, which register the answer in C. The two ways are two
+implementations of one method, `_columns` (`_columns_c`, `_columns_py`), chosen once when the
+receiver is made, by the batch's builder.
 
 A worker receives every stream (its gap tracking needs every sequence number) and keeps
 only its own. Messages arrive as columns (`logjam.raw.RawBatch`, drained in C), so a
@@ -61,6 +63,10 @@ class Receiver:
         # The chunk being received and its kept messages, 4 numbers each (importer/decode_native.py).
         self._pending: RawBatch | None = None
         self._picks = array.array("q")
+        # One chunk's messages into the batch, chosen once here as the builder is: picked for the C
+        # decoder, or added one by one for the Python one.
+        self._columns: Callable[[RawBatch, Callable[[], bool]], None] = (
+            self._columns_c if self._native is not None else self._columns_py)
 
     def receive(self, batches: list[RawBatch], stopping: Callable[[], bool]) -> None:
         self.ingested_us = time.time_ns() // 1000
@@ -101,37 +107,79 @@ class Receiver:
             n = self._journals[journal] = self._native.name_id(journal)
         return n
 
-    def _columns(self, raw: RawBatch, stopping: Callable[[], bool]) -> None:
+    def _columns_py(self, raw: RawBatch, stopping: Callable[[], bool]) -> None:
+        """`_columns` of the Python decoder: each kept message added to the batch here, one by one."""
         data, pos, meta = raw.data, raw.pos, raw.meta
         endpoints, tally, sequencer = self.device_endpoint, self.tally, self.sequencer
         check = sequencer.check if sequencer is not None else None
         journal_of = sequencer.ledger.journal if sequencer is not None else None
-        native = self._native
-        if native is not None:
-            if native.tidy_names():  # the numbers cached here are void
-                self._streams.clear()
-                self._topics.clear()
-                self._journals.clear()
-                if self._picker is not None:
-                    self._picker.clear()
-            self._pending = raw
-        picks, rows, streams, topics = self._picks, tally.rows, self._streams, self._topics
+        streams, topics, add_raw = self._streams, self._topics, self.batch.add_raw
         # A chunk of one device's messages, each the next, without a heartbeat: sequenced at once, not
-        # message by message. C compares the app-env frames with the heartbeat's; without it the chunk's
-        # bytes are searched (a body holding those bytes then just takes the long way).
-        picker = self._picker
-        heartbeat = picker.holds(raw, _HEARTBEAT) if picker is not None else _HEARTBEAT in data
-        ordered = sequencer is not None and not heartbeat and sequencer.take_in_order(meta, raw.n)
-        if ordered and native is not None:
-            try:
-                self._pick_ordered(raw)
-            finally:
-                self._flush()
-                self._pending = None
-            return
-        journal: str | None = None
-        journal_n = -1
+        # message by message. The chunk's bytes are searched for the heartbeat's app-env (a body holding
+        # those bytes then just takes the long way).
+        ordered = sequencer is not None and _HEARTBEAT not in data and sequencer.take_in_order(meta, raw.n)
+        for i in range(raw.n):
+            p, m = 6 * i, 4 * i
+            at = pos[p]
+            app_env = data[at : at + pos[p + 1]]
+            device, seq = meta[m + 1], meta[m + 3]
+            if device not in endpoints:
+                endpoints[device] = raw.endpoint
+            if app_env == _HEARTBEAT:
+                self._heartbeat(raw, i)
+                continue
+            if ordered:
+                pass
+            elif check is not None:
+                if not check(device, seq, self.handle):
+                    if stopping():
+                        return
+                    continue
+            else:
+                gap = self.tracker.observe(device, seq)  # type: ignore[union-attr]
+                if gap is not None:
+                    self.gaps.gap(gap)
+            tally.received += 1
+            name, keeps, _ = streams.get(app_env) or self._stream(app_env)
+            if not keeps:
+                tally.skipped += 1
+                continue
+            at = pos[p + 2]
+            topic_b = data[at : at + pos[p + 3]]
+            topic = (topics.get(topic_b) or self._topic(topic_b))[0]
+            at = pos[p + 4]
+            error = add_raw(name, topic, data[at : at + pos[p + 5]], meta[m], device, meta[m + 2], seq,
+                            self.ingested_us, journal_of(device) if journal_of is not None else None)
+            self._count(name, error, seq)
+
+    def _columns_c(self, raw: RawBatch, stopping: Callable[[], bool]) -> None:
+        """`_columns` of the C decoder: the kept messages picked (4 numbers each), decoded together
+        in one call at the end of the chunk, or before a message that is handed on alone."""
+        native = self._native
+        assert native is not None
+        if native.tidy_names():  # the numbers cached here are void
+            self._streams.clear()
+            self._topics.clear()
+            self._journals.clear()
+            if self._picker is not None:
+                self._picker.clear()
+        self._pending = raw
         try:
+            data, pos, meta = raw.data, raw.pos, raw.meta
+            endpoints, tally, sequencer = self.device_endpoint, self.tally, self.sequencer
+            # A chunk of one device's messages, each the next, without a heartbeat: sequenced at once, not
+            # message by message. C compares the app-env frames with the heartbeat's; without the picker
+            # the chunk's bytes are searched (a body holding those bytes then just takes the long way).
+            picker = self._picker
+            heartbeat = picker.holds(raw, _HEARTBEAT) if picker is not None else _HEARTBEAT in data
+            if sequencer is not None and not heartbeat and sequencer.take_in_order(meta, raw.n):
+                self._pick_ordered(raw)
+                return
+            check = sequencer.check if sequencer is not None else None
+            journal_of = sequencer.ledger.journal if sequencer is not None else None
+            picks, rows, streams, topics = self._picks, tally.rows, self._streams, self._topics
+            journal: str | None = None
+            journal_n = -1
             for i in range(raw.n):
                 p, m = 6 * i, 4 * i
                 at = pos[p]
@@ -140,16 +188,9 @@ class Receiver:
                 if device not in endpoints:
                     endpoints[device] = raw.endpoint
                 if app_env == _HEARTBEAT:
-                    msg = Message(HEARTBEAT, raw.frame(i, 1).decode("utf-8", "replace"), raw.frame(i, 2),
-                                  Meta(meta[m], device, meta[m + 2], seq))
-                    if sequencer is not None:
-                        sequencer.admit(msg, self.handle)
-                    else:
-                        tally.received += 1
+                    self._heartbeat(raw, i)
                     continue
-                if ordered:
-                    pass
-                elif check is not None:
+                if check is not None:
                     if not check(device, seq, self.handle):
                         if stopping():
                             return
@@ -165,24 +206,26 @@ class Receiver:
                     continue
                 at = pos[p + 2]
                 topic_b = data[at : at + pos[p + 3]]
-                topic, topic_n = topics.get(topic_b) or self._topic(topic_b)
+                topic_n = (topics.get(topic_b) or self._topic(topic_b))[1]
                 if journal_of is not None:
                     got = journal_of(device)
                     if got is not journal:
                         journal, journal_n = got, self._journal_id(got)
-                if native is not None:
-                    # Decoded with the others at the end of the chunk (or before a message handed on alone).
-                    picks.extend((i, stream, topic_n, journal_n))
-                    rows[name] = rows.get(name, 0) + 1
-                    continue
-                at = pos[p + 4]
-                error = self.batch.add_raw(name, topic, data[at : at + pos[p + 5]], meta[m], device, meta[m + 2],
-                                           seq, self.ingested_us, journal)
-                self._count(name, error, seq)
+                picks.extend((i, stream, topic_n, journal_n))
+                rows[name] = rows.get(name, 0) + 1
         finally:
-            if native is not None:
-                self._flush()
-                self._pending = None
+            self._flush()
+            self._pending = None
+
+    def _heartbeat(self, raw: RawBatch, i: int) -> None:
+        """Message `i` of `raw`, a heartbeat: as a Message through the sequencer (it covers its seq), or counted."""
+        meta, m = raw.meta, 4 * i
+        msg = Message(HEARTBEAT, raw.frame(i, 1).decode("utf-8", "replace"), raw.frame(i, 2),
+                      Meta(meta[m], meta[m + 1], meta[m + 2], meta[m + 3]))
+        if self.sequencer is not None:
+            self.sequencer.admit(msg, self.handle)
+        else:
+            self.tally.received += 1
 
     def _pick_ordered(self, raw: RawBatch) -> None:
         """The C path's picks for a chunk already sequenced (`take_in_order`): one device, one journal."""
