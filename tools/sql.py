@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="logjam-sql", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("query", nargs="?", help='SQL, e.g. "SELECT app_env, count(*) FROM messages GROUP BY 1"')
     p.add_argument("--trace", metavar="ID",
-                   help="every row with this request_id or trace_id, from every stream, as a timeline")
+                   help="every row with this request_id or trace_id, from every stream, as a timeline: one line "
+                        "a row, cut at max(--max-width, 100) characters only on a terminal (whole in a pipe or "
+                        "file); with --json, one JSON object per row (JSON Lines) and the header on stderr")
     p.add_argument("--days", type=int, default=0, metavar="N", help="--trace searches the last N days (default: all)")
     p.add_argument("--compact", action="store_true",
                    help="compact closed partitions now (as logjam-spark does on a schedule), instead of a query")
@@ -192,14 +194,17 @@ def run(config: SqlConfig) -> int:
 
 
 def show_trace(spark: Any, config: SqlConfig, location: str | None = None) -> int:
-    """`--trace ID`: the timeline (tools/trace.py); with --json, one object a row and the header on stderr."""
+    """`--trace ID`: the timeline (tools/trace.py); with --json, one object a row and the header on stderr.
+    Lines are cut only on a terminal: a timeline saved or piped keeps every message whole."""
     timeline = trace.find(spark, config.database, config.trace or "", config.days, location)
     if config.json:
         print(trace.header(timeline), file=sys.stderr)
         for row in timeline.rows:
             sys.stdout.write(orjson.dumps(row, default=_json_default, option=orjson.OPT_NAIVE_UTC).decode() + "\n")
     else:
-        print(trace.render(timeline, config.max_width and max(config.max_width, 100)))
+        # Cut for a person at a terminal only: what goes to a pipe or a file is read whole, later or by a script.
+        width = (config.max_width and max(config.max_width, 100)) if sys.stdout.isatty() else 0
+        print(trace.render(timeline, width))
     return 0
 
 

@@ -149,7 +149,8 @@ def header(timeline: Timeline) -> str:
 
 
 def render(timeline: Timeline, max_width: int = 160) -> str:
-    """The timeline as text: the header, then one line a row with its offset from the first."""
+    """The timeline as text: the header, then one line a row with its offset from the first, cut to
+    `max_width` characters (0: whole)."""
     rows = timeline.rows
     out = [header(timeline)]
     start = rows[0]["created_at"] if rows else None
