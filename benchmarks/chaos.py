@@ -1,6 +1,6 @@
 """Chaos: `make up`'s mesh under steady Lumberjack load while its processes are killed and frozen at random.
 
-Target: 0 lost, 0 doubled, 0 reader anomalies, make status healthy after. The mesh starts as in
+Target (benchmarks/targets.toml): 0 lost, 0 doubled, 0 reader anomalies, make status healthy after. The mesh starts as in
 benchmarks/e2e.py (the repository's supervisord.conf, CURVE, spare loopback ports, a temporary data
 dir), the Lumberjack bridge taking each event's stream from `fields.app_env` (`--app-env-field`).
 Every event has its own `@metadata._id` (`event_id`): connection * 10^10 + its number on it.
@@ -62,6 +62,7 @@ from bridges.lumberjack.engine import LumberjackClient  # noqa: E402
 from runtime.lifecycle import exit_with  # noqa: E402
 from tools.mesh import DEFAULTS, health_report  # noqa: E402
 from harness.processes import REPO, command, port_open  # noqa: E402
+from benchmarks.results import Run  # noqa: E402
 
 TARGET = "0 lost, 0 doubled, 0 reader anomalies, make status healthy after"
 SEALED = "chaos-sealed"
@@ -586,7 +587,7 @@ def report_rows(shippers: list[Shipper], result: Any, drained: float, chaos: Cha
 
 
 def report(args: argparse.Namespace, mesh: Mesh, chaos: Chaos, reader: Reader, compactor: Compactor,
-           shippers: list[Shipper], result: Any, drained: float, spark: Spark) -> bool:
+           shippers: list[Shipper], result: Any, drained: float, spark: Spark, record: Run) -> bool:
     print(f"\nchaos benchmark: {args.devices} devices, {args.importers} importers, {args.streams} live streams + {SEALED}, "
           f"{args.connections} Lumberjack connections at {args.rate:,.0f} ev/s, events stamped now and 24 h earlier; "
           f"{args.minutes:g} min of chaos, an action every {args.interval:g} s (seed {args.seed})")
@@ -619,10 +620,17 @@ def report(args: argparse.Namespace, mesh: Mesh, chaos: Chaos, reader: Reader, c
         + ", ".join(str(p.relative_to(data)) for p, _ in items[:3]) for kind, items in left.items()))
     ok = lost == 0 and doubled == 0 and anomalies == 0 and healthy
     print(f"target \"{TARGET}\": {'met' if ok else 'MISSED'}", flush=True)
+    record.check("lost", lost)
+    record.check("doubled", doubled if doubled >= 0 else float("nan"))  # -1: the table never answered
+    record.check("reader_anomalies", anomalies)
+    record.check("healthy_after", healthy)
+    record.figure("chaos actions", chaos.actions)
+    record.figure("acknowledged", len(ids([a for s in shippers for a in s.acks])), "events")
+    record.save()
     return ok
 
 
-def run(mesh: Mesh, args: argparse.Namespace) -> bool:
+def run(mesh: Mesh, args: argparse.Namespace, record: Run) -> bool:
     spark, port = Spark(mesh.url), int(mesh.env["LOGJAM_LUMBERJACK_PORT"])
     stop_load, stop_reader = threading.Event(), threading.Event()
     chaos = Chaos(mesh, random.Random(args.seed), args)
@@ -649,7 +657,7 @@ def run(mesh: Mesh, args: argparse.Namespace) -> bool:
         while time.monotonic() < deadline and not all(state == "RUNNING" for state, _, _ in programs(mesh).values()):
             time.sleep(2)
         result, drained = tally(spark, ids([a for s in (sealed, *shippers) for a in s.acks]), args.drain_timeout)
-        return report(args, mesh, chaos, reader, compactor, [sealed, *shippers], result, drained, spark)
+        return report(args, mesh, chaos, reader, compactor, [sealed, *shippers], result, drained, spark, record)
     finally:
         stop_load.set()
         stop_reader.set()
@@ -719,6 +727,7 @@ def interrupted(signum: int, frame: object) -> None:
 
 def main() -> int:
     args = parse_args()
+    record = Run("chaos")
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGHUP, interrupted)
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-chaos-"))
@@ -728,7 +737,7 @@ def main() -> int:
         mesh.spark.stop()  # ours give up sooner on a server that is down (Spark above)
         mesh.spark = None
         say(f"mesh up in {time.monotonic() - t0:.0f} s; data in {base / 'data'}")
-        ok = run(mesh, args)
+        ok = run(mesh, args, record)
         print(f"  total run time {time.monotonic() - t0:.0f} s")
         return 0 if ok else 1
     except KeyboardInterrupt as e:

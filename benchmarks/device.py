@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # harness/ is not installed
 
+from benchmarks.results import Run  # noqa: E402
 from harness.cpu import fine_cpu_seconds  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -299,6 +300,7 @@ def main() -> None:
     ap.add_argument("--no-journal", action="store_true", help="skip the journal-on runs")
     ap.add_argument("--curve", action="store_true", help="CurveZMQ on every socket of both devices and their clients")
     args = ap.parse_args()
+    run_record = Run("device", variant="curve" if args.curve else None)
     global KEYS
     if args.curve:
         from runtime.curve import ensure
@@ -327,7 +329,7 @@ def main() -> None:
             if target.name not in best or r["per_cpu_s"] > best[target.name]["per_cpu_s"]:
                 best[target.name] = r
     if best:
-        report(best, rounds)
+        report(best, rounds, run_record)
         if journals and "logjam-device" in best:
             cost = append_cost()
             if cost:
@@ -336,19 +338,27 @@ def main() -> None:
                     f"{p} {ns:.0f} ns/msg" for p, ns in cost.items())
                     + f"; the journal-off device costs {device_ns:.0f} ns/msg, so journal-on/off = "
                     + ", ".join(f"{p} {device_ns / (device_ns + ns):.2f}x" for p, ns in cost.items()))
+                for p, ns in cost.items():
+                    run_record.figure(f"journal step alone, --journal-fsync {p}", ns, "ns/msg")
     if not args.no_overload:
         # The C engine outruns Python producers, so there the slow subscriber is the
         # bottleneck (PUB queue full); the Python engine is slower than its producers,
         # so there the clients block on the receive HWM. Both must stay flat.
-        overload("native")
-        overload("python")
+        for engine in ("native", "python"):
+            peak = overload(engine)
+            run_record.figure(f"overload, {engine} loop: peak RSS", peak, "MiB")
     print(f"\ntotal time {time.monotonic() - started:.1f} s")
+    run_record.save()
 
 
-def report(best: dict[str, dict], rounds: list[dict[str, dict]]) -> None:
+def report(best: dict[str, dict], rounds: list[dict[str, dict]], run: Run) -> None:
     ratio = best["logjam-device"]["per_cpu_s"] / best["zmq.proxy"]["per_cpu_s"]
     print(f"\nbest: logjam-device {best['logjam-device']['per_cpu_s']:,.0f} msgs/CPU-s, "
-          f"zmq.proxy {best['zmq.proxy']['per_cpu_s']:,.0f} msgs/CPU-s, ratio {ratio:.2f}x (target >= 0.6x)")
+          f"zmq.proxy {best['zmq.proxy']['per_cpu_s']:,.0f} msgs/CPU-s, ratio {ratio:.2f}x "
+          f"(target >= {run.target('ratio_to_proxy'):g}x)")
+    for name, r in best.items():
+        run.figure(f"{name}, best", r["per_cpu_s"], "msgs/CPU-s")
+    run.check("ratio_to_proxy", ratio)
     if "device/python" in best:
         py = best["device/python"]["per_cpu_s"] / best["zmq.proxy"]["per_cpu_s"]
         print(f"      pure-Python fallback (LOGJAM_NATIVE=off): {best['device/python']['per_cpu_s']:,.0f} msgs/CPU-s, "
@@ -358,7 +368,9 @@ def report(best: dict[str, dict], rounds: list[dict[str, dict]]) -> None:
         r = best.get(f"journal/{policy}")
         if r is None:
             continue
-        target = "  (target >= 0.8x)" if policy == "never" else ""
+        target = f"  (target >= {run.target('journal_never_ratio'):g}x)" if policy == "never" else ""
+        if policy == "never":
+            run.check("journal_never_ratio", r["per_cpu_s"] / off)
         print(f"journal --journal-fsync {policy:8s} {r['per_cpu_s']:>10,.0f} msgs/CPU-s = {r['per_cpu_s'] / off:.2f}x "
               f"journal-off, {r['per_cpu_s'] / best['zmq.proxy']['per_cpu_s']:.2f}x zmq.proxy; "
               f"{r['sent'] / r['wall']:,.0f} msgs/s wall{target}")
@@ -418,7 +430,7 @@ def append_cost(batches: int = 150, size: int = 1000) -> dict[str, float]:
     return out
 
 
-def overload(engine: str) -> None:
+def overload(engine: str) -> float:
     """Offer 10x what the queues in front of the device can hold and watch its RSS.
 
     ZeroMQ HWMs are per connection: with K producers the device may hold K x rcv-hwm
@@ -443,6 +455,7 @@ def overload(engine: str) -> None:
     print(f"  {r['sent']} msgs in {r['wall']:.1f} s ({r['sent'] / r['wall']:,.0f}/s, {r['per_cpu_s']:,.0f} msgs/CPU-s); "
           f"producers spent {r['blocked']:.1f} s blocked on the HWM (of {producers} x {r['wall']:.1f} s); "
           f"the subscriber got {r['received']}")
+    return r["peak_rss"]
 
 if __name__ == "__main__":
     main()

@@ -15,8 +15,8 @@ until the table answers. Then:
 Events carry the time they are sent, as shippers send them (an open day, compacted while it is
 written); `--backdate DAYS` stamps them that many days ago instead (late data: a closed day
 that keeps receiving rows). The CPU each program used during the load phase is printed too,
-per landed event, next to its budget (issue 34: the default mesh's per-event CPU); the figure
-to optimise is where that time goes. Each result is also given as a ratio of its target.
+per landed event, next to its budget; the figure to optimise is where that time goes. Each
+result is also given as a ratio of its target (targets and budgets: benchmarks/targets.toml).
 CURVE is on, as `make up` runs it; `--no-curve` runs a copy of supervisord.conf whose device
 takes --allow-plaintext and whose bridges and importers --plaintext, to measure its cost.
 
@@ -43,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.results import Run  # noqa: E402
 from harness import lumberjack_load, prometheus  # noqa: E402
 from harness.lumberjack_load import WINDOW, Shipper, ship, windows  # noqa: E402
 from harness.cpu import cpu  # noqa: E402
@@ -51,15 +52,18 @@ from harness.processes import command  # noqa: E402
 from runtime.lifecycle import exit_with  # noqa: E402
 from tools.mesh import DEFAULTS  # noqa: E402
 
-# Issue 34: landed >= 1.2x what ca445a6 landed on the same machine in the same hour (about 25k
-# ev/s on the quiet 2-core machine of that issue, so 30k). Issue 43: at 5k ev/s, sent -> queryable
-# p50 <= 0.5 s and p99 <= 1 s (issue 34 had asked for p99 <= 3 s).
-TARGETS = {"landed": 30_000.0, "drain": 15.0, "p50": 0.5, "p99": 1.0}
-# CPU per landed event each kind of process may spend (us), from issue 34: the importers 0.4x
-# of 28dc2f2's 34 us; the devices and the bridge what ca445a6 spent (7 and 7.3 us; ipc hops
-# carry no CURVE); Spark 1.3x its CPU per row in benchmarks/spark_writes.py with `doc` (about
-# 9-10 us there: 13 us).
-BUDGETS_US = {"logjam-spark": 13.0, "logjam-importer": 13.6, "logjam-device": 7.0, "bridge-lumberjack": 7.3}
+# The kinds of process whose CPU per landed event has a budget (targets.toml: cpu_us_<kind>).
+BUDGETED = ("logjam-spark", "logjam-importer", "logjam-device", "bridge-lumberjack")
+
+
+def variant(args: argparse.Namespace) -> str | None:
+    """The result's name beside the default run's: the mesh's shape and load when they are not the defaults."""
+    parts = [f"d{args.devices}i{args.importers}"] if (args.devices, args.importers) != (
+        int(DEFAULTS["LOGJAM_DEVICES"]), int(DEFAULTS["LOGJAM_IMPORTERS"])) else []
+    parts += [f"rate{args.rate:g}"] if args.rate else []
+    parts += ["plaintext"] if args.no_curve else []
+    parts += [f"backdate{args.backdate:g}"] if args.backdate else []
+    return "-".join(parts) or None
 
 
 def load_phase(mesh: Mesh, port: int, args: argparse.Namespace) -> dict:
@@ -197,6 +201,9 @@ def main() -> int:
     ap.add_argument("--backdate", type=float, default=0.0, metavar="DAYS",
                     help="stamp events this many days ago (late data into a closed day; default: the time they are sent)")
     args = ap.parse_args()
+    run = Run("e2e", variant=variant(args))
+    targets = {name: run.target(name) for name in ("landed", "drain", "p50", "p99")}
+    budgets_us = {kind: run.target(f"cpu_us_{kind.replace('-', '_')}") for kind in BUDGETED}
     stamped = time.time() - args.backdate * 86400
     lumberjack_load.STAMP = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(stamped))
     if args.importers > args.devices:
@@ -222,16 +229,16 @@ def main() -> int:
               + (f", paced at {args.rate:,.0f} ev/s" if args.rate else ", as fast as acknowledged"))
         print(f"  acknowledged:        {acked_rate:9,.0f} ev/s ({r['acked']} events)")
         print(f"  landed (queryable):  {landed_rate:9,.0f} ev/s in the same window "
-              f"({landed_rate / TARGETS['landed']:.2f}x of the {TARGETS['landed']:,.0f} target; "
+              f"({landed_rate / targets['landed']:.2f}x of the {targets['landed']:,.0f} target; "
               f"{landed_rate / max(acked_rate, 1e-9):.2f}x of what the bridge acknowledged in the same run)")
-        print(f"  last ack -> last row queryable: {r['drain']:.1f} s ({TARGETS['drain'] / max(r['drain'], 1e-9):.2f}x "
-              f"of the {TARGETS['drain']:.0f} s target)")
+        print(f"  last ack -> last row queryable: {r['drain']:.1f} s ({targets['drain'] / max(r['drain'], 1e-9):.2f}x "
+              f"of the {targets['drain']:.0f} s target)")
         if lat:
             p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
             lo50, lo99 = low[len(low) // 2], low[int(len(low) * 0.99)]
-            met = p50 <= TARGETS["p50"] and p99 <= TARGETS["p99"]
+            met = p50 <= targets["p50"] and p99 <= targets["p99"]
             print(f"  steady {args.steady_rate:,.0f} ev/s, sent -> queryable: p50 {p50:.2f} s, p99 {p99:.2f} s "
-                  f"(targets p50 <= {TARGETS['p50']} s, p99 <= {TARGETS['p99']} s: {'met' if met else 'MISSED'}; "
+                  f"(targets p50 <= {targets['p50']} s, p99 <= {targets['p99']} s: {'met' if met else 'MISSED'}; "
                   f"a poll every {poll:.2f} s, the last poll that did not see them: p50 {lo50:.2f} s, p99 {lo99:.2f} s)")
             print("  " + describe_commits(commits))
         print(f"  lost {lost}, duplicated {dup} (rows {r['rows']}, distinct event ids {r['distinct']})")
@@ -240,9 +247,9 @@ def main() -> int:
         busy = sum(r["cpu"].values())
         print(f"  CPU during the load phase ({busy / r['elapsed']:.2f} of {os.cpu_count()} cores busy): " + ", ".join(
             f"{k} {v / r['elapsed']:.2f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]) if v > 0.05))
-        print("  CPU per landed event, load start until drained (budget, issue 34): " + ", ".join(
+        print("  CPU per landed event, load start until drained (budget): " + ", ".join(
             f"{kind} {us:.1f} us ({budget / max(us, 1e-9):.2f}x of {budget:.1f})"
-            for kind, budget in BUDGETS_US.items() for us in [per_event_us(r["cpu_drained"], kind, r["rows"])]))
+            for kind, budget in budgets_us.items() for us in [per_event_us(r["cpu_drained"], kind, r["rows"])]))
         importer_cpu = sum(v for k, v in r["cpu_drained"].items() if k.startswith("logjam-importer"))
         print(f"  importer CPU per landed event (load start until drained): {importer_cpu / max(r['rows'], 1) * 1e6:.2f} us "
               f"({importer_cpu:.1f} s for {r['rows']} rows)")
@@ -251,6 +258,20 @@ def main() -> int:
             f"importer {i} {n / total:.3f} ({n / total * args.importers:.2f}x of 1/{args.importers})"
             for i, n in sorted(r["shares"].items())))
         print(f"  total run time {time.monotonic() - started:.0f} s")
+        run.figure("acknowledged", acked_rate, "ev/s")
+        run.check("landed", landed_rate)
+        run.check("drain", r["drain"])
+        if lat:
+            run.check("p50", p50)
+            run.check("p99", p99)
+        for kind in BUDGETED:
+            run.check(f"cpu_us_{kind.replace('-', '_')}", per_event_us(r["cpu_drained"], kind, r["rows"]))
+        run.check("lost", lost)
+        run.check("duplicated", dup)
+        run.figure("bytes on disk per row, as landed", disk[0], "bytes")
+        run.figure("bytes on disk per row, after a full compaction", disk[1], "bytes")
+        run.figure("cores busy during the load phase", busy / r["elapsed"], "cores")
+        run.save()
         return 0 if lost == 0 and dup == 0 else 1
     finally:
         mesh.shutdown()

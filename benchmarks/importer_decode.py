@@ -57,6 +57,9 @@ from importer.variant import DocEncoder  # noqa: E402
 from logjam.raw import RawBatch  # noqa: E402
 from table.schema import DOC_COLUMN  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's benchmarks/, whatever --tree says
+from benchmarks.results import Run  # noqa: E402
+
 CHUNK = 4096
 
 
@@ -178,6 +181,7 @@ def main() -> None:
     if args.compare:
         compare(sys.argv[1:])
         return
+    result = Run("importer_decode", variant="python" if os.environ.get("LOGJAM_NATIVE") == "off" else None)
     batches = chunks(args.messages, args.devices, args.streams)
     placer = Placer() if args.place else None
     try:
@@ -201,6 +205,9 @@ def main() -> None:
           f"remembered before) x {args.rounds}: "
           f"CPU per event min {min(per):.2f} us, median {sorted(per)[len(per) // 2]:.2f} us "
           f"({', '.join(f'{p:.2f}' for p in per)})")
+    result.figure("CPU per event, min", min(per), "us")
+    result.figure("CPU per event, median", sorted(per)[len(per) // 2], "us")
+    result.save()
 
 
 if __name__ == "__main__":

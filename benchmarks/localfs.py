@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.results import Run  # noqa: E402
 from table.catalog import ensure_table  # noqa: E402
 from table.schema import partition_clause, qualified  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
@@ -118,6 +119,7 @@ def main() -> None:
     p.add_argument("--partitions", default="1000,5000")
     p.add_argument("--add", type=int, default=1000)
     a = p.parse_args()
+    run = Run("localfs")
     partitions = [int(x) for x in a.partitions.split(",") if x]
     table: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="wtfs-localfs-", dir=os.environ.get("LOGJAM_BENCH_TMP")) as tmp:
@@ -129,6 +131,9 @@ def main() -> None:
         cells = [f"{k}: {v:.2f}" + (f" (x{ref[k] / v:.1f})" if k in ref and name != "hadoop" else "")
                  for k, v in res.items()]
         print(f"  {name:18} " + "; ".join(cells))
+        for k, v in res.items():
+            run.figure(f"{name}: {k}", v, "s")
+    run.save()
 
 
 if __name__ == "__main__":

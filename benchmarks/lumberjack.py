@@ -40,6 +40,7 @@ import pylogbeat  # noqa: E402
 
 from bridges.lumberjack.engine import JsonFrames, LumberjackClient, LumberjackServer  # noqa: E402
 from benchmarks.device_ceiling import Counter, counting_sub, describe, device_ceiling  # noqa: E402
+from benchmarks.results import Run  # noqa: E402
 from harness.cpu import cpu_seconds  # noqa: E402
 from harness.device import start_device  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
@@ -179,6 +180,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="best of this many rounds (default 2)")
     ap.add_argument("--bridge-flag", action="append", default=[], help="extra flag for logjam-bridge (repeatable)")
     args = ap.parse_args()
+    run = Run("lumberjack")
 
     windows = make_windows(args.windows)
     size = sum(len(w) for w in windows) / (args.windows * WINDOW)
@@ -223,7 +225,7 @@ def main() -> int:
     print(f"decode-only limit (inflate + frame parse + JSON parse): {ref:12,.0f} events/s")
     print(f"bridge + device + subscriber:                           {e2e:12,.0f} events/s  (rounds: "
           + ", ".join(f"{r:,.0f}" for r in rates) + ")")
-    print(f"ratio: {e2e / ref:.2f}x (target >= 0.5x)")
+    print(f"ratio: {e2e / ref:.2f}x (target >= {run.target('ratio'):g}x)")
     print(describe(ceiling, ref, "device + subscriber"))
     print(f"CPU cost (load-independent): bridge {per_cpu[0]:,.0f} events per CPU-second, "
           f"device {per_cpu[1]:,.0f}, decode-only {ref_cpu:,.0f}; bridge/decode-only {per_cpu[0] / ref_cpu:.2f}x")
@@ -246,6 +248,14 @@ def main() -> int:
     print(f"device paused, 10 clients sending: bridge RSS {before['VmRSS'] / 1024:.1f} MiB before, "
           f"{during['VmRSS'] / 1024:.1f} MiB with every client blocked, peak (VmHWM) {during['VmHWM'] / 1024:.1f} MiB; "
           f"{blocked_windows} windows got out of the clients")
+    run.figure("decode-only limit", ref, "events/s")
+    run.figure("bridge + device + subscriber", e2e, "events/s")
+    run.figure("device ceiling (device + subscriber)", ceiling, "events/s")
+    run.figure("bridge CPU per event", us[0], "us")
+    run.figure("device CPU per event", us[1], "us")
+    run.figure("bridge RSS, device paused, every client blocked", during["VmRSS"] / 1024, "MiB")
+    run.check("ratio", e2e / ref)
+    run.save()
     return 0
 
 

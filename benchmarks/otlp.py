@@ -16,8 +16,8 @@ References, measured in the same run: the mapping step alone (`records.encode` o
 request bytes: parse and mapping to finished bodies, no sockets, no device; native/otlp_*.c
 unless LOGJAM_NATIVE=off or it is not built, which the line says), and the Lumberjack bridge
 with the same events (benchmarks/lumberjack.py's client and framing).
-Prints records/s, the bridge's CPU per record against its target (docs/protocols/otlp.md,
-"Speed"), and the ratio to the Lumberjack bridge.
+Prints records/s, the bridge's CPU per record against its target (benchmarks/targets.toml),
+and the ratio to the Lumberjack bridge.
 
 Run: .venv/bin/python benchmarks/otlp.py [--requests N] [--rounds R]
 """
@@ -47,6 +47,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource  # noqa: E402
 
 from benchmarks.device_ceiling import Counter, counting_sub  # noqa: E402
 from benchmarks.lumberjack import WINDOW, make_event, make_windows, through_bridge  # noqa: E402
+from benchmarks.results import Run  # noqa: E402
 from harness.cpu import cpu_seconds  # noqa: E402
 from bridges.otlp import engine, records  # noqa: E402
 from bridges.otlp.records import MODULE as OTLP_MODULE  # noqa: E402  (main's `records` is a count)
@@ -66,7 +67,6 @@ RESOURCE = {  # 15 attributes, as an SDK's resource detectors fill it
 }
 RECORD_ATTRIBUTES = 3  # host.name, log.offset, service
 APP_ENV = "shop-bench"
-TARGETS = {"otlp http": 6.0, "otlp grpc": 8.0, "otlp json": 10.0}  # bridge CPU us per record
 METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 
 
@@ -178,6 +178,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=48, help=f"requests of {PER_REQUEST} records per round (default 48)")
     ap.add_argument("--rounds", type=int, default=2, help="best of this many rounds (default 2)")
     args = ap.parse_args()
+    run = Run("otlp")
+    targets = {f"otlp {t}": run.target(f"bridge_cpu_us_{t}") for t in ("http", "grpc", "json")}  # us per record
     requests = make_requests(args.requests)
     json_requests = make_requests(args.requests, json=True)
     records = args.requests * PER_REQUEST
@@ -225,11 +227,19 @@ def main() -> int:
           f"({1e6 / ref_cpu:.2f} us per record); OTLP/JSON: {ref_json:10,.0f} ({1e6 / ref_json:.2f} us per record)")
     lj_rate, lj_us = results["lumberjack"]
     for name, (rate, us) in results.items():
-        target = TARGETS.get(name)
+        target = targets.get(name)
         verdict = "" if target is None else f" (target <= {target:g}: {'met' if us <= target else 'NOT met'})"
         print(f"{name:<11} bridge + device + subscriber: {rate:10,.0f} records/s, bridge CPU {us:6.2f} us per record"
               + verdict + ("" if name == "lumberjack" else f"; {rate / lj_rate:.2f}x the Lumberjack bridge's rate, "
                            f"{us / lj_us:.2f}x its CPU per record"))
+        run.figure(f"{name}: bridge + device + subscriber", rate, "records/s")
+        if target is None:
+            run.figure(f"{name}: bridge CPU per record", us, "us")
+        else:
+            run.check(f"bridge_cpu_us_{name.split()[1]}", us)
+    run.figure("mapping step alone, protobuf", 1e6 / ref_cpu, "us/record")
+    run.figure("mapping step alone, OTLP/JSON", 1e6 / ref_json, "us/record")
+    run.save()
     return 0
 
 

@@ -11,7 +11,7 @@ how many of them are `doc`'s (read from the Parquet footers: the size without `d
 
 Then each query runs `--repeat` times both ways on the same table; the best time of each
 is printed with their ratio (`body` time / `doc` time). The last line is
-`geomean speedup N.NNx` over the queries. Target: at least 2x at 2M rows.
+`geomean speedup N.NNx` over the queries, against its target (benchmarks/targets.toml; at 2M rows).
 Usage: python benchmarks/query.py [--rows 2000000] [--master local[*]] [--repeat 3]
 """
 
@@ -39,10 +39,10 @@ from importer.decode import BatchBuilder  # noqa: E402
 from table.schema import DOC_COLUMN  # noqa: E402
 from importer.write import TableWriter  # noqa: E402
 from runtime.lifecycle import exit_with  # noqa: E402
+from benchmarks.results import Run  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 
 DATABASE = "bench"
-TARGET = 2.0
 APPS = ("shop-prod", "shop-preprod", "billing-prod", "search-prod", "auth-prod", "admin-prod")
 ACTIONS = [f"{c}#{a}" for c in ("Orders", "Users", "Carts", "Search", "Payments", "Sessions", "Products")
            for a in ("show", "index", "create", "update")]
@@ -174,6 +174,7 @@ def main() -> int:
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
+    record = Run("query")
 
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-query-"))
     port = free_port()
@@ -188,13 +189,13 @@ def main() -> int:
         from pyspark.sql import SparkSession
 
         url = f"sc://127.0.0.1:{port}"
-        return run(SparkSession.builder.remote(url).create(), url, base, args)
+        return run(SparkSession.builder.remote(url).create(), url, base, args, record)
     finally:
         stop(proc, timeout=60)
         shutil.rmtree(base, ignore_errors=True)
 
 
-def run(spark, url: str, base: Path, args: argparse.Namespace) -> int:
+def run(spark, url: str, base: Path, args: argparse.Namespace, record: Run) -> int:
     location = ensure_table(spark, DATABASE, str(base / "warehouse" / "messages"))
     table_dir = base / "warehouse" / "messages"
     today = datetime.datetime.now(datetime.timezone.utc).date()
@@ -227,9 +228,15 @@ def run(spark, url: str, base: Path, args: argparse.Namespace) -> int:
         body_s, doc_s = timed(spark, body_sql, args.repeat), timed(spark, doc_sql, args.repeat)
         ratios.append(body_s / doc_s)
         print(f"  {name:38s} get_json_object {body_s:7.2f} s   doc {doc_s:7.2f} s   {body_s / doc_s:5.2f}x", flush=True)
+        record.figure(f"{name}: doc / get_json_object speed-up", body_s / doc_s, "x")
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    print(f"  target {TARGET:.0f}x: {geomean / TARGET:.2f}x of it")
+    target = record.target("geomean_speedup")
+    print(f"  target {target:.0f}x: {geomean / target:.2f}x of it")
     print(f"geomean speedup {geomean:.2f}x")
+    record.figure("bytes/row after compaction, with doc", after[0] / args.rows, "bytes")
+    record.figure("bytes/row after compaction, of them doc", after[1] / args.rows, "bytes")
+    record.check("geomean_speedup", geomean)
+    record.save()
     return 0
 
 

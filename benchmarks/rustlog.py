@@ -9,7 +9,8 @@ on free ports, then:
 - fetch: everything back with max_bytes 1 MiB;
 - the reference, measured in the same run: the sans-IO engine decoding the same
   produce frames in-process (no log, no device, no sockets).
-Prints records/s and the ratio produce / decode-only per dialect. Target >= 0.5.
+Prints records/s and the ratio produce / decode-only per dialect, against its target
+(benchmarks/targets.toml).
 
 RUSTLOG_BENCH_BATCHES sets batches per connection (default 25);
 RUSTLOG_BENCH_BRIDGE_CMD replaces the bridge command (to try variants).
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
 from bridges.rustlog import engine as e  # noqa: E402
+from benchmarks.results import Run  # noqa: E402
 from harness.cpu import cpu_seconds  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -169,6 +171,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main() -> int:
     signal.signal(signal.SIGTERM, _terminate)
+    run = Run("rustlog")
     tmp = Path(tempfile.mkdtemp(prefix="rustlog-bench-"))
     ports = {k: free_port() for k in ("router", "pull", "pub", "stats", "bridge")}
     device = subprocess.Popen(
@@ -208,14 +211,21 @@ def main() -> int:
             print(f"  {dialect.value:6s} decode-only (reference): {limit:>10,.0f} records/s   {limit_cpu:>10,.0f} records/CPU-s")
             print(f"  {dialect.value:6s} produce bridge+device  : {rate:>10,.0f} records/s   {per_cpu:>10,.0f} records/CPU-s"
                   f" (bridge {bridge_cpu:.1f} s, device {device_cpu:.1f} s)")
-            print(f"  {dialect.value:6s} ratio produce/decode   : {ratio:.3f}x wall, {per_cpu / limit_cpu:.3f}x per CPU-s (target >= 0.5x)")
+            print(f"  {dialect.value:6s} ratio produce/decode   : {ratio:.3f}x wall, {per_cpu / limit_cpu:.3f}x per CPU-s "
+                  f"(target >= {run.target('produce_ratio'):g}x)")
+            run.check("produce_ratio", ratio, dialect.value)
+            run.figure(f"{dialect.value}: decode-only", limit, "records/s")
+            run.figure(f"{dialect.value}: produce through bridge + device", rate, "records/s")
             bodies = [r for k in range(BATCHES_PER_CONN) for r in records(k)] * CONNS
             ceiling = max(device_ceiling(f"tcp://127.0.0.1:{ports['router']}", bodies, app_env="bench-rustlog")
                           for _ in range(2))
             print(f"  {dialect.value:6s} {describe(ceiling, limit)}")
+            run.figure(f"{dialect.value}: device ceiling", ceiling, "records/s")
         for dialect in (e.Dialect.BINARY, e.Dialect.JSON):
             recs, mb = fetch_run(ports["bridge"], dialect, 2 * CONNS)
             print(f"  {dialect.value:6s} fetch                  : {recs:>10,.0f} records/s   {mb:.1f} MB/s of payload")
+            run.figure(f"{dialect.value}: fetch", recs, "records/s")
+        run.save()
         return 0
     finally:
         for proc in (bridge, device):

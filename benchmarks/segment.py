@@ -7,8 +7,8 @@ in the segment store (fsync always, the default) and the device has answered 202
 for every event. The reference, measured in the same run on the same bytes, is
 the decode-only limit: the sans-IO engine reassembling the appends in-process (no
 sockets, store, mapping or device). A second reference adds the mapping into Logjam
-messages, to show where the time goes. Prints the rates and ratio bridge / decode-only
-(target >= 0.5).
+messages, to show where the time goes. Prints the rates and ratio bridge / decode-only,
+against its target (benchmarks/targets.toml).
 
 Run: .venv/bin/python benchmarks/segment.py [--events N] [--rounds R]
 """
@@ -33,6 +33,7 @@ from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
 from harness.device import start_device  # noqa: E402
 from harness.processes import command, free_port, port_open, start, stop, wait_for  # noqa: E402
 from harness.segment_client import SegmentTestClient  # noqa: E402
+from benchmarks.results import Run  # noqa: E402
 
 PER_APPEND = 500
 DEPTH = 16
@@ -102,6 +103,7 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=50_000)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    run = Run("segment")
     writer = uuid.uuid4()
     appends = make_appends(args.events, writer)
     setup = wire.SegmentClient().send(wire.SetupAppend(1, writer, SEGMENT, ""))
@@ -133,8 +135,14 @@ def main() -> int:
     print(f"  through bridge + device (fsync always): {bridged:12,.0f} events/s")
     print(f"  decode-only (engine, in-process):       {reference:12,.0f} events/s")
     print(f"  decode + map to Logjam (in-process):    {mapped:12,.0f} events/s")
-    print(f"  ratio: {ratio:.2f}x (target >= 0.5x); bridge / decode+map: {bridged / mapped:.2f}x")
+    print(f"  ratio: {ratio:.2f}x (target >= {run.target('ratio'):g}x); bridge / decode+map: {bridged / mapped:.2f}x")
     print(f"  {describe(ceiling, reference)}")
+    run.figure("through bridge + device (fsync always)", bridged, "events/s")
+    run.figure("decode-only (engine, in-process)", reference, "events/s")
+    run.figure("decode + map to Logjam (in-process)", mapped, "events/s")
+    run.figure("device ceiling", ceiling, "events/s")
+    run.check("ratio", ratio)
+    run.save()
     return 0
 
 

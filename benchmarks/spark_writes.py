@@ -18,8 +18,8 @@ Every write uses the table's write options (dictionaries only on low-cardinality
 
 `python benchmarks/spark_writes.py cpu` measures Spark's CPU per row for benchmarks/e2e.py's
 rows, `doc` included, in e2e-sized jobs: written by a Spark job per batch (the reference of
-issue 34's target for Spark's CPU per landed event in e2e, at most 1.3x this), and placed by
-the importer's own writer, which leaves Spark only the catalog (importer/place.py).
+e2e's budget for Spark's CPU per landed event, benchmarks/targets.toml), and placed by the
+importer's own writer, which leaves Spark only the catalog (importer/place.py).
 """
 
 from __future__ import annotations
@@ -160,8 +160,8 @@ def _spark_job(spark: Any, table: pa.Table, root: str, stage: Path, encoder: Any
 def _cpu_main(argv: Sequence[str]) -> int:
     """Spark's CPU per row when e2e's rows, `doc` included, are written in e2e-sized jobs into a
     logjam-spark of its own, two ways: by a Spark job per batch (the staged file read and written
-    again by Spark, as importers did before they placed their files), the reference of issue 34's
-    Spark target (benchmarks/e2e.py's Spark CPU per landed event <= 1.3x it), and by the
+    again by Spark, as importers did before they placed their files), the reference of e2e's
+    Spark budget (benchmarks/e2e.py's Spark CPU per landed event, targets.toml), and by the
     importer's own writer (TableWriter: it places its Parquet files itself and asks Spark only
     for new partitions)."""
     import argparse
@@ -174,11 +174,14 @@ def _cpu_main(argv: Sequence[str]) -> int:
     from table.paths import table_path
     from harness.processes import command, free_port, port_open, wait_for
 
+    from benchmarks.results import Run
+
     ap = argparse.ArgumentParser(prog="spark_writes.py cpu", description=_cpu_main.__doc__)
     ap.add_argument("--rows", type=int, default=300_000)
     ap.add_argument("--batch", type=int, default=30_000,
                     help="rows per job (e2e at ~29k ev/s: about 2 s of one of its two importers' rows)")
     args = ap.parse_args(argv)
+    record = Run("spark_writes")
     base = Path(tempfile.mkdtemp(prefix="logjam-bench-sparkcpu-"))
     port = free_port()
     spark_proc = subprocess.Popen([command("logjam-spark"), "--port", str(port), "--jdbc-port", "0", "--no-compact",
@@ -210,8 +213,11 @@ def _cpu_main(argv: Sequence[str]) -> int:
             per_row.append(cpu / rows * 1e6)
             print(f"  {name}: logjam-spark {per_row[-1]:.1f} us per row ({cpu:.1f} s), the writer's own process "
                   f"{own / rows * 1e6:.1f} us per row; {rows / elapsed:,.0f} rows/s")
-        print(f"  issue 34's budget for e2e: {1.3 * per_row[0]:.1f} us of Spark CPU per landed event (1.3x Spark "
+            record.figure(f"{name}: logjam-spark CPU per row", per_row[-1], "us")
+            record.figure(f"{name}: the writer's own CPU per row", own / rows * 1e6, "us")
+        print(f"  e2e's budget: {1.3 * per_row[0]:.1f} us of Spark CPU per landed event (1.3x Spark "
               f"writing the rows); the importer's own writer leaves Spark {per_row[1]:.1f} us per row")
+        record.save()
         return 0
     finally:
         spark_proc.terminate()
@@ -230,5 +236,5 @@ if __name__ == "__main__":
     elif len(sys.argv) >= 2 and sys.argv[1] == "cpu":
         exit_with(lambda: _cpu_main(sys.argv[2:]))
     else:
-        sys.exit("usage: spark_writes.py cpu [--rows N] [--batch N]   (Spark CPU per row: issue 34's reference)\n"
+        sys.exit("usage: spark_writes.py cpu [--rows N] [--batch N]   (Spark CPU per row: e2e's Spark reference)\n"
                  "       spark_writes.py classic ROWS.arrow BATCH_ROWS V2 TMPDIR (run by benchmarks/importer.py)")

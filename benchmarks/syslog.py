@@ -16,7 +16,7 @@ The reference, measured in the same run, is the in-process decode-only limit: th
 framing engine fed 64 KiB reads, then each run parsed and mapped into batches as the TCP
 session does (`map_run`), with no sockets or device.
 Prints ev/s and CPU per event for each bridge, each syslog transport's CPU per event against
-its target (`TARGETS_US`), and the ratio syslog / lumberjack.
+its target (benchmarks/targets.toml), and the ratio syslog / lumberjack.
 
 The bridges inherit LOGJAM_NATIVE: under `off` the syslog bridge runs its Python paths (the
 parser and orjson for the bodies, one recvfrom per datagram) instead of native/syslog.c, which
@@ -50,6 +50,7 @@ from bridges.syslog.relp import RelpClient, Response  # noqa: E402
 from benchmarks.device_ceiling import Counter, counting_sub  # noqa: E402
 from benchmarks.lumberjack import APP_ENV as LUMBERJACK_APP_ENV  # noqa: E402
 from benchmarks.lumberjack import WINDOW, through_bridge  # noqa: E402
+from benchmarks.results import Run  # noqa: E402
 from harness.cpu import cpu_seconds  # noqa: E402
 from harness.device import start_device  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
@@ -58,8 +59,6 @@ from logjam import native  # noqa: E402
 APP_ENV = "syslog-bench"
 RELP_WINDOW = 128
 UDP_WINDOW = 2048
-# Bridge CPU per event each transport should stay within (µs).
-TARGETS_US = {"tcp": 6.0, "lf": 6.0, "udp": 6.0, "relp": 8.0}
 
 
 def make_lines(n: int) -> list[bytes]:
@@ -213,6 +212,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=30 * WINDOW, help=f"events per run, a multiple of {WINDOW}")
     args = ap.parse_args()
+    run = Run("syslog", variant="python" if native.mode() == "off" else None)
     n = args.events // WINDOW * WINDOW
     lines = make_lines(n)
     wire = b"".join(SyslogClient().send(m) for m in lines)
@@ -249,9 +249,15 @@ def main() -> int:
     print(f"ratio to lumberjack: TCP {tcp / lumber:.2f}x ev/s, {tcp_us / lumber_us:.2f}x CPU per event; "
           f"RELP {relp / lumber:.2f}x ev/s, {relp_us / lumber_us:.2f}x CPU per event")
     for name, us in (("tcp", tcp_us), ("lf", lf_us), ("udp", udp_us), ("relp", relp_us)):
-        target = TARGETS_US[name]
+        target = run.target(f"bridge_cpu_us_{name}")
         verdict = "met" if us <= target else f"missed by {us - target:.2f} us"
         print(f"target {name:4s} <= {target:.1f} us CPU per event: {us:5.2f} us, {verdict}")
+        run.check(f"bridge_cpu_us_{name}", us)
+    for name, rate in (("tcp", tcp), ("lf", lf), ("udp", udp), ("relp", relp), ("lumberjack", lumber)):
+        run.figure(f"{name}: bridge + device + subscriber", rate, "events/s")
+    run.figure("lumberjack: bridge CPU per event", lumber_us, "us")
+    run.figure("decode-only: CPU per event", 1e6 / ref_cpu, "us")
+    run.save()
     return 0
 
 

@@ -5,18 +5,17 @@ repository's supervisord.conf and defaults, spare ports, a temporary data dir). 
 agents (DEALER to the device) then send --rate events/s spread over --app-envs streams
 for --minutes, while the benchmark samples every partition's live files every 30 s. At
 the end it waits until every acknowledged event is queryable and prints, each against its
-target:
-- files per (app_env, date) partition over time, max and median: at most 50 after the
-  first 10 minutes, and not growing with the length of the run;
+target (benchmarks/targets.toml: [table], and [table_burst] for --burst):
+- files per (app_env, date) partition over time, max and median, after the first 10
+  minutes, and whether that grows with the length of the run;
 - bytes written per byte landed (write amplification): (what the importers wrote + what
   compaction wrote) / what the importers wrote, from logjam-spark's metrics;
 - the time of `SELECT count(*) FROM logjam.messages WHERE date = current_date()` at the
-  end (best of 3), against 2 s;
+  end (best of 3);
 - lost and duplicated events (acknowledged against rows and distinct (device, seq)).
 With --burst N it measures a burst of new streams instead: one stream flows at 100 ev/s,
 then 2 events go to each of N new app-envs; it prints how long until all 2N rows are
-queryable (target: 5 minutes for 30,000) and the flowing stream's worst lag from send to
-queryable meanwhile (target: 10 s).
+queryable and the flowing stream's worst lag from send to queryable meanwhile.
 Usage: python benchmarks/table.py [--minutes 12] [--rate 1000] [--app-envs 20] [--burst 30000]
 """
 
@@ -42,9 +41,9 @@ from warehouse.tiers import level_of  # noqa: E402
 from logjam.curve import ClientKey  # noqa: E402
 from logjam.producer import Producer  # noqa: E402
 from runtime.lifecycle import exit_with  # noqa: E402
+from benchmarks.results import Run  # noqa: E402
 from tools.mesh import DEFAULTS, device_port  # noqa: E402
 
-TARGETS = {"files": 50, "query": 2.0}
 SAMPLE_EVERY = 30.0
 
 
@@ -133,6 +132,8 @@ def query_seconds(mesh: Mesh) -> float:
 
 
 def run(mesh: Mesh, args: argparse.Namespace) -> int:
+    record = Run("table")
+    targets = {"files": record.target("files_per_partition"), "query": record.target("today_count_seconds")}
     location = f"{mesh.env['LOGJAM_DATA_DIR']}/warehouse/messages"
     app_envs = [f"svc{i:03d}-prod" for i in range(args.app_envs)]
     stop = threading.Event()
@@ -168,7 +169,7 @@ def run(mesh: Mesh, args: argparse.Namespace) -> int:
     print(f"table benchmark: {args.rate:,.0f} ev/s over {args.app_envs} app-envs for {args.minutes:g} min "
           f"({sender.acked} events acknowledged)")
     print(f"  files per partition after 10 min (or the whole run if shorter): max {worst_late} "
-          f"({TARGETS['files'] / max(worst_late, 1):.2f}x of the {TARGETS['files']} target); "
+          f"({targets['files'] / max(worst_late, 1):.2f}x of the {targets['files']} target); "
           f"{'GROWING' if growing else 'not growing'} over the second half")
     print(f"  write amplification: {written / max(landed_bytes, 1):.2f} bytes written per byte landed "
           f"({landed_bytes / 2**20:.1f} MiB landed by importers, {written / 2**20:.1f} MiB written in all)")
@@ -182,13 +183,22 @@ def run(mesh: Mesh, args: argparse.Namespace) -> int:
     writes, waited_1s, waited_half = lock_waits(mesh)
     print(f"  importer writes that waited for compaction's lock at most 1 s: {waited_1s:.0f} of {writes:.0f} "
           f"(at most 0.5 s: {waited_half:.0f}) (target: all)")
-    print(f"  today's count(*): {seconds:.2f} s ({TARGETS['query'] / seconds:.2f}x of the {TARGETS['query']:g} s target)")
+    print(f"  today's count(*): {seconds:.2f} s ({targets['query'] / seconds:.2f}x of the {targets['query']:g} s target)")
     print(f"  lost {lost}, duplicated {dup} (rows {int(rows[0])})")
-    ok = worst_late <= TARGETS["files"] and not growing and lost == 0 and dup == 0 and waited_1s == writes
+    ok = worst_late <= targets["files"] and not growing and lost == 0 and dup == 0 and waited_1s == writes
+    record.check("files_per_partition", worst_late)
+    record.check("files_growing", growing)
+    record.check("today_count_seconds", seconds)
+    record.check("slow_lock_waits", writes - waited_1s)
+    record.check("lost", lost)
+    record.check("duplicated", dup)
+    record.figure("write amplification", written / max(landed_bytes, 1), "bytes written per byte landed")
+    record.save()
     return 0 if ok else 1
 
 
 def burst(mesh: Mesh, args: argparse.Namespace) -> int:
+    record = Run("table_burst")
     router = routers(mesh)
     stop = threading.Event()
     flow = Sender(router, 100, ["flow-prod"], stop, key(mesh))
@@ -231,12 +241,17 @@ def burst(mesh: Mesh, args: argparse.Namespace) -> int:
         raise SystemExit(f"the flowing stream's sender failed: {flow.error!r}")
     parts = len(mesh.spark.sql("SHOW PARTITIONS logjam.messages").collect())
     worst = max(lags, default=float("inf"))
+    limit, lag = record.target("burst_seconds"), record.target("flowing_lag")
     print(f"burst benchmark: 2 events to each of {args.burst:,} new app-envs (sent in {sent:.0f} s), one stream "
           f"flowing at 100 ev/s ({flow.acked} events)")
     print(f"  {landed:,} of {2 * args.burst:,} rows queryable after {took:.0f} s "
-          f"({300 / took:.2f}x of the 300 s target); {parts:,} partitions in the catalog")
-    print(f"  the flowing stream's worst lag, sent -> queryable: {worst:.1f} s ({10 / max(worst, 1e-9):.2f}x of the "
-          f"10 s target; median {statistics.median(lags) if lags else float('nan'):.1f} s over {len(lags)} samples)")
+          f"({limit / took:.2f}x of the {limit:g} s target); {parts:,} partitions in the catalog")
+    print(f"  the flowing stream's worst lag, sent -> queryable: {worst:.1f} s ({lag / max(worst, 1e-9):.2f}x of the "
+          f"{lag:g} s target; median {statistics.median(lags) if lags else float('nan'):.1f} s over {len(lags)} samples)")
+    record.check("burst_seconds", took if landed >= 2 * args.burst else float("nan"))
+    record.check("flowing_lag", worst)
+    record.figure("new streams", args.burst, "app-envs")
+    record.save()
     return 0 if landed >= 2 * args.burst else 1
 
 
