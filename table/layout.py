@@ -45,19 +45,19 @@ def _ndv(rows: int, row_group_rows: int | None = None) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """How a writer lays out the table's files. `for_lookups` False: none of the above (no bloom
-    filters, no page index from pyarrow, no sorting), as 845b5a7 wrote them, which only
-    benchmarks/month.py asks for, to build its reference table."""
+    """How a writer lays out the table's files. `for_lookups` False: the maintenance pass keeps no
+    lookup index for the files it writes (a reference table without these aids subclasses this:
+    benchmarks/month.py's `PlainLayout`)."""
 
     for_lookups: bool = True
 
     def sorted_rows(self, table: Any) -> Any:
         """An Arrow table's rows in `created_at` order (stable: rows of one time keep their order)."""
-        return table.sort_by(SORT_COLUMN) if self.for_lookups else table
+        return table.sort_by(SORT_COLUMN)
 
     def sorted_frame(self, df: Any, *first: str) -> Any:
         """A Spark DataFrame whose rows are sorted within each of its partitions by `first`, then `created_at`."""
-        return df.sortWithinPartitions(*first, SORT_COLUMN) if self.for_lookups else df
+        return df.sortWithinPartitions(*first, SORT_COLUMN)
 
     def placed_file_options(self, rows: int) -> dict[str, Any]:
         """pyarrow's options for an importer's placed file of `rows` rows (one row group)."""
@@ -72,15 +72,13 @@ class Layout:
         writes page indexes by default; bloom filters only for the columns named."""
         ndv = str(_ndv(rows))
         options = dict(COMPACT_OPTIONS)
-        for c in LOOKUP_COLUMNS if self.for_lookups else ():
+        for c in LOOKUP_COLUMNS:
             options[f"parquet.bloom.filter.enabled#{c}"] = "true"
             options[f"parquet.bloom.filter.expected.ndv#{c}"] = ndv
             options[f"parquet.bloom.filter.fpp#{c}"] = str(BLOOM_FPP)
         return options
 
     def _arrow_lookups(self, rows: int, row_group_rows: int | None) -> dict[str, Any]:
-        if not self.for_lookups:
-            return {}
         ndv = _ndv(rows, row_group_rows)
         return {"write_page_index": True,
                 "bloom_filter_options": {c: {"ndv": ndv, "fpp": BLOOM_FPP} for c in LOOKUP_COLUMNS}}
