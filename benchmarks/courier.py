@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 
-from bridges.courier.engine import CourierServer, EventReceived, encode_jdat  # noqa: E402
+from bridges.courier.engine import CourierServer  # noqa: E402
+from bridges.courier.messages import EventReceived  # noqa: E402
+from bridges.courier.wire import encode_jdat  # noqa: E402
 from benchmarks.device_ceiling import describe, device_ceiling  # noqa: E402
 from harness.device import start_device  # noqa: E402
 from harness.courier_client import TestCourierClient  # noqa: E402

@@ -14,7 +14,8 @@ from runtime.check import Checker
 from runtime.config import FSYNC_POLICIES, add_config_flag, fsync_policy, parse_config, setup_logging
 from logjam.meta import Compression
 from devices import native as devices_native
-from devices.device import Device, DeviceConfig
+from devices.config import DeviceConfig
+from devices.device import Device
 
 
 def _compression(value: str) -> int:

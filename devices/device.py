@@ -1,21 +1,9 @@
 """The device proper: ROUTER + PULL in, PUB out, renumbering every message it publishes.
 
-Throughput decides the shape of this module. ZeroMQ's own cost per message is fixed;
-what we control is the Python work per message, so:
-
-- input is drained in batches with NOBLOCK and the poller is only consulted when both
-  input sockets are empty;
-- frames are received as `zmq.Frame` objects because a Frame carries its RCVMORE
-  flag, whereas asking the socket for RCVMORE costs more than the receive itself;
-- socket methods are the backend's unbound C methods, skipping pyzmq's Python
-  wrappers (`send_multipart` alone costs more than the rest of the loop);
-- checks are cache lookups on raw bytes (valid stream names and topics are
-  remembered), and the only new object per message is the 24-byte meta.
-
-Where it was built, both input sockets instead take the C fast path in
-`devices.native`, which holds a whole batch as zmq_msg_t's and never makes a Python
-object per message; the one Python drain below (`_drain_python`, for ROUTER and PULL
-alike) is the fallback (LOGJAM_NATIVE=off, no build, and always with --compress).
+This module holds the device's state, its loop and the one place where messages are
+numbered. Reading and answering the inputs (the Python drain and the C fast path) is
+devices/intake.py; heartbeats, subscriptions and stats devices/heartbeat.py; binding
+the sockets devices/listen.py; what metrics and logs read devices/snapshot.py.
 
 `Device(config)` only takes the configuration; `open()` (called by `run()` unless the
 entry point called it first, to report a port in use before it says it started)
@@ -30,14 +18,13 @@ publish. When the journal cannot be written, `_commit` holds the batch and the l
 stops reading until a retry succeeds (devices/hold.py). The replay endpoint runs in
 its own thread (devices/replay.py).
 
-Subscribers learn the journal id from heartbeats: one is published at start, and
-PUB is an XPUB in manual mode, so that a new subscription takes effect only here,
-followed at once by a heartbeat: the first message a new subscriber gets is one.
+The loop drains its inputs in batches and consults the poller only when both input
+sockets are empty; a heartbeat is the first thing it publishes, and the first thing
+every new subscriber gets.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import socket as pysocket
 import threading
@@ -46,46 +33,32 @@ from pathlib import Path
 from typing import Any, Callable
 
 import zmq
-from zmq.backend import Socket as _RawSocket
 
-from logjam import endpoints, sockets
-from logjam.constants import ACCEPTED, BAD_REQUEST, PONG
-from logjam.compression import compress
-from logjam.meta import META_COMPRESSION_AT, META_HEAD, META_SIZE, now_ms
-from devices import listen, stamp
-from devices import native
+from logjam import sockets
+from logjam.curve import ServerKey
+from logjam.meta import now_ms
+from devices import listen, native, stamp
 from devices.batch import TupleBatch
 from devices.config import DeviceConfig
 from devices.counters import Counters
 from devices.fair import Fairness
+from devices.heartbeat import HEARTBEAT, heartbeat_body, publish_stats, take_subscriptions
 from devices.hold import Held, JournalHealth
+from devices.intake import Intake
 from devices.journal import Journal, JournalWriteError, new_journal_id
-from devices.native import NativeBatch
 from devices.lag import ImporterLag
-from devices.replay import ReplayServer
-from devices.stamp import FRESH_META, HEADS
-from logjam.curve import ServerKey
+from devices.native import NativeBatch
+from devices.replay import ReplayServer, start_replay
+from devices.snapshot import importers_snapshot, journal_snapshot
+from devices.stamp import FRESH_META
 from runtime.curve import Gatekeeper
 
-__all__ = ["Device", "DeviceConfig", "TupleBatch"]
+__all__ = ["Device"]
 
 log = logging.getLogger("logjam-device")
 
-PING = b"ping"
-HEARTBEAT = b"heartbeat"
-STATS = b"stats"
-
-# Messages taken from one socket before the other gets its turn (and before timers
-# are looked at); big enough to amortise the loop, small enough to stay fair.
-BATCH = 1000
 # New subscriptions are taken (each batch of them followed by a heartbeat) at most this often.
 WELCOME_EVERY = 0.05
-
-_NB = zmq.NOBLOCK
-_SM = zmq.SNDMORE
-_recv = _RawSocket.recv
-_send = _RawSocket.send
-_Again = zmq.Again
 
 
 class Device:
@@ -110,10 +83,8 @@ class Device:
         self._context = context
         self.ctx: zmq.Context | None = None
         self.router = self.pull = self.pub = self.stats = None  # type: ignore[assignment]
-        self._native: NativeBatch | None = None
-        self._native_router: NativeBatch | None = None
+        self.intake: Intake | None = None  # reads ROUTER and PULL, set by open()
         self._drains: tuple[Callable[[], int], Callable[[], int]] | None = None  # (PULL, ROUTER), set by open()
-        self._router_handle: object = None
         self._thread: int | None = None
         self.gate: Gatekeeper | None = None
         self._server_key: ServerKey | None = None  # CURVE's key pair, read by open()
@@ -137,7 +108,7 @@ class Device:
         self.ctx = self._context or zmq.Context()
         if config.data_dir is not None and config.ipc:
             self.ipc_dir = listen.open_ipc_dir(config.data_dir)
-        self._bind(config)
+        listener = self._bind(config)
         if config.data_dir is not None:
             self._open_journal(config)
             self.journal_id = self.journal.journal_id  # type: ignore[union-attr]
@@ -146,12 +117,18 @@ class Device:
             self.journal_id = new_journal_id()
         self.lag = ImporterLag(self.journal_id, config.max_importer_lag, config.importer_evict_after,
                                max_messages=config.max_importer_lag_messages)
-        self._start_replay(config)
+        self.replay = start_replay(self.ctx, self.journal, self._replay_stop,
+                                   journal_id=self.journal_id, last_seq=lambda: self.seq,
+                                   on_progress=self.lag.progress,
+                                   listen=lambda sock: listener.listen(sock, "replay", config.replay_port),
+                                   port=config.replay_port)
         self._thread = threading.get_ident()
         return self
 
-    def _bind(self, config: DeviceConfig) -> None:
-        """Create the loop's four sockets (LINGER set) and bind them; choose the drains that read them."""
+    def _bind(self, config: DeviceConfig) -> listen.Listener:
+        """Create the loop's four sockets (LINGER set) and bind them; choose the drains that read them.
+
+        Returns the listener, which binds the replay endpoint the same way."""
         linger = config.linger_ms
         ctx = self.ctx
         self.router = sockets.socket(ctx, zmq.ROUTER, linger_ms=linger, rcvhwm=config.rcv_hwm, sndhwm=config.rcv_hwm)
@@ -159,41 +136,22 @@ class Device:
         # XPUB in manual mode: a subscription counts only once `_welcome` applied it.
         self.pub = sockets.socket(ctx, zmq.XPUB, linger_ms=linger, sndhwm=config.snd_hwm, xpub_manual=1)
         self.stats = sockets.socket(ctx, zmq.PUB, linger_ms=linger)
-        if self._loaded is not None:
-            ffi = self._loaded[0]
-            self._native = NativeBatch(*self._loaded)
-            self._native_router = NativeBatch(*self._loaded)
-            pull = ffi.cast("void *", self.pull.underlying)
-            self._router_handle = ffi.cast("void *", self.router.underlying)
-            self._drains = (lambda: self._drain_native(self._native, pull, "pull"),  # type: ignore[arg-type]
-                            lambda: self._drain_native(self._native_router, self._router_handle, "router"))  # type: ignore[arg-type]
-        else:
-            self._drains = (lambda: self._drain_python(self.pull, "pull"), lambda: self._drain_python(self.router, "router"))
+        self.intake = Intake(self.counters, self._commit, self.router, self.pull,
+                             compress=self._compress, fqdn=self._fqdn, loaded=self._loaded)
+        self._drains = self.intake.drains
         # CURVE is a socket option set before bind: the C loop reads the same (decrypted) sockets.
         if config.curve is not None and self._server_key is not None:
             self.gate = Gatekeeper(ctx, config.curve.allow_dir)
             self.gate.start()
+        listener = listen.Listener(config.bind, self.ipc_dir, config.curve, self._server_key, self.gate)
         for sock, name, port in (
             (self.router, "router", config.router_port),
             (self.pull, "pull", config.pull_port),
             (self.pub, "pub", config.pub_port),
             (self.stats, "stats", config.stats_port),
         ):
-            self._listen(sock, name, port)
-
-    def _listen(self, sock: zmq.Socket, name: str, port: int) -> None:
-        """Bind `sock` on its ipc endpoint (plaintext, this host only) and on its TCP port (CURVE)."""
-        tcp = f"tcp://{self.config.bind}:{port}"
-        ipc = endpoints.ipc_endpoint(self.ipc_dir, name) if self.ipc_dir is not None else None
-        listen.bind(sock, tcp, ipc, lambda: self._secure(sock, name, tcp))
-
-    def _secure(self, sock: zmq.Socket, name: str, endpoint: str) -> None:
-        """Make `sock` a CURVE server watched by the gatekeeper, unless --allow-plaintext leaves it open."""
-        curve = self.config.curve
-        if curve is None or self.gate is None or self._server_key is None or not curve.secured(name):
-            return
-        self._server_key.apply(sock, name)
-        self.gate.watch(sock, name, endpoint)
+            listener.listen(sock, name, port)
+        return listener
 
     def _open_journal(self, config: DeviceConfig) -> None:
         """Open (and recover) the journal and continue its numbering."""
@@ -208,29 +166,9 @@ class Device:
         self.journal = journal
         self.seq = journal.last_seq
 
-    def _start_replay(self, config: DeviceConfig) -> None:
-        """The replay endpoint: ranges and `info` with a journal, `info` alone without one."""
-        replay = ReplayServer(self.ctx, self.journal, self._replay_stop,
-                              journal_id=self.journal_id, last_seq=lambda: self.seq,
-                              on_progress=self.lag.progress,  # type: ignore[union-attr]
-                              listen=lambda sock: self._listen(sock, "replay", config.replay_port))
-        replay.start()
-        # The replay socket is created and bound in its own thread; wait for the outcome so
-        # that a port in use fails the start like any other port.
-        while not replay.bound.wait(0.05):
-            if not replay.is_alive():
-                break
-        if replay.error is not None or not replay.is_alive():
-            if self.journal is not None:
-                raise RuntimeError(f"cannot bind the replay port {config.replay_port}: {replay.error}")
-            # Without a journal it only answers `info` (heartbeats carry the same): not worth failing for.
-            log.warning("replay port %d: %s; `info` is not served", config.replay_port, replay.error)
-            return
-        self.replay = replay
-
     # -- the one place where messages are numbered and published -----------------
 
-    def _commit(self, batch: "TupleBatch | NativeBatch", then: Callable[[], None] | None = None) -> None:
+    def _commit(self, batch: TupleBatch | NativeBatch, then: Callable[[], None] | None = None) -> None:
         """Number every message of `batch`, journal the numbered batch, publish it, then call `then`.
 
         The batch is either Python tuples or the C fast path's zmq_msg_t array; both
@@ -253,7 +191,7 @@ class Device:
                 self.health.recovered()
         self._published(batch, n, then)
 
-    def _published(self, batch: "TupleBatch | NativeBatch", n: int, then: Callable[[], None] | None) -> None:
+    def _published(self, batch: TupleBatch | NativeBatch, n: int, then: Callable[[], None] | None) -> None:
         self.seq += n
         batch.publish(self.pub)
         self.lag.published(self.seq, time.monotonic())  # type: ignore[union-attr]
@@ -276,160 +214,13 @@ class Device:
         self._published(held.batch, held.count, held.then)
         return True
 
-    # -- input -------------------------------------------------------------------
-
-    def _drain_python(self, sock: zmq.Socket, source: str, fair: Fairness | None = None) -> int:
-        """Take up to BATCH messages from ROUTER or PULL, check them, commit the good ones, then answer requests.
-
-        PULL takes [app-env, topic, body] (a legacy client without meta) or [..., meta];
-        ROUTER takes [identity, "", app-env, topic, body, meta] (a request, answered 202 or
-        400, or a ping) or the same without the empty frame (not answered). With `fair`,
-        the loud streams' messages and the replies queued behind them are parked instead.
-        """
-        routed = source == "router"
-        recv = _recv
-        counters = self.counters
-        per_app = counters.per_app_env
-        topics = counters.topics
-        heads = HEADS
-        compress_to = self._compress
-        batch = TupleBatch()
-        replies: list[tuple[bytes, bytes, bytes | None]] = []
-        add, answer = (batch.append, replies.append) if fair is None else (fair.adder(batch), fair.answerer(replies))
-        n = 0
-        pings = 0
-        rid = b""
-        request = False
-        first = 0
-        while n < BATCH:
-            try:
-                f = recv(sock, _NB, False)
-            except _Again:
-                break
-            n += 1
-            parts = [f]
-            while f.more:
-                f = recv(sock, 0, False)
-                parts.append(f)
-            if routed:
-                rid = parts[0].bytes
-                request = len(parts) > 1 and len(parts[1]) == 0
-                first = 2 if request else 1
-            count = len(parts) - first
-            app = parts[first].bytes if count > 0 else b""
-            if request and app == PING:
-                pings += 1
-                answer(self._ping(rid, parts))
-                continue
-            if count == 4:
-                meta = parts[first + 3].bytes
-                if len(meta) != META_SIZE or meta[META_HEAD] not in heads:
-                    self._refuse("broken_meta", app, rid, app, request, answer)
-                    continue
-            elif count == 3 and not routed:
-                meta = FRESH_META  # a legacy client without meta
-            else:
-                self._refuse("frame_count", app if count > 0 else None, rid, app, request, answer)
-                continue
-            c = per_app.get(app)
-            if c is None and not counters.new_app_env(app):
-                self._refuse("bad_app_env", None, rid, app, request, answer)
-                continue
-            topic = parts[first + 1].bytes
-            if topic not in topics and not counters.new_topic(topic):
-                self._refuse("bad_topic", app, rid, app, request, answer)
-                continue
-            if c is None:
-                counters.count_app_env(app)
-            else:
-                per_app[app] = c + 1
-            body = parts[first + 2]
-            if compress_to and meta[META_COMPRESSION_AT] == 0:
-                body = compress(compress_to, body.bytes)
-                meta = stamp.with_compression(meta, compress_to)
-            add((app, topic, body, meta))
-            if request:
-                answer((rid, app, ACCEPTED))
-        counters.received[source] += n - pings
-        counters.pings += pings
-        then = (lambda: self._reply(replies)) if replies else None
-        if batch:
-            self._commit(batch, then)
-        elif then is not None:
-            then()
-        return n
-
-    def _refuse(self, reason: str, label: bytes | None, rid: bytes, app: bytes, request: bool,
-                answer: Callable[[tuple[bytes, bytes, bytes | None]], None]) -> None:
-        """Count a dropped message (under `label`); a request gets its 400."""
-        self.counters.drop(reason, label)
-        if request:
-            answer((rid, app, BAD_REQUEST))
-
-    def _drain_native(self, batch: NativeBatch, handle: object, source: str) -> int:
-        """The C fast path: drain and check in C; Python counts per batch, commits, then replies (ROUTER)."""
-        routed = source == "router"
-        taken = batch.drain_router(handle, BATCH) if routed else batch.drain(handle, BATCH)
-        if taken <= 0:
-            if taken < 0:
-                raise zmq.ZMQError(-taken)
-            return 0
-        counters = self.counters
-        pings = batch.b.pings if routed else 0
-        counters.received[source] += taken - pings
-        counters.pings += pings
-        if batch.b.ndrops:
-            for reason, app in batch.drops():
-                counters.drop(reason, None if reason == "bad_app_env" else app)
-        if len(batch):
-            counters.count_batch(batch.app_env_counts())
-        then = self._native_reply if routed and batch.b.nreplies else None
-        if len(batch):
-            self._commit(batch, then)
-        elif then is not None:
-            then()
-        return taken
-
-    def _native_reply(self) -> None:
-        self._native_router.reply(self._router_handle, self._fqdn)  # type: ignore[union-attr]
-
-    def _ping(self, rid: bytes, parts: list) -> tuple[bytes, bytes, bytes | None]:
-        """["", "ping", app-env, body, meta]: never published, answered at once."""
-        count = len(parts) - 2
-        if count == 4 and stamp.meta_ok(parts[5].bytes):
-            return (rid, PING, PONG)
-        self.counters.drop("frame_count" if count != 4 else "broken_meta", parts[3].bytes if count > 1 else None)
-        return (rid, PING, None)
-
-    def _reply(self, replies: list[tuple[bytes, bytes, bytes | None]]) -> None:
-        """Answers go out after the publish; ROUTER drops them for peers that are gone."""
-        sock = self.router
-        fqdn = self._fqdn
-        for rid, first, status in replies:
-            try:
-                _send(sock, rid, _SM | _NB)
-                if first == PING:
-                    if status is None:
-                        _send(sock, PING, _SM | _NB)
-                        _send(sock, BAD_REQUEST, _NB)
-                    else:
-                        _send(sock, PING, _SM | _NB)
-                        _send(sock, PONG, _SM | _NB)
-                        _send(sock, fqdn, _NB)
-                else:
-                    _send(sock, first, _SM | _NB)
-                    _send(sock, status, _NB)
-            except _Again:
-                # The client stopped reading its replies; it will time out, others go on.
-                log.debug("reply to a blocked client dropped")
-
     # -- timers ----------------------------------------------------------------
 
     def heartbeat(self) -> None:
         """Publish (and journal) a heartbeat: `{"journal": id, "first": oldest seq still held}`."""
         # Without a journal nothing older than this heartbeat can be had: `first` is its own seq.
         first = self.journal.first_seq if self.journal is not None else self.seq + 1
-        body = b'{"journal":"%s","first":%d}' % (self.journal_id.encode(), first)
+        body = heartbeat_body(self.journal_id, first)
         self._commit(TupleBatch([(HEARTBEAT, self.heartbeat_address, body, FRESH_META)]), self.counters.heartbeat)
 
     def _welcome(self) -> None:
@@ -438,28 +229,12 @@ class Device:
         In manual mode a subscriber gets nothing until its subscription is applied here,
         so the heartbeat (with the journal id) is the first message it receives.
         """
-        pub = self.pub
-        new = False
-        while True:
-            try:
-                event = _recv(pub, _NB)
-            except _Again:
-                break
-            if event[:1] == b"\x01":
-                pub.setsockopt(zmq.SUBSCRIBE, event[1:])
-                new = True
-            elif event[:1] == b"\x00":
-                pub.setsockopt(zmq.UNSUBSCRIBE, event[1:])
-        if new:
+        if take_subscriptions(self.pub):
             self.heartbeat()
 
     def publish_stats(self) -> None:
         """["stats", device id, last seq, JSON: journal id and whether it can be written]."""
-        s = self.stats
-        _send(s, STATS, _SM)
-        _send(s, self._device_label, _SM)
-        _send(s, str(self.seq).encode(), _SM)
-        _send(s, json.dumps({"journal": self.journal_id, **self.health.stats()}, separators=(",", ":")).encode())
+        publish_stats(self.stats, self._device_label, self.seq, self.journal_id, self.health)
 
     # -- loop --------------------------------------------------------------------
 
@@ -538,9 +313,10 @@ class Device:
             if fair.full():
                 return -1
             before = len(fair.parked)
-            busy = self._drain_python(self.pull, "pull", fair)
+            intake = self.intake
+            busy = intake.drain_python(self.pull, "pull", fair)  # type: ignore[union-attr]
             if self._held is None:
-                busy += self._drain_python(self.router, "router", fair)
+                busy += intake.drain_python(self.router, "router", fair)  # type: ignore[union-attr]
             fair.parking(before)
             return busy
         if not admit:
@@ -558,7 +334,7 @@ class Device:
     def _unpark(self) -> None:
         """Commit the parked messages (in arrival order, before anything newer), then send the parked replies."""
         batch, replies = self.fair.release()
-        then = (lambda: self._reply(replies)) if replies else None
+        then = (lambda: self.intake.reply(replies)) if replies else None  # type: ignore[union-attr]
         if batch:
             self._commit(batch, then)
         elif then is not None:
@@ -595,9 +371,8 @@ class Device:
             self.replay.join(5)
         if self.journal is not None:
             self.journal.close()
-        if self._native is not None:
-            self._native.discard()
-            self._native_router.discard()  # type: ignore[union-attr]
+        if self.intake is not None:
+            self.intake.discard()
         for sock in (self.router, self.pull, self.pub, self.stats):
             if sock is not None:
                 sock.close()
@@ -609,30 +384,5 @@ class Device:
     def snapshot(self) -> dict[str, Any]:
         """The counters, the sequence, the journal and the importers' lag: what metrics and logs read."""
         return {"journal_id": self.journal_id, "seq": self.seq, **self.counters.snapshot(),
-                "journal": self._journal_snapshot(), "importers": self._importers_snapshot(),
-                "fair": self.fair.snapshot()}
-
-    def _importers_snapshot(self) -> dict[str, Any]:
-        lag = self.lag
-        if lag is None:
-            return {"lag": {}, "holding": False, "held_seconds": 0.0}
-        now = time.monotonic()
-        return {"lag": lag.lags(now), "holding": lag.holding, "held_seconds": lag.held_total(now)}
-
-    def _journal_snapshot(self) -> dict[str, Any] | None:
-        journal, replay = self.journal, self.replay
-        if journal is None:
-            return None
-        return {
-            "bytes": journal.size,
-            "segments": journal.segment_count,
-            "first_seq": journal.first_seq,
-            "last_seq": journal.last_seq,
-            "fsyncs": journal.fsyncs,
-            "bytes_written": journal.bytes_written,
-            "segments_deleted": journal.segments_deleted,
-            **self.health.stats(),
-            "replay_requests": replay.requests if replay else 0,
-            "replay_messages": replay.served if replay else 0,
-            "replay_bad_requests": replay.bad if replay else 0,
-        }
+                "journal": journal_snapshot(self.journal, self.replay, self.health),
+                "importers": importers_snapshot(self.lag), "fair": self.fair.snapshot()}

@@ -120,7 +120,7 @@ class Fairness:
 
         def answer(reply: Reply) -> None:
             rid, first, status = reply
-            # A 202 directly follows the add() of its own message (Device._drain_python).
+            # A 202 directly follows the add() of its own message (Intake.drain_python, devices/intake.py).
             if first != PING and (rid in rids or (status == ACCEPTED and self._last_parked)):
                 rids.add(rid)
                 later(reply)

@@ -4,6 +4,7 @@ libzmq copies a socket's security options when it binds, so one socket serves bo
 ipc endpoint is bound first in plaintext, then the CURVE options are set and the TCP port
 is bound. The ipc endpoint is guarded by the filesystem instead (logjam/endpoints.py): its
 directory is mode 0700 and must belong to the device's user, its socket file is mode 0600.
+`Listener` binds every socket of a device that way, the replay endpoint's included.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Callable
 import zmq
 
 from logjam import endpoints
+from logjam.curve import ServerKey
+from runtime.curve import Gatekeeper, ServerCurve
 
 log = logging.getLogger("logjam-device")
 
@@ -43,3 +46,29 @@ def bind(sock: zmq.Socket, tcp: str, ipc: str | None, secure: Callable[[], None]
         os.chmod(endpoints.path_of(ipc), 0o600)
     secure()
     sock.bind(tcp)
+
+
+class Listener:
+    """Binds a device's sockets: on `ipc_dir` (if any) and on `address`, with CURVE where `curve` secures the socket."""
+
+    def __init__(self, address: str, ipc_dir: Path | None, curve: ServerCurve | None, key: ServerKey | None,
+                 gate: Gatekeeper | None) -> None:
+        self.address = address
+        self.ipc_dir = ipc_dir
+        self.curve = curve
+        self.key = key
+        self.gate = gate
+
+    def listen(self, sock: zmq.Socket, name: str, port: int) -> None:
+        """Bind `sock` on its ipc endpoint (plaintext, this host only) and on its TCP port (CURVE)."""
+        tcp = f"tcp://{self.address}:{port}"
+        ipc = endpoints.ipc_endpoint(self.ipc_dir, name) if self.ipc_dir is not None else None
+        bind(sock, tcp, ipc, lambda: self._secure(sock, name, tcp))
+
+    def _secure(self, sock: zmq.Socket, name: str, endpoint: str) -> None:
+        """Make `sock` a CURVE server watched by the gatekeeper, unless --allow-plaintext leaves it open."""
+        curve = self.curve
+        if curve is None or self.gate is None or self.key is None or not curve.secured(name):
+            return
+        self.key.apply(sock, name)
+        self.gate.watch(sock, name, endpoint)

@@ -3,7 +3,7 @@
 It runs in its own thread with its own ROUTER socket, created in that thread, so
 that disk reads never stall the publishing loop. A device without a journal runs
 it too, answering `info` only (its journal id is per process start, and it holds
-nothing).
+nothing). `start_replay` starts it and waits until its socket is bound or failed to bind.
 """
 
 from __future__ import annotations
@@ -135,3 +135,28 @@ class ReplayServer(threading.Thread):
             out.extend(record)
         self.served += len(result)
         sock.send_multipart(out, copy=False)
+
+
+def start_replay(ctx: zmq.Context, journal: Journal | None, stop: threading.Event, *, journal_id: str,
+                 last_seq: Callable[[], int], on_progress: Callable[[str, str, int, float], None],
+                 listen: Callable[[zmq.Socket], None], port: int) -> ReplayServer | None:
+    """The replay endpoint, bound: ranges and `info` with a journal, `info` alone without one.
+
+    A port that cannot be bound fails the start (RuntimeError) when there is a journal;
+    without one the device runs on without the endpoint (None).
+    """
+    replay = ReplayServer(ctx, journal, stop, journal_id=journal_id, last_seq=last_seq,
+                          on_progress=on_progress, listen=listen)
+    replay.start()
+    # The replay socket is created and bound in its own thread; wait for the outcome so
+    # that a port in use fails the start like any other port.
+    while not replay.bound.wait(0.05):
+        if not replay.is_alive():
+            break
+    if replay.error is not None or not replay.is_alive():
+        if journal is not None:
+            raise RuntimeError(f"cannot bind the replay port {port}: {replay.error}")
+        # Without a journal it only answers `info` (heartbeats carry the same): not worth failing for.
+        log.warning("replay port %d: %s; `info` is not served", port, replay.error)
+        return None
+    return replay

@@ -24,15 +24,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from bridges.courier.engine import (
-    AckReceived,
-    CourierClient,
-    PongReceived,
-    UnknownReceived,
-    VersionReceived,
-    encode_evnt,
-    encode_jdat,
-)
+from bridges.courier.engine import CourierClient
+from bridges.courier.messages import AckReceived, PongReceived, UnknownReceived, VersionReceived
+from bridges.courier.wire import encode_evnt, encode_jdat
 
 
 class CourierViolation(AssertionError):

@@ -15,7 +15,9 @@ import zlib
 
 import pytest
 
-from bridges.courier.engine import CourierServer, CourierProtocolError, EventReceived, PayloadEnded, encode_records
+from bridges.courier.engine import CourierServer
+from bridges.courier.messages import EventReceived, PayloadEnded
+from bridges.courier.wire import CourierProtocolError, encode_records
 from bridges.lumberjack.engine import LumberjackServer, encode_json_frame
 from bridges.rustlog import engine as rl
 from bridges.segment import engine as seg

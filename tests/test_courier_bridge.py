@@ -24,7 +24,8 @@ from typing import Any
 import orjson
 import pytest
 
-from bridges.courier.engine import CourierClient, VersionReceived
+from bridges.courier.engine import CourierClient
+from bridges.courier.messages import VersionReceived
 from logjam.message import Message
 from tests.bridge_support import BridgeProcess, client_tls, collect, no_more, ready_subscriber, start_bridge, stop_bridge
 from harness.courier_client import TestCourierClient

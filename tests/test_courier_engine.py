@@ -11,14 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridges.courier.engine import (
-    FEED_EVENTS,
+from bridges.courier.engine import FEED_EVENTS, CourierClient, CourierServer
+from bridges.courier.messages import (
     Ack,
     AckReceived,
-    CourierClient,
-    CourierServer,
     EventReceived,
-    Handshake,
     Hello,
     PayloadEnded,
     PayloadStarted,
@@ -30,10 +27,8 @@ from bridges.courier.engine import (
     UnknownReceived,
     Version,
     VersionReceived,
-    encode_evnt,
-    encode_jdat,
-    encode_records,
 )
+from bridges.courier.wire import Handshake, encode_evnt, encode_jdat, encode_records
 from logjam.errors import (
     CompressionError,
     DecompressedTooLarge,

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterable, TypeVar
 import orjson
 import zmq
 
-from bridges.courier.engine import AckReceived, CourierClient, UnknownReceived, VersionReceived
+from bridges.courier.engine import CourierClient
+from bridges.courier.messages import AckReceived, UnknownReceived, VersionReceived
 from bridges.lumberjack.engine import V1, V2, LumberjackClient
 from bridges.otlp import engine as otlp
 from bridges.rustlog import engine as rl

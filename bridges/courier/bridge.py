@@ -22,13 +22,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from bridges.courier.engine import (
-    DEFAULT_MAX_DECOMPRESSED,
-    DEFAULT_MAX_EVENT,
-    DEFAULT_MAX_MESSAGE,
-    DEFAULT_MAX_PAYLOAD_EVENTS,
+from bridges.courier.engine import CourierServer
+from bridges.courier.messages import (
     Ack,
-    CourierServer,
     EventReceived,
     Hello,
     PayloadEnded,
@@ -38,6 +34,12 @@ from bridges.courier.engine import (
     Unknown,
     UnknownMessage,
     Version,
+)
+from bridges.courier.wire import (
+    DEFAULT_MAX_DECOMPRESSED,
+    DEFAULT_MAX_EVENT,
+    DEFAULT_MAX_MESSAGE,
+    DEFAULT_MAX_PAYLOAD_EVENTS,
 )
 from bridges.host import Batches, BridgeProtocol, Connection, KeepaliveTimer, Positions
 from bridges.host.config import HostConfig, Knobs

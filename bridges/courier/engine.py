@@ -3,22 +3,13 @@
 No sockets here. `CourierServer.feed(bytes)` turns what a client sent into events;
 `CourierServer.send(reply)` turns a reply into bytes. `CourierClient` is the mirror
 image, used by the tests and by anything that wants to ship to a Courier server.
+The framing, handshake and payload encoding are in wire.py (which describes the wire
+format), the events and replies in messages.py; this module holds the two halves.
 
-Wire format (the Log Courier protocol as real clients speak it, docs/protocols/courier.md):
-every message is `[4 ASCII type bytes][u32 length][body]`, big-endian.
-
-- HELO / VERS: a handshake body of up to 32 bytes (flags, major, minor, patch,
-  client id, reserved). Clients send HELO first; old clients start with JDAT and get
-  no VERS. The Ruby client sends 20-byte bodies, so any length up to 32 is accepted.
-- JDAT: length = 16 + compressed size; a nonce, then zlib data holding
-  `[u32 len][JSON event]` records.
-- EVNT: length 0xFFFFFFFF; a nonce, then a zlib stream of the same records. The
-  message ends where the zlib stream ends, so the engine cannot know the size up
-  front: it inflates incrementally and never holds the payload whole.
-- PING (length 0) -> PONG; ACKN (nonce + u32 count); `????` answers unknown types.
-
-JDAT payloads are decoded incrementally too: events come out as their compressed
-bytes arrive, so a 10 MiB JDAT is never buffered whole either.
+An EVNT message ends where its zlib stream ends, so the engine cannot know the size up
+front: it inflates incrementally and never holds the payload whole. JDAT payloads are
+decoded incrementally too: events come out as their compressed bytes arrive, so a
+10 MiB JDAT is never buffered whole either.
 
 Limits are checked before anything is allocated or inflated: a message length
 against `max_message`, every record length against `max_event`, and the inflated
@@ -43,12 +34,20 @@ import enum
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Union
+from typing import Any
 
 import orjson
 
+from bridges.courier.messages import (
+    Ack, AckReceived, ClientEvent, EventReceived, Hello, PayloadEnded, PayloadStarted, Ping, Pong, PongReceived,
+    ServerEvent, ServerReply, Unknown, UnknownMessage, UnknownReceived, Version, VersionReceived,
+)
+from bridges.courier.wire import (
+    ACKN_BODY, CLIENT_ID, DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_EVENT, DEFAULT_MAX_MESSAGE, DEFAULT_MAX_PAYLOAD_EVENTS,
+    HANDSHAKE_MAX, HEADER, NONCE_SIZE, STREAM_LENGTH, T_ACKN, T_EVNT, T_HELO, T_JDAT, T_PING, T_PONG, T_UNKN, T_VERS,
+    U32, VERSION, CourierProtocolError, Handshake, check_nonce, encode_evnt, encode_jdat, event_body, header,
+)
 from logjam.errors import (
     CompressionError,
     DecompressedTooLarge,
@@ -57,165 +56,9 @@ from logjam.errors import (
     RemoteProtocolError,
 )
 from logjam.errors import HeldErrors
-from logjam.message import body_from_bytes
 
-HEADER = struct.Struct(">4sI")
-U32 = struct.Struct(">I")
-ACKN_BODY = struct.Struct(">16sI")
-HANDSHAKE = struct.Struct(">4sIII4s12x")  # 32 bytes
-
-NONCE_SIZE = 16
-HANDSHAKE_MAX = 32
-STREAM_LENGTH = 0xFFFFFFFF
-DEFAULT_MAX_MESSAGE = 10 * 1024 * 1024
-DEFAULT_MAX_EVENT = 10 * 1024 * 1024
-DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
-# log-courier's default spool is 1024 events per payload; this leaves room for big spools.
-DEFAULT_MAX_PAYLOAD_EVENTS = 16384
 INFLATE_STEP = 256 * 1024
 FEED_EVENTS = 256  # events one feed() returns at most (see CourierServer._bounded)
-
-FLAG_EVNT = 0x01  # bit 0x01 of the first flags byte: "EVNT supported"
-
-# Our own version and client id in VERS; clients only read the flags.
-VERSION = (2, 10, 0)
-CLIENT_ID = b"LJMS"
-
-T_HELO, T_VERS, T_PING, T_PONG = b"HELO", b"VERS", b"PING", b"PONG"
-T_JDAT, T_EVNT, T_ACKN, T_UNKN = b"JDAT", b"EVNT", b"ACKN", b"????"
-
-UNMARSHAL_FAILURE = "_unmarshal_failure"
-
-
-class CourierProtocolError(RemoteProtocolError):
-    """The Courier peer sent something the protocol does not allow."""
-
-    reason = "courier_protocol_error"
-
-
-# --------------------------------------------------------------------------- events
-
-@dataclass(frozen=True, slots=True)
-class Handshake:
-    """The body of a HELO (from a client) or VERS (from a server)."""
-
-    flags: bytes = b"\x00\x00\x00\x00"
-    major: int = 0
-    minor: int = 0
-    patch: int = 0
-    client: bytes = b"\x00\x00\x00\x00"
-
-    @property
-    def supports_evnt(self) -> bool:
-        return bool(self.flags[0] & FLAG_EVNT)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> "Handshake":
-        if len(body) > HANDSHAKE_MAX:
-            raise CourierProtocolError(f"handshake body of {len(body)} bytes, at most 32", reason="bad_handshake")
-        flags, major, minor, patch, client = HANDSHAKE.unpack(bytes(body).ljust(HANDSHAKE_MAX, b"\0"))
-        return cls(flags, major, minor, patch, client)
-
-    def pack(self) -> bytes:
-        return HANDSHAKE.pack(self.flags, self.major, self.minor, self.patch, self.client)
-
-    def describe(self) -> str:
-        name = self.client.rstrip(b"\0").decode("ascii", "replace") or "unknown"
-        return f"{name} {self.major}.{self.minor}.{self.patch}"
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """A client opened with HELO; answer with `Version()`."""
-
-    handshake: Handshake
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    """Answer with `Pong()`."""
-
-
-@dataclass(frozen=True, slots=True)
-class UnknownMessage:
-    """A message type this engine does not know (its body was skipped); answer `Unknown()`."""
-
-    type: bytes
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class PayloadStarted:
-    """A JDAT or EVNT payload began; its events follow."""
-
-    nonce: bytes
-    kind: str  # "JDAT" or "EVNT"
-
-
-@dataclass(frozen=True, slots=True)
-class EventReceived:
-    """One event of a payload. `index` counts from 0 within the payload."""
-
-    nonce: bytes
-    index: int
-    body: dict[str, Any] = field(hash=False, compare=True)
-    # The event's JSON text when `body` is exactly that object (lets the bridge splice, not re-encode).
-    raw: bytes | None = field(default=None, hash=False, compare=False, repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class PayloadEnded:
-    """Every event of the payload was delivered; `count` of them."""
-
-    nonce: bytes
-    count: int
-
-
-ServerEvent = Union[Hello, Ping, UnknownMessage, PayloadStarted, EventReceived, PayloadEnded]
-
-
-# ---------------------------------------------------------------- replies (server)
-
-@dataclass(frozen=True, slots=True)
-class Version:
-    """VERS: the handshake answer. By default it announces EVNT support."""
-
-    handshake: Handshake = Handshake(bytes([FLAG_EVNT, 0, 0, 0]), *VERSION, CLIENT_ID)
-
-
-@dataclass(frozen=True, slots=True)
-class Pong:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """ACKN: `sequence` events of payload `nonce` are processed."""
-
-    nonce: bytes
-    sequence: int
-
-
-@dataclass(frozen=True, slots=True)
-class Unknown:
-    """`????`: the answer to a message type we do not implement."""
-
-
-ServerReply = Union[Version, Pong, Ack, Unknown]
-
-
-def _header(type_: bytes, length: int) -> bytes:
-    return HEADER.pack(type_, length)
-
-
-def _check_nonce(nonce: bytes) -> None:
-    if len(nonce) != NONCE_SIZE:
-        raise LocalProtocolError(f"a nonce is 16 bytes, got {len(nonce)}", reason="bad_nonce")
-
-
-def event_body(raw: bytes) -> dict[str, Any]:
-    """Parse one record: a JSON object, or the unmarshal-failure wrapper Courier servers use."""
-    return body_from_bytes(raw, (UNMARSHAL_FAILURE,))
 
 
 # ------------------------------------------------------------------ server engine
@@ -302,20 +145,20 @@ class CourierServer(HeldErrors):
 
     def send(self, reply: ServerReply) -> bytes:
         if isinstance(reply, Ack):
-            _check_nonce(reply.nonce)
+            check_nonce(reply.nonce)
             if not 0 <= reply.sequence <= 0xFFFFFFFF:
                 raise LocalProtocolError(f"ACKN sequence {reply.sequence} out of range", reason="bad_sequence")
-            return _header(T_ACKN, ACKN_BODY.size) + ACKN_BODY.pack(reply.nonce, reply.sequence)
+            return header(T_ACKN, ACKN_BODY.size) + ACKN_BODY.pack(reply.nonce, reply.sequence)
         if isinstance(reply, Pong):
-            return _header(T_PONG, 0)
+            return header(T_PONG, 0)
         if isinstance(reply, Unknown):
-            return _header(T_UNKN, 0)
+            return header(T_UNKN, 0)
         if isinstance(reply, Version):
             if self.handshake is None or self._sent_version:
                 raise LocalProtocolError("VERS only answers a HELO, once", reason="unexpected_vers")
             self._sent_version = True
             body = reply.handshake.pack()
-            return _header(T_VERS, len(body)) + body
+            return header(T_VERS, len(body)) + body
         raise LocalProtocolError(f"not a Courier server reply: {reply!r}", reason="bad_reply")
 
     # The state machine. Every path that can fail raises a RemoteProtocolError subclass;
@@ -474,9 +317,12 @@ class CourierServer(HeldErrors):
         plain = self._plain
         pos, end = 0, len(plain)
         nonce = self._nonce
+        # Bound once: CPython compiles a method call on an imported name (U32) as an attribute
+        # load and a call, which would make a bound method for every record.
+        unpack_from = U32.unpack_from
         try:
             while end - pos >= 4:
-                (n,) = U32.unpack_from(plain, pos)
+                (n,) = unpack_from(plain, pos)
                 if n > self.max_event:
                     raise FrameTooLarge(f"event of {n} bytes exceeds the {self.max_event}-byte limit")
                 if end - pos - 4 < n:
@@ -502,50 +348,6 @@ class CourierServer(HeldErrors):
 
 # ------------------------------------------------------------------ client half
 
-@dataclass(frozen=True, slots=True)
-class VersionReceived:
-    handshake: Handshake
-
-
-@dataclass(frozen=True, slots=True)
-class PongReceived:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class AckReceived:
-    nonce: bytes
-    sequence: int
-
-
-@dataclass(frozen=True, slots=True)
-class UnknownReceived:
-    """The server answered `????` to something we sent."""
-
-
-ClientEvent = Union[VersionReceived, PongReceived, AckReceived, UnknownReceived]
-
-
-def encode_records(events: Sequence[bytes]) -> bytes:
-    return b"".join(U32.pack(len(e)) + e for e in events)
-
-
-def encode_jdat(nonce: bytes, events: Sequence[bytes], level: int = 6) -> bytes:
-    _check_nonce(nonce)
-    data = zlib.compress(encode_records(events), level)
-    return _header(T_JDAT, NONCE_SIZE + len(data)) + nonce + data
-
-
-def encode_evnt(nonce: bytes, events: Sequence[bytes], level: int = 3) -> bytes:
-    _check_nonce(nonce)
-    c = zlib.compressobj(level)
-    parts = [_header(T_EVNT, STREAM_LENGTH), nonce]
-    for e in events:
-        parts.append(c.compress(U32.pack(len(e)) + e))
-    parts.append(c.flush())
-    return b"".join(parts)
-
-
 class CourierClient:
     """The client side: encodes requests, decodes the server's replies."""
 
@@ -555,10 +357,10 @@ class CourierClient:
 
     def hello(self, handshake: Handshake | None = None) -> bytes:
         body = (handshake or Handshake(b"\0\0\0\0", *VERSION, CLIENT_ID)).pack()
-        return _header(T_HELO, len(body)) + body
+        return header(T_HELO, len(body)) + body
 
     def ping(self) -> bytes:
-        return _header(T_PING, 0)
+        return header(T_PING, 0)
 
     def jdat(self, nonce: bytes, events: Sequence[bytes]) -> bytes:
         return encode_jdat(nonce, events)
