@@ -8,11 +8,9 @@ STAMP  := $(VENV)/.installed
 NODE_DIR := tests/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 PYTEST_ARGS ?=
-# `make test` runs the suite in three pytest-xdist workers on the CI box's 2 cores: with two, the
-# cores were busy 1.54 of 2 on average (tests wait on sockets, JVMs and deadlines), and a fresh
-# clone took 22 min; with three, 19m40s-21m35s in five runs one afternoon. The box's speed varies:
-# the same build took 16m56s that evening, and with crash points that skip no-op calls the suite
-# took 15m44s and 16m03s in the same hour. --dist loadgroup keeps the mesh
+# `make test` runs the suite in three pytest-xdist workers, also on a 2-core machine: the tests
+# spend much of their time waiting (on sockets, JVMs and deadlines), so two workers leave the
+# cores partly idle and a third finishes the suite sooner. --dist loadgroup keeps the mesh
 # tests in one worker and in their order (tests/mesh_conftest_plugin.py, harness/xdist_groups.py);
 # --no-loadscope-reorder hands groups out in collection order, that longest group first, instead
 # of those with the most tests first. PYTEST_XDIST= runs it in one process.
@@ -99,6 +97,13 @@ check: $(STAMP)
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# docs/performance.md from benchmarks/targets.toml and the latest result each benchmark wrote
+# into build/results/ (a benchmark without one is listed as not run). It needs only the standard
+# library, so it installs nothing: the venv's python when there is one, else $(PYTHON).
+.PHONY: perf-doc
+perf-doc:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/perf_doc.py
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules $(SYSLOG_NG_DIR) .pytest_cache .hypothesis native/generated build
