@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # of those with the most tests first. PYTEST_XDIST= runs it in one process.
 PYTEST_XDIST ?= -n 3 --dist loadgroup --no-loadscope-reorder
 
-.PHONY: test test-native up down status check java venv node-clients syslog-clients bench clean
+.PHONY: test test-native up down status check java venv jars s3-deps s3-server node-clients syslog-clients bench clean
 
 # The C modules (native/) are built by the install below, never when a process starts.
 # LOGJAM_NATIVE_WERROR=1 in the environment (CI sets it) makes every warning an error.
@@ -24,15 +24,41 @@ NATIVE_SOURCES := setup.py logjam/constants.py $(wildcard native/*.c native/*.h 
 # logjam-spark's Hadoop local filesystem (native/jar.py): compiled against the installed pyspark,
 # so after pip install.
 JAVA_SOURCES := $(shell find native/java -name '*.java' 2>/dev/null)
+# Jars from Maven Central, pinned by coordinates and sha256 (runtime/jars.py, runtime/jars.sha256),
+# in build/jars/<set>/: `delta` (Delta Lake for Spark) with every install; `s3` (hadoop-aws and the
+# AWS SDK's modules, for s3a://) by `make s3-deps`. Maven fetches a set once; after that a set that
+# still matches its pins is left alone (checking takes a fraction of a second).
+JARS_SOURCES := runtime/jars.py runtime/jars.sha256
+# The tests' S3 server (harness/s3.py): versitygw, built from source by `go install` at this version
+# into build/bin (about 4 min of CPU once, 84 MB; Go's build cache makes a rebuild quick).
+VERSITYGW_VERSION := v1.8.0
+VERSITYGW := build/bin/versitygw
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml $(NATIVE_SOURCES) $(JAVA_SOURCES)
+$(STAMP): pyproject.toml $(NATIVE_SOURCES) $(JAVA_SOURCES) $(JARS_SOURCES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/python native/jar.py
+	$(BIN)/python -m runtime.jars install delta
 	@touch $@
+
+# The `delta` set again, for a build/jars removed since the venv was made: a check when it is there.
+jars: $(STAMP)
+	@$(BIN)/python -m runtime.jars install delta
+
+# What the S3 tests need (tests/test_s3_server.py): the `s3` jar set and versitygw.
+s3-deps: $(STAMP) s3-server
+	@$(BIN)/python -m runtime.jars install s3
+
+# Rebuilt only when build/bin/versitygw is missing or another version (`go version -m` reads it).
+s3-server:
+	@if go version -m $(VERSITYGW) 2>/dev/null | grep -q "^[[:space:]]*mod[[:space:]]*github.com/versity/versitygw[[:space:]]*$(VERSITYGW_VERSION)[[:space:]]"; then :; else \
+	  command -v go >/dev/null 2>&1 || { echo "error: Go is required to build versitygw, the tests' S3 server" >&2; exit 1; }; \
+	  echo "building versitygw $(VERSITYGW_VERSION) into $(dir $(VERSITYGW)) (about 4 min of CPU, once)"; \
+	  GOBIN=$(abspath $(dir $(VERSITYGW))) go install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION); \
+	fi
 
 # Spark 4 needs Java 17 or newer; say so plainly instead of failing deep inside py4j.
 java:
@@ -75,14 +101,14 @@ syslog-clients:
 # One run: where the C path or its Python twin decides a test's outcome, the test itself runs
 # under LOGJAM_NATIVE=require and off (tests/conftest.py native_mode, or both paths compared in
 # one test), whatever LOGJAM_NATIVE the run has (CI: require).
-test: java $(STAMP) node-clients syslog-clients
+test: java $(STAMP) jars node-clients syslog-clients
 	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # Just the native-sensitive tests (marker `native`), once: each covers both paths itself.
 test-native: $(STAMP) node-clients
 	LOGJAM_NATIVE=require $(BIN)/python -m pytest -m native $(PYTEST_ARGS)
 
-up: java $(STAMP)
+up: java $(STAMP) jars
 	$(BIN)/python -m tools.mesh up
 
 down:
