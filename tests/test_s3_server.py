@@ -157,3 +157,45 @@ def test_delta_rs_writers_commit_each_append_once(s3: S3Server, written_table: W
     took = sorted(written_table.commit_seconds)
     print(f"\n{WRITERS} writers x {APPENDS} appends in {written_table.wall_seconds:.2f}s; "
           f"write_deltalake p50 {took[len(took) // 2] * 1000:.0f} ms, p90 {took[int(len(took) * 0.9)] * 1000:.0f} ms")
+
+
+def _spark_counts(conf: dict[str, str], path: str) -> tuple[int, int]:
+    """In a spawned process (its JVM ends with it): a classic local[2] Spark session with `conf`
+    reads the Delta table at `path`; its row count and distinct (writer, seq, row, part) count."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("test_s3_server")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    try:
+        df = spark.read.format("delta").load(path)
+        return df.count(), df.distinct().count()
+    finally:
+        spark.stop()
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_spark_reads_the_table_through_s3a(s3: S3Server, written_table: WrittenTable) -> None:
+    from runtime.jars import jar_paths
+
+    jars = [*jar_paths("delta"), *jar_paths("s3")]
+    conf = {
+        # local[2] runs its tasks in the driver: the driver's classpath is every class loader's.
+        "spark.driver.extraClassPath": ":".join(str(p) for p in jars),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        # Delta rebuilds a snapshot's state from its log in 50 tasks by default; a log of 41 commits needs 2.
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.driver.memory": "1g",
+        **s3.spark_conf(),
+    }
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        count, distinct = pool.apply_async(_spark_counts, (conf, s3.url(BUCKET, TABLE, scheme="s3a"))).get(timeout=240)
+    expected = SEED_ROWS + WRITERS * APPENDS * ROWS
+    assert (count, distinct) == (expected, expected)
