@@ -155,23 +155,26 @@ def _has_user_xattrs(directory: Path) -> bool:
         raise
 
 
-def start_s3_server(base: Path, *, keep_alive: bool = True, quiet: float = 30, limit: float = 120) -> S3Server:
+def start_s3_server(base: Path, *, keep_alive: bool = True, sidecar: bool | None = None, quiet: float = 30,
+                    limit: float = 120) -> S3Server:
     """versitygw over `base`/root on a free loopback port, answering signed requests; its output in `base`/versitygw.log.
 
     `keep_alive`: versitygw closes every connection after one response unless told otherwise;
     S3 itself keeps them open, and so do the clients here (delta-rs, S3A, botocore) in their pools.
+    `sidecar`: object metadata in `base`/meta rather than in extended attributes; by default only
+    where `base`'s filesystem takes no user xattrs.
     The wait for it fails once `quiet` seconds pass with its port still closed, or after `limit`.
     """
     binary = versitygw()
     root = base / "root"
     root.mkdir(parents=True, exist_ok=True)
     backend = ["posix"]
-    if not _has_user_xattrs(root):
+    if sidecar or (sidecar is None and not _has_user_xattrs(root)):
         # The posix backend keeps ETags, content types and user metadata in xattrs; without
         # them it keeps them as files in a sidecar directory (outside root: not a bucket).
-        sidecar = base / "meta"
-        sidecar.mkdir(exist_ok=True)
-        backend += ["--sidecar", str(sidecar)]
+        meta = base / "meta"
+        meta.mkdir(exist_ok=True)
+        backend += ["--sidecar", str(meta)]
     log = base / "versitygw.log"
     access, secret = f"logjam{secrets.token_hex(6)}", secrets.token_hex(20)
     port = free_port()

@@ -12,6 +12,7 @@ with the `delta` and `s3` jar sets reads that table through `s3a://` to the same
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
 from collections import Counter
@@ -21,7 +22,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from harness.s3 import S3Server, running_s3_server
+from harness.s3 import S3Server, S3ServerMissing, running_s3_server
 
 ROUNDS = 20
 RACERS = 32
@@ -42,16 +43,16 @@ def s3(tmp_path_factory) -> Iterator[S3Server]:
         yield server
 
 
-@pytest.mark.timeout(120)
-def test_one_conditional_put_wins_each_round(s3: S3Server) -> None:
+def _race(s3: S3Server, bucket: str, rounds: int) -> None:
+    """`rounds` rounds of RACERS concurrent `PUT`s with `If-None-Match: *` to one new key each:
+    exactly one 200, the rest 412 PreconditionFailed, and the winner's body stored."""
     from botocore.exceptions import ClientError
 
-    bucket = s3.create_bucket("race")
     # One attempt per request: a retried PUT whose first try had landed would answer 412 to its
     # own win, and a pool smaller than the racers would queue them instead of racing them.
     client = s3.client(retries={"max_attempts": 1}, max_pool_connections=RACERS)
     try:
-        for round_ in range(ROUNDS):
+        for round_ in range(rounds):
             key = f"round-{round_:02d}/00000000000000000001.json"
             bodies = [bytes([racer]) * BODY_BYTES for racer in range(RACERS)]
             gate = threading.Barrier(RACERS)
@@ -81,6 +82,39 @@ def test_one_conditional_put_wins_each_round(s3: S3Server) -> None:
             assert stored == bodies[winners[0]], f"round {round_}: the stored body is not the winner's"
     finally:
         client.close()
+
+
+@pytest.mark.timeout(120)
+def test_one_conditional_put_wins_each_round(s3: S3Server) -> None:
+    _race(s3, s3.create_bucket("race"), ROUNDS)
+
+
+@pytest.mark.timeout(60)
+def test_sidecar_metadata_keeps_etags_and_conditional_puts(tmp_path: Path) -> None:
+    """The backend a filesystem without user xattrs gets: ETags (what `conditional_put=etag`
+    compares) kept in the sidecar directory, and conditional PUTs still exclusive."""
+    with running_s3_server(tmp_path, sidecar=True) as s3:
+        client = s3.client()
+        bucket = s3.create_bucket("side")
+        etag = client.put_object(Bucket=bucket, Key="k", Body=b"first")["ETag"]
+        assert client.head_object(Bucket=bucket, Key="k")["ETag"] == etag
+        assert client.get_object(Bucket=bucket, Key="k", IfMatch=etag)["Body"].read() == b"first"
+        assert any((tmp_path / "meta").rglob("*")), "versitygw kept nothing in the sidecar directory"
+        assert not any(name.startswith("user.") for name in os.listxattr(s3.root / bucket / "k"))
+        _race(s3, bucket, 3)
+
+
+def test_a_binary_of_another_version_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.s3
+
+    other = tmp_path / "versitygw"
+    other.write_bytes(b"\x7fELF" + b"\tgithub.com/versity/versitygw\tv1.7.0\th1:x=\n" * 4)
+    monkeypatch.setattr(harness.s3, "VERSITYGW", other)
+    with pytest.raises(S3ServerMissing, match="make s3-server"):
+        harness.s3.versitygw()
+    other.unlink()
+    with pytest.raises(S3ServerMissing, match="is missing"):
+        harness.s3.versitygw()
 
 
 def _write(uri: str, options: dict[str, str], writer: int, appends: int, start: Any) -> list[float]:
