@@ -101,7 +101,7 @@ syslog-clients:
 # One run: where the C path or its Python twin decides a test's outcome, the test itself runs
 # under LOGJAM_NATIVE=require and off (tests/conftest.py native_mode, or both paths compared in
 # one test), whatever LOGJAM_NATIVE the run has (CI: require).
-test: java $(STAMP) jars node-clients syslog-clients
+test: java $(STAMP) jars s3-deps node-clients syslog-clients
 	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # Just the native-sensitive tests (marker `native`), once: each covers both paths itself.
