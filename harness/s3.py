@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from harness.processes import REPO, StartFailed, free_port, log_tail, stop, wait_for_start
 
-VERSITYGW_VERSION = "v1.8.0"  # the Makefile's VERSITYGW_VERSION: what `make s3-server` builds
+VERSITYGW_VERSION = "v1.8.0"  # what `make s3-server` builds (the Makefile reads it here)
 VERSITYGW = REPO / "build" / "bin" / "versitygw"
 REGION = "us-east-1"
 
