@@ -29,7 +29,7 @@ JAVA_SOURCES := $(shell find native/java -name '*.java' 2>/dev/null)
 # AWS SDK's modules, for s3a://) by `make s3-deps`. Maven fetches a set once; after that a set that
 # still matches its pins is left alone (checking takes a fraction of a second).
 JARS_SOURCES := runtime/jars.py runtime/jars.sha256
-# The tests' S3 server (harness/s3.py): versitygw, built from source by `go install` at the version
+# The tests' S3 server (harness/s3.py): versitygw, built from source by `go install` at harness/s3.py's VERSITYGW_VERSION
 # into build/bin (about 4 min of CPU once, 84 MB; Go's build cache makes a rebuild quick).
 VERSITYGW_VERSION := $(shell sed -n 's/^VERSITYGW_VERSION = "\([^"]*\)".*/\1/p' harness/s3.py)
 VERSITYGW := build/bin/versitygw
