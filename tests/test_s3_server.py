@@ -11,8 +11,11 @@ with the `delta` and `s3` jar sets reads that table through `s3a://` to the same
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -193,25 +196,13 @@ def test_delta_rs_writers_commit_each_append_once(s3: S3Server, written_table: W
           f"write_deltalake p50 {took[len(took) // 2] * 1000:.0f} ms, p90 {took[int(len(took) * 0.9)] * 1000:.0f} ms")
 
 
-def _spark_counts(conf: dict[str, str], path: str) -> tuple[int, int]:
-    """In a spawned process (its JVM ends with it): a classic local[2] Spark session with `conf`
-    reads the Delta table at `path`; its row count and distinct (writer, seq, row, part) count."""
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master("local[2]").appName("test_s3_server")
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    try:
-        df = spark.read.format("delta").load(path)
-        return df.count(), df.distinct().count()
-    finally:
-        spark.stop()
+def _tail(path: Path, lines: int = 60) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 @pytest.mark.spark
 @pytest.mark.timeout(720)
-def test_spark_reads_the_table_through_s3a(s3: S3Server, written_table: WrittenTable) -> None:
+def test_spark_reads_the_table_through_s3a(s3: S3Server, written_table: WrittenTable, tmp_path: Path) -> None:
     from runtime.jars import jar_paths
 
     jars = [*jar_paths("delta"), *jar_paths("s3")]
@@ -228,9 +219,22 @@ def test_spark_reads_the_table_through_s3a(s3: S3Server, written_table: WrittenT
         "spark.driver.memory": "1g",
         **s3.spark_conf(),
     }
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        # 40 s alone; in the full suite beside three other JVMs on two cores its start took over 240 s once.
-        count, distinct = pool.apply_async(_spark_counts, (conf, s3.url(BUCKET, TABLE, scheme="s3a"))).get(timeout=600)
+    # Its own process, so that whatever its JVM or pyspark raises reaches the failure as printed.
+    log = tmp_path / "spark.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("spark_s3a_count.py")), s3.url(BUCKET, TABLE, scheme="s3a")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+        )
+        try:
+            # 40 s alone; in the full suite beside three other JVMs on two cores its start took over 240 s once.
+            out, _ = proc.communicate(json.dumps(conf).encode(), timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail(f"the s3a read did not finish within 600 s; its stderr ends:\n{_tail(log)}")
+    assert proc.returncode == 0, f"the s3a read exited {proc.returncode}; its stderr ends:\n{_tail(log)}"
+    counts = json.loads(out.decode().strip().splitlines()[-1])
+    count, distinct = counts["count"], counts["distinct"]
     expected = SEED_ROWS + WRITERS * APPENDS * ROWS
     assert (count, distinct) == (expected, expected)

@@ -1,0 +1,27 @@
+"""Run by tests/test_s3_server.py as its own process (its JVM ends with it): a classic local[2]
+Spark session with the settings read as JSON from stdin reads the Delta table at argv[1] and
+prints its row count and distinct row count as one JSON line on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    conf: dict[str, str] = json.load(sys.stdin)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("test_s3_server")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    try:
+        df = spark.read.format("delta").load(sys.argv[1])
+        print(json.dumps({"count": df.count(), "distinct": df.distinct().count()}), flush=True)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
