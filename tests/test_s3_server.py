@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from harness.processes import log_tail
 from harness.s3 import S3Server, S3ServerMissing, running_s3_server
 
 ROUNDS = 20
@@ -196,10 +197,6 @@ def test_delta_rs_writers_commit_each_append_once(s3: S3Server, written_table: W
           f"write_deltalake p50 {took[len(took) // 2] * 1000:.0f} ms, p90 {took[int(len(took) * 0.9)] * 1000:.0f} ms")
 
 
-def _tail(path: Path, lines: int = 60) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
 @pytest.mark.spark
 @pytest.mark.timeout(720)
 def test_spark_reads_the_table_through_s3a(s3: S3Server, written_table: WrittenTable, tmp_path: Path) -> None:
@@ -232,8 +229,8 @@ def test_spark_reads_the_table_through_s3a(s3: S3Server, written_table: WrittenT
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            pytest.fail(f"the s3a read did not finish within 600 s; its stderr ends:\n{_tail(log)}")
-    assert proc.returncode == 0, f"the s3a read exited {proc.returncode}; its stderr ends:\n{_tail(log)}"
+            pytest.fail(f"the s3a read did not finish within 600 s; its stderr ends:\n{log_tail(log)}")
+    assert proc.returncode == 0, f"the s3a read exited {proc.returncode}; its stderr ends:\n{log_tail(log)}"
     counts = json.loads(out.decode().strip().splitlines()[-1])
     count, distinct = counts["count"], counts["distinct"]
     expected = SEED_ROWS + WRITERS * APPENDS * ROWS
