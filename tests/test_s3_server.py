@@ -38,6 +38,7 @@ ROWS = 50  # per append, spread over the partitions
 PARTS = ("p0", "p1", "p2", "p3")
 SEED_ROWS = 10  # the commit that creates the table (version 0)
 BUCKET = "lake"
+CONNECT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_API_MODE")
 TABLE = "messages"
 
 
@@ -222,6 +223,9 @@ def test_spark_reads_the_table_through_s3a(s3: S3Server, written_table: WrittenT
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("spark_s3a_count.py")), s3.url(BUCKET, TABLE, scheme="s3a")],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            # pyspark sets SPARK_CONNECT_MODE_ENABLED in this process once any test here has made a Connect
+            # session; inherited, it turns the child's classic session into a Connect one with no URL.
+            env={k: v for k, v in os.environ.items() if k not in CONNECT_ENV},
         )
         try:
             # 40 s alone; in the full suite beside three other JVMs on two cores its start took over 240 s once.
