@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
-from importer.checkpoint import Position
+from importer.sequence import Position
 from importer.decode import BatchBuilder
 from importer.decode_native import CHUNK_ROWS, NativeBatchBuilder
 from logjam.message import Message

@@ -1,16 +1,15 @@
-"""`logjam-importer`: subscribe to devices, decode every message, and append batches to the Spark table.
+"""`logjam-importer`: subscribe to devices, decode every message, and commit batches to the Delta table.
 
 Worker I of N (`--worker I --workers N`) with `--own-devices` subscribes only to the
 devices it owns (every N-th `--sub` endpoint from position I) and lands every stream they
-carry; its resume point is the table's last row for each of those devices, whichever
-importer wrote it. Without `--own-devices` it keeps the streams whose app-env CRC32 is I
+carry; it resumes each device after the seq the table's app transaction for the device's
+journal holds, whichever importer committed it. Without `--own-devices` it keeps the streams whose app-env CRC32 is I
 modulo N, subscribing to everything and filtering after receipt so that its gap tracking
-sees every sequence number. Rows go under `importer=<I>` of the `<database>.messages` table. Batches are group-committed: one commit takes everything that arrived
+sees every sequence number, and its progress is its own share's. Batches are group-committed: one commit takes everything that arrived
 while the previous one ran, bounded by `--batch-bytes`; at low load a row waits about
 `--flush-interval`. SIGTERM flushes the current batch and exits 0.
 
-With recovery on (the default; `--no-replay` turns it off) the importer keeps a checkpoint
-per device in `--state-dir`, drops duplicates, and fills every hole in a device's sequence
+With recovery on (the default; `--no-replay` turns it off) the importer drops duplicates, and fills every hole in a device's sequence
 from the device's replay endpoint before going on; events the device journaled twice (one
 `@metadata._id`) are written once. See docs/importer.md and docs/reliability.md.
 """
@@ -45,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spark", default=DEFAULT_SPARK, metavar="URL",
                    help="sc://HOST:PORT (Spark Connect), local[*] or spark://HOST:PORT (classic session)")
     p.add_argument("--warehouse", metavar="DIR",
-                   help="warehouse root as the Spark server sees it, used when the table must be created "
-                        "(default: the server's spark.sql.warehouse.dir)")
+                   help="warehouse root; the table is the Delta table <DIR>/messages, created when missing "
+                        "(default: ask --spark for its spark.sql.warehouse.dir)")
     p.add_argument("--database", default=DEFAULT_DATABASE, help="catalog database of the messages table")
     p.add_argument("--worker", type=int, metavar="I", help="this worker's number, 0..N-1")
     p.add_argument("--workers", type=int, metavar="N", help="number of workers sharing the streams")
@@ -61,24 +60,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"largest batch, in bytes of decoded rows (default {DEFAULT_BATCH_BYTES >> 20} MiB)")
     p.add_argument("--batch-rows", type=int, default=None, help="also cut a batch at this many rows (default: no limit)")
     p.add_argument("--write-timeout", type=float, default=120.0,
-                   help="a batch write pending this long is reported as stalled and retried (default 120 s)")
+                   help="a commit under way this long is reported as stalled (default 120 s)")
     p.add_argument("--unhealthy-after", type=float, default=FAILING_FOR, metavar="SECONDS",
                    help=f"writes failing this long in a row make /healthz unhealthy (default {FAILING_FOR:g} s, or "
                         "--write-timeout if shorter)")
     p.add_argument("--max-new-app-envs", type=int, default=DEFAULT_MAX_NEW_APP_ENVS, metavar="N",
-                   help="partitions one worker makes per date; further new streams that day go to app_env "
+                   help="partitions per date this worker lets new streams make; further new streams that day go to app_env "
                         f"'{OVERFLOW}' with their name in original_app_env (default {DEFAULT_MAX_NEW_APP_ENVS})")
-    p.add_argument("--no-staging", action="store_true",
-                   help="commit through Spark: rows sent inside the Spark request, one job a batch, for a Spark "
-                        "server that does not share this importer's filesystem (chosen by itself when its probe "
-                        "file cannot be read back; default: place the importer's own Parquet files)")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve Prometheus /metrics and /healthz on this port (default off)")
     p.add_argument("--metrics-port-offset", type=int, default=0, metavar="N",
                    help="add N to --metrics-port, e.g. the worker number under supervisord's numprocs (default 0)")
     p.add_argument("--rcvhwm", type=int, default=100_000, help="SUB receive high-water mark (messages)")
     p.add_argument("--state-dir", metavar="DIR",
-                   help="where checkpoints are kept (default $LOGJAM_DATA_DIR/importer, else ./data/importer)")
+                   help="scratch space for probing rows whose writes keep failing (default $LOGJAM_DATA_DIR/importer, "
+                        "else ./data/importer)")
     p.add_argument("--replay-port", type=int, default=defaults.REPLAY_PORT,
                    help="devices' replay port, on the host of the --sub endpoint (default %(default)s)")
     p.add_argument("--replay-ports", metavar="PORT,PORT,...",
@@ -86,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "default --replay-port for all")
     p.add_argument("--replay-timeout", type=float, default=10.0, help="seconds to wait for a replay answer")
     p.add_argument("--no-replay", action="store_true",
-                   help="no checkpoints and no replay: gaps are only counted (devices without --data-dir)")
+                   help="no resume and no replay: gaps are only counted (devices without --data-dir)")
     p.add_argument("--dedupe-keys", type=int, default=DEFAULT_CAPACITY, metavar="N",
                    help=f"remember the last N event ids (@metadata._id) written and skip repeats; 0 turns it off "
                         f"(default {DEFAULT_CAPACITY})")
@@ -123,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics.serve(config.metrics_port, health=lambda: worker_health(worker))
     try:
         status = worker.start()
-    except Exception as e:  # Spark went away while we started: supervisord starts us again
+    except Exception as e:  # the table cannot be opened (its store away, a feature refused): supervisord retries
         log.error("cannot start: %s", describe(e))
         log.debug("start failed", exc_info=True)
         status = 1

@@ -36,7 +36,6 @@ class ImporterConfig:
     write_timeout: float
     unhealthy_after: float  # --unhealthy-after: failing writes this long make /healthz unhealthy (importer/health.py)
     max_new_app_envs: int
-    no_staging: bool
     metrics_port: int | None  # --metrics-port plus --metrics-port-offset; None: off
     rcvhwm: int
     state_dir: str | None

@@ -22,13 +22,13 @@ if TYPE_CHECKING:
 
 
 def worker_health(worker: "Worker") -> list[Check]:
-    """spark: the start-up (Spark, the table, recovery) is done; writes: no write pending or
+    """table: the start-up (the table opened or created) is done; writes: no write pending or
     rows waiting longer than --write-timeout since the last commit."""
     now = time.monotonic()
     ready_at = worker.ready_at
     if ready_at is None:
-        return [Check("spark", False, f"starting: connecting to {worker.config.spark} and preparing the table")]
-    checks = [Check("spark", True, f"connected to {worker.config.spark}")]
+        return [Check("table", False, "starting: opening the table")]
+    checks = [Check("table", True, f"writing {worker.location}")]
     limit = worker.config.write_timeout
     writer, batch = worker.writer, worker.group_commit
     started = writer.started if writer is not None else None

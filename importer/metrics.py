@@ -84,9 +84,9 @@ class ImporterMetrics:
                                         "Messages not written because their @metadata._id was already written in the stream",
                                         ["worker", "app_env"], registry=r)
         self.checkpoint_seq = Gauge("logjam_importer_checkpoint_seq",
-                                    "Highest seq of the device through which everything is in Spark or filtered out",
+                                    "Highest seq of the device this worker's commits have landed (or filtered out), its app transaction's version",
                                     ["worker", "device"], registry=r)
-        self.pending_batches = Gauge("logjam_importer_pending_batches", "Batches queued for or being written by Spark",
+        self.pending_batches = Gauge("logjam_importer_pending_batches", "Batches queued for or being committed to the table",
                                      ["worker"], registry=r).labels(**labels)
         self.reconnects = Gauge("logjam_importer_subscriber_reconnects", "SUB reconnects after missed heartbeats",
                                 ["worker"], registry=r).labels(**labels)

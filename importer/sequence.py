@@ -22,12 +22,11 @@ import array
 
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import orjson
 import zmq
 
-from importer.checkpoint import Position
 from importer.metrics import ImporterMetrics
 from logjam.errors import ProtocolError
 from logjam.message import Message
@@ -49,6 +48,15 @@ JOURNAL_CHECK_INTERVAL = 5.0
 FLAP_WINDOW = 120.0
 
 Handle = Callable[[Message, "str | None"], None]
+# The highest seq of (device, journal) the table holds (its app transaction), or None.
+Landed = Callable[[int, str], "int | None"]
+
+
+class Position(NamedTuple):
+    """Where a device's stream stands: its journal's id (None: unknown or none) and a sequence number."""
+
+    journal: str | None
+    seq: int
 
 
 class Ledger:
@@ -114,8 +122,10 @@ class Sequencer:
                  device_endpoint: Mapping[int, str], replay_port: int, replay_timeout: float,
                  stopping: Callable[[], bool], curve: ClientKey | None = None,
                  replay_ports: Mapping[str, int] | None = None,
-                 between: Callable[[], None] | None = None) -> None:
+                 between: Callable[[], None] | None = None, landed: Landed | None = None) -> None:
         self.ledger = ledger
+        # Where the table says a journal stands: a device met for the first time resumes after it.
+        self.landed: Landed = landed or (lambda device, journal: None)
         # Called between two replayed messages: the worker commits a long replay in pieces, so
         # that an importer killed every half minute still gets through a replay of many minutes.
         self.between = between
@@ -190,7 +200,8 @@ class Sequencer:
         return True
 
     def _start_at_journal(self, device: int, seq: int) -> None:
-        """A device with no checkpoint and no rows in the table: read it from the oldest seq its journal holds.
+        """A device met for the first time: resume after what the table holds of its journal, else read it
+        from the oldest seq its journal holds.
 
         Starting at the first message received instead would skip everything the device accepted
         before this importer subscribed (the 10-20 s a mesh takes to start, or a device this
@@ -205,10 +216,21 @@ class Sequencer:
             log.warning("device %d: no position and no journal info (%s); starting at seq %d, what it accepted "
                         "before is not landed", device, e, seq)
             return
+        if self._resume(device, info.journal_id):
+            return
         first = min(info.first, seq)
         self.ledger.reset(device, Position(info.journal_id, first - 1))
-        log.info("device %d: no rows in the table and no checkpoint; reading journal %s from seq %d "
+        log.info("device %d: journal %s has nothing in the table; reading it from seq %d "
                  "(its oldest; %d messages before seq %d)", device, info.journal_id, first, seq - first, seq)
+
+    def _resume(self, device: int, journal: str) -> bool:
+        """Place `device` after what the table holds of `journal`; False when it holds nothing."""
+        held = self.landed(device, journal)
+        if held is None:
+            return False
+        self.ledger.reset(device, Position(journal, held))
+        log.info("device %d: resuming journal %s after seq %d (the table's app transaction)", device, journal, held)
+        return True
 
     # -- journal identity -------------------------------------------------------------------------
     def _announced(self, device: int, seq: int, body: bytes) -> None:
@@ -223,12 +245,14 @@ class Sequencer:
         self._confirmed[device] = time.monotonic()
         position = self.ledger.covered.get(device)
         if position is None:
-            # Nothing landed from this device yet: everything its journal still holds is ours to land.
+            if self._resume(device, journal):
+                return
+            # Nothing landed from this journal yet: everything it still holds is ours to land.
             self.ledger.reset(device, Position(journal, min(first, seq) - 1))
-            log.info("device %d: no rows in the table and no checkpoint; reading journal %s from seq %d (its oldest)",
+            log.info("device %d: journal %s has nothing in the table; reading it from seq %d (its oldest)",
                      device, journal, min(first, seq))
         elif position.journal is None:
-            # A checkpoint from before journal ids: the same journal, unless its numbers went back.
+            # Started without its journal's id (replay did not answer): the same journal, unless its numbers went back.
             self.ledger.reset(device, Position(journal, position.seq) if seq > position.seq
                               else Position(journal, first - 1))
             log.info("device %d announces journal %s", device, journal)
@@ -271,7 +295,8 @@ class Sequencer:
         self.metrics.journal_changes.labels(self.metrics.worker, str(device)).inc()
         log.warning("device %d serves a new journal %s (was %s, seen through %s); reading it from seq %d",
                     device, journal, old, source, first)
-        self.ledger.reset(device, Position(journal, first - 1))
+        held = self.landed(device, journal)
+        self.ledger.reset(device, Position(journal, max(first - 1, held if held is not None else -1)))
         return True
 
     def _client(self, device: int) -> ReplayClient | None:

@@ -65,7 +65,7 @@ class DocEncoder:
         metadata = _binary(ffi, rows, batch.meta_offsets, batch.meta)
         validity = pa.py_buffer(_copy(ffi, batch.valid, (rows + 7) // 8))
         return pa.Array.from_buffers(DOC_ARROW_TYPE, rows, [validity], null_count=rows - batch.made,
-                                     children=[value, metadata])
+                                     children=[metadata, value])
 
 
 def _binary(ffi: Any, rows: int, offsets: Any, data: Any) -> pa.Array:

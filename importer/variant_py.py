@@ -302,4 +302,4 @@ def doc_array(bodies: Iterable[bytes | None]) -> pa.StructArray:
     # A boolean array's values are the validity bitmap itself (LSB first, as the C's).
     validity = pa.array(valid, pa.bool_()).buffers()[1] if rows else None
     return pa.Array.from_buffers(DOC_ARROW_TYPE, rows, [validity], null_count=rows - sum(valid),
-                                 children=[pa.array(values, pa.large_binary()), pa.array(metas, pa.large_binary())])
+                                 children=[pa.array(metas, pa.large_binary()), pa.array(values, pa.large_binary())])

@@ -1,4 +1,4 @@
-"""One importer worker as a pipeline of named stages: receive -> decode -> batch -> write -> checkpoint.
+"""One importer worker as a pipeline of named stages: receive -> decode -> batch -> write.
 
 - receive: `importer.receive.Receiver` over `logjam.subscriber.Subscriber` (SUB to every device
   it reads: its own under `--own-devices`) and `importer.sequence.Sequencer` (each device in
@@ -6,12 +6,13 @@
 - decode: `importer.decode.BatchBuilder` (a row per message, dedupe by `@metadata._id`), made in
   C a drained chunk at a time by `importer.decode_native.NativeBatchBuilder` when LOGJAM_NATIVE allows;
 - batch: `importer.batch.GroupCommit` (group commit, bounded by bytes);
-- write: `importer.write.BackgroundWriter` running `TableWriter` (a commit per batch, in a thread: the
-  importer's own Parquet files placed by the table's commit protocol, or a Spark job for a remote Spark);
-- checkpoint: `importer.checkpoint.Checkpoints` (persisted after each commit).
+- write: `importer.write.BackgroundWriter` running `importer.commit.Commit`s (one Delta commit per
+  batch through delta-rs, in a thread, carrying the positions it covers as app transactions).
 
-`Worker.start` connects to Spark, makes sure the table exists and finds where to resume;
-`Worker.run` is the loop; both run in the main thread, the write stage in its own.
+Progress lives in the table: a device met for the first time resumes after the seq its
+journal's app transaction holds (`TableTarget.landed`), so there is no checkpoint file.
+`Worker.start` opens (or creates) the table; `Worker.run` is the loop; both run in the main
+thread, the write stage in its own.
 """
 
 from __future__ import annotations
@@ -26,26 +27,24 @@ from typing import Any
 
 import zmq
 
-from table import catalog
 from importer.batch import Batch, GroupCommit
-from importer.checkpoint import Checkpoints, Position, default_state_dir, new_session_id, resume_positions
+from importer.commit import TableTarget
+from table.delta import recent_event_ids
 from importer.decode import BatchBuilder, stream_key
 from importer.decode_native import NativeBatchBuilder, NativeRecentKeys, recent_keys
 from importer.dedupe import RecentKeys
 from importer.metrics import ImporterMetrics
 from table.event_time import EventWindow
 from table.partitioning import PartitionMap
+from logjam.defaults import data_root
 from table.paths import OVERFLOW, QUARANTINE, table_path
-from table.schema import ARROW_SCHEMA
 from importer.receive import Receiver
 from importer.report import GapReport, Tally
-from importer.sequence import Ledger, Sequencer
-from table.session import (INGEST_POOL, is_connect, open_session, quiesce_previous_session, resolve_warehouse,
-                              wait_for_connect_server)
+from importer.sequence import Ledger, Position, Sequencer
+from table.session import is_connect, open_session, resolve_warehouse, wait_for_connect_server
 from importer.config import ImporterConfig
 from importer.split import StreamFilter
-from table.protocol import settle_root
-from importer.write import BackgroundWriter, TableWriter, WriteFailed, WriteListener
+from importer.write import BackgroundWriter, WriteFailed, WriteListener
 from logjam import sockets
 from logjam.curve import ClientKey
 from logjam.subscriber import Subscriber
@@ -73,25 +72,24 @@ class Worker(WriteListener):
         # after the last row any importer wrote for them. A worker that lands only some streams
         # (prefixes, the CRC split) can trust only its own rows.
         self.resume_scope: int | None = None if own and not config.app_env else self.worker_id
-        self.state_dir = Path(config.state_dir) if config.state_dir else default_state_dir()
-        self.session_id: str | None = None
-        self.checkpoints: Checkpoints | None = None
+        self.state_dir = Path(config.state_dir) if config.state_dir else data_root() / "importer"
+        # Per device, how far this worker's commits have landed (what the devices' flow control hears).
+        self.committed_at: dict[int, Position] = {}
+        self._committed_lock = threading.Lock()
         self.ledger: Ledger | None = None
         self.dedupe: RecentKeys | NativeRecentKeys | None = None
         self.gaps = GapReport(metrics)
         self.tally = Tally()
-        self._next_idle_checkpoint = 0.0
         self._stalled = False
         self._next_report = 0.0
-        self.ready_at: float | None = None  # monotonic end of start(): Spark and the table are there
+        self.ready_at: float | None = None  # monotonic end of start(): the table is there
         self.last_write: float | None = None  # monotonic end of the last committed batch (importer/health.py)
         self.last_quarantine: float | None = None  # monotonic time rows were last quarantined (importer/health.py)
         self.name = f"{socket.gethostname()}/worker-{self.worker_id}"
         self.window = EventWindow.for_retention(config.retention_days)
-        # The stages, made by start() and run(): write (plan, commit, retry), batch, receive.
-        self.spark: Any = None
-        self.in_table: dict[int, dict[str | None, tuple[int, Any]]] | None = None
-        self.table_writer: TableWriter | None = None
+        # The stages, made by start() and run(): write (commit, retry), batch, receive.
+        self.location: str | None = None
+        self.target: TableTarget | None = None
         self.group_commit: GroupCommit | None = None
         self.writer: BackgroundWriter | None = None
         self.sub: Subscriber | None = None
@@ -101,85 +99,57 @@ class Worker(WriteListener):
         self._warn_out_of_window = RateLimitedLog(burst=10, period=60.0)
 
     # -- start-up -----------------------------------------------------------------------------
-    def connect(self) -> Any:
-        return open_session(self.config.spark, app_name=f"logjam-importer-{self.worker_id}",
-                            warehouse=self.config.warehouse, session_id=self.session_id, pool=INGEST_POOL)
+    def warehouse(self) -> str | None:
+        """--warehouse, else the Spark server's warehouse dir (None: stopped while waiting for it)."""
+        config = self.config
+        if config.warehouse:
+            return resolve_warehouse(None, config.warehouse)
+        if is_connect(config.spark) and not wait_for_connect_server(config.spark, self.stop):
+            return None
+        spark = open_session(config.spark, app_name=f"logjam-importer-{self.worker_id}")
+        try:
+            return resolve_warehouse(spark, None)
+        finally:
+            if is_connect(config.spark):
+                spark.stop()
 
     def start(self) -> int | None:
-        """Connect, create or find the table, and work out where to resume; an exit status if that failed."""
+        """Open or create the table and learn what it holds; an exit status if that failed."""
         config = self.config
-        if is_connect(config.spark) and not wait_for_connect_server(config.spark, self.stop):
-            return 0
         started = time.monotonic()
-        if not config.no_replay and is_connect(config.spark):
-            previous, self.session_id = new_session_id(self.state_dir, self.worker_id)
-            if previous is not None:
-                quiesce_previous_session(lambda: open_session(config.spark, session_id=previous))
-        spark = self.connect()
-        warehouse = resolve_warehouse(spark, config.warehouse)
-        location = catalog.ensure_table(spark, config.database, table_path(warehouse))
+        warehouse = self.warehouse()
+        if warehouse is None:
+            return 0
+        self.location = table_path(warehouse)
         partition_map = PartitionMap(self.worker_id, max_new=config.max_new_app_envs, on_overflow=self._overflowed)
-        self.table_writer = TableWriter(config.database, self.worker_id, location, staging=not config.no_staging,
-                                 partition_map=partition_map, spill_dir=self.state_dir / f"spill-{self.worker_id}",
-                                 on_lock_wait=self.metrics.lock_wait.observe)
-        staged = self.table_writer.probe_staging(spark)
-        log.info("spark %s ready in %.1fs; writing %s.messages under %s (%s)", config.spark,
-                 time.monotonic() - started, config.database, self.table_writer.root,
-                 "placing its own Parquet files" if staged else "rows sent inside the Spark request, one job a batch")
-        self.spark = spark
-        # Rows a compaction's swap or our own last run left outside the catalog's location
-        # must be visible before max(seq) is read from the table.
-        moved = settle_root(spark, config.database, self.worker_id, location)
-        if moved:
-            log.info("moved %d files written after a compaction into its location", moved)
+        self.target = TableTarget(self.location, self.worker_id, scope=self.resume_scope, partition_map=partition_map,
+                                  scratch=self.state_dir / f"probe-{self.worker_id}")
+        log.info("writing %s.messages at %s (Delta version %d) in %.1fs; progress of %s", config.database,
+                 self.location, self.target.writer.table.version(), time.monotonic() - started, self._scope_name())
         if not config.no_replay:
-            status = self._recover(spark)
-            if status is not None:
-                return status
+            self.ledger = Ledger()
         if config.dedupe_keys > 0:
-            self._load_event_ids(spark)
+            self._load_event_ids()
         self.ready_at = time.monotonic()
         return None
 
-    def _recover(self, spark: Any) -> int | None:
-        self.checkpoints = Checkpoints(self.state_dir, self.worker_id)
-        try:
-            saved = self.checkpoints.load()
-        except ValueError as e:
-            log.error("cannot start: %s (remove it to start from the table's max seq)", e)
-            return 1
-        self.in_table = catalog.max_seqs(spark, self.config.database, self.resume_scope)
-        resume = resume_positions(saved, self.in_table)
-        self.ledger = Ledger(resume)
-        for device, position in resume.items():
-            self.metrics.checkpoint_seq.labels(self.metrics.worker, str(device)).set(position.seq)
-
-        def where(d: int) -> str:
-            table = ", ".join(f"{s}" for s, _ in self.in_table.get(d, {}).values()) or "-"
-            return f"device {d}: seq {resume[d].seq} (checkpoint {saved[d].seq if d in saved else '-'}, table {table})"
-        log.info("recovery on (state %s, replay port %s; table rows of %s); resuming after %s", self.checkpoints.path,
-                 self.config.replay_ports(self.subs), self._scope_name(),
-                 ", ".join(where(d) for d in sorted(resume)) or "nothing (no checkpoint, empty table)")
-        return None
-
     def _scope_name(self) -> str:
-        return "every importer" if self.resume_scope is None else f"importer {self.resume_scope}"
+        return "each device, shared by every importer" if self.resume_scope is None else \
+            f"importer {self.resume_scope}'s share of each device"
 
-    def _load_event_ids(self, spark: Any) -> None:
-        # After the previous session was quiesced, like max(seq): its last write is in the table or never will be.
+    def _load_event_ids(self) -> None:
         self.dedupe = recent_keys(self.config.dedupe_keys)  # in C unless LOGJAM_NATIVE=off
         loading = time.monotonic()
-        loaded = 0
-        if self.in_table != {}:  # an empty root (known from max(seq)) has no keys
-            ids = catalog.recent_event_ids(spark, self.config.database, self.resume_scope, self.config.dedupe_keys)
-            loaded = self.dedupe.extend(stream_key(a, i) for a, i in ids)
-        log.info("dedupe: remembering up to %d event ids; %d loaded from the rows of %s in %.1fs",
-                 self.config.dedupe_keys, loaded, self._scope_name(), time.monotonic() - loading)
+        assert self.target is not None
+        ids = recent_event_ids(self.target.writer.table, self.config.dedupe_keys)
+        loaded = self.dedupe.extend(stream_key(a, i) for a, i in ids)
+        log.info("dedupe: remembering up to %d event ids; %d loaded from the table's newest rows in %.1fs",
+                 self.config.dedupe_keys, loaded, time.monotonic() - loading)
 
     # -- what the write stage reports (importer.write.WriteListener) ------------------------------------------------------------------
     def _overflowed(self, app_env: str, date: str) -> None:
         self.metrics.overflowed_app_envs.inc()
-        overflowed = self.table_writer.map.overflowed
+        overflowed = self.target.map.overflowed
         if overflowed == 1 or overflowed % 1000 == 0:
             log.warning("worker %d has %d partitions on %s (--max-new-app-envs): new streams that day, %r the "
                         "latest (%d so far), land in app_env '%s' with their name in original_app_env",
@@ -209,20 +179,15 @@ class Worker(WriteListener):
         self.metrics.write_failures.inc()
 
     def committed(self, batch: Batch) -> None:
-        # Writer thread: this batch and every earlier one are committed, so its mark is safe to persist.
-        if batch.mark is not None and self.checkpoints is not None:
-            self._persist(batch.mark)
-
-    def _persist(self, mark: dict[int, Position] | Any) -> None:
-        assert self.checkpoints is not None
-        try:
-            state = self.checkpoints.advance(mark)
-        except OSError as e:
-            # Not fatal: the resume point also comes from the table's max(seq).
-            log.error("cannot write the checkpoint %s: %s", self.checkpoints.path, e)
+        # Writer thread: this batch and every earlier one are in the table.
+        if batch.mark is None:
             return
-        for device, position in (state or {}).items():
-            self.metrics.checkpoint_seq.labels(self.metrics.worker, str(device)).set(position.seq)
+        with self._committed_lock:
+            for device, position in batch.mark.items():
+                old = self.committed_at.get(device)
+                if old is None or old.journal != position.journal or position.seq > old.seq:
+                    self.committed_at[device] = position
+                    self.metrics.checkpoint_seq.labels(self.metrics.worker, str(device)).set(position.seq)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -232,14 +197,14 @@ class Worker(WriteListener):
         builder = native if native is not None else BatchBuilder(dedupe=self.dedupe, window=self.window)
         self.group_commit = GroupCommit(builder, flush_interval=config.flush_interval, batch_bytes=config.batch_bytes,
                                  batch_rows=config.batch_rows)
-        self.writer = BackgroundWriter(self.connect, self.table_writer, listener=self, stop=self.stop)
-        self.writer.spark = self.spark
+        assert self.target is not None
+        self.writer = BackgroundWriter(self.target, listener=self, stop=self.stop)
         ctx = zmq.Context()
         self.sub = Subscriber(self.subs, context=ctx, rcvhwm=config.rcvhwm, curve=self.curve)
         self.sequencer = None if self.ledger is None else Sequencer(
             self.ledger, self.metrics, context=ctx, device_endpoint=self.sub.device_endpoint,
             replay_port=config.replay_port, replay_timeout=config.replay_timeout, stopping=self.stop.is_set,
-            curve=self.curve, replay_ports=config.replay_port_of, between=self._commit_due)
+            curve=self.curve, replay_ports=config.replay_port_of, between=self._commit_due, landed=self.target.landed)
         self.receiver = Receiver(self.group_commit, self.filter, self.tally, self.gaps, self.sequencer,
                                  self.sub.device_endpoint)
         share = f"worker {config.worker} of {config.workers}" if config.workers else "all streams"
@@ -302,7 +267,7 @@ class Worker(WriteListener):
         ok = self.writer.submit(batch)
         self.metrics.pending_batches.set(self.writer.pending)
         if not ok:
-            raise WriteFailed("the Spark writer thread died")
+            raise WriteFailed("the table writer thread died")
 
     def _out_of_window(self) -> None:
         """Count and report the rows of the batch just cut that were filed under the day they arrived."""
@@ -315,14 +280,12 @@ class Worker(WriteListener):
 
     def _housekeeping(self) -> None:
         self._watch_writer()
-        if self.writer.idle and self.table_writer.spill is not None and self.table_writer.spill.files and not self.group_commit.rows:
-            # Rows of a burst of new streams still wait for their partitions: an empty batch takes a share.
-            self.writer.submit(Batch(ARROW_SCHEMA.empty_table(), None, 0, 0, time.monotonic()))
-        self._idle_checkpoint()
         now = time.monotonic()
-        if self.sequencer is not None and self.checkpoints is not None and now >= self._next_report:
+        if self.sequencer is not None and now >= self._next_report:
             self._next_report = now + REPORT_EVERY
-            self.sequencer.report(self.checkpoints.snapshot(), self.name)
+            with self._committed_lock:
+                committed = dict(self.committed_at)
+            self.sequencer.report(committed, self.name)
         self.metrics.reconnects.set(self.sub.reconnects)
         self.metrics.pending_batches.set(self.writer.pending)
         self.gaps.maybe_log()
@@ -332,25 +295,12 @@ class Worker(WriteListener):
         stalled = started is not None and time.monotonic() - started > self.config.write_timeout
         self.metrics.write_stalled.set(1 if stalled else 0)
         if stalled and not self._stalled:
-            log.error("a Spark write has been pending for %.0fs (--write-timeout); interrupting it to retry",
+            log.error("a commit has been under way for %.0fs (--write-timeout); the table's store is not answering",
                       time.monotonic() - started)
             self.metrics.write_stalls.inc()
-            # A server that stopped answering may not answer the interrupt either: never block the loop on it.
-            threading.Thread(target=self.writer.interrupt, name="interrupt-write", daemon=True).start()
         elif self._stalled and not stalled:
-            log.info("Spark writes are making progress again")
+            log.info("commits are making progress again")
         self._stalled = stalled
-
-    def _idle_checkpoint(self) -> None:
-        # Filtered-out messages (heartbeats, other workers' streams) move the checkpoint too,
-        # but only when no batch is open or in flight: then everything covered is settled.
-        if self.ledger is None or self.checkpoints is None or self.group_commit.rows or self.writer.pending or self.writer.failed:
-            return
-        now = time.monotonic()
-        if now < self._next_idle_checkpoint:
-            return
-        self._next_idle_checkpoint = now + 1.0
-        self._persist(self.ledger.snapshot())
 
     def _shutdown(self, ctx: zmq.Context, status: int) -> int:
         self.sub.close()
@@ -363,8 +313,6 @@ class Worker(WriteListener):
             self.metrics.lost_rows.inc(self.writer.lost_rows)
             log.error("%s", e)
             status = 1
-        if status == 0 and self.ledger is not None and self.checkpoints is not None and not self.writer.failed:
-            self._persist(self.ledger.snapshot())
         self.gaps.maybe_log(force=True)
         gaps = dict(self.gaps.total)
         if self.sequencer is not None:
@@ -374,8 +322,7 @@ class Worker(WriteListener):
                  "duplicate events skipped: %d", self.writer.written_rows, self.group_commit.builder.parse_errors,
                  gaps or "none", (self.ledger.duplicates if self.ledger is not None else None) or "none",
                  self.group_commit.builder.duplicates)
-        if self.checkpoints is not None:
-            log.info("checkpoints: %s", {d: p.seq for d, p in self.checkpoints.positions.items()} or "none")
+        log.info("committed: %s", {d: p.seq for d, p in self.committed_at.items()} or "nothing")
         return status
 
 

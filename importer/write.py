@@ -1,23 +1,17 @@
 """The write stage: batches become commits, written in a thread of their own, in order, retried until they land.
 
-The stage has three parts, a module each:
-- planning (importer/plan.py): a batch becomes a `Commit`, within the budget of new
-  partitions a job may register; the rest of a burst of new streams waits in the spill;
-- the commit (importer/commit.py): one batch with its rows, its token, its share of the spill
-  and how far it got (placed files, or a Spark job for a remote Spark); `run(spark)` is
-  idempotent;
+- the commit (importer/commit.py): one batch with its rows and the positions it covers, one
+  Delta commit with its app transactions; `run()` is idempotent;
 - the retry thread (here): `BackgroundWriter` runs the commits in order while the main thread
   decodes the next batch, and only retries them.
 
-A failed attempt is retried with backoff on a new session: first whatever the old session
-still runs is interrupted, then the commit runs again (and finds out itself whether the failed
-attempt had committed after all). After every few failed attempts the writer looks for the
-rows that fail by themselves (a partition whose directory or registration is refused) while
-the others would succeed; those go to the quarantine partition and the rest lands. A failure
-of everything (disk full, Spark down) is waited out. A write that runs longer than
-`--write-timeout` is reported as stalled and interrupted, which makes it a failed attempt.
-After a batch has been given up (failed writes at shutdown) later batches are dropped too, so
-that the table is always a prefix of what was submitted.
+A failed attempt is retried with backoff; the commit finds out itself, from the table's
+transactions, what of it had landed. After every few failed attempts the writer looks for
+the rows that fail by themselves while the others would succeed; those go to the quarantine
+partition and the rest lands. A failure of everything (disk full, the store unreachable) is
+waited out. A write that runs longer than `--write-timeout` is reported as stalled. After a
+batch has been given up (failed writes at shutdown) later batches are dropped too, so that
+the table is always a prefix of what was submitted.
 """
 
 from __future__ import annotations
@@ -26,18 +20,12 @@ import logging
 import queue
 import threading
 import time
-from pathlib import Path
-from typing import Any, Callable
 
 import pyarrow as pa
 
 from importer.batch import Batch
 from importer.commit import Commit, TableTarget
 from importer.failures import describe
-from importer.plan import Planner
-from importer.spill import Spill
-from table.layout import LOOKUPS, Layout
-from table.partitioning import PartitionMap
 from table.paths import QUARANTINE
 
 log = logging.getLogger(__name__)
@@ -45,37 +33,6 @@ log = logging.getLogger(__name__)
 
 class WriteFailed(RuntimeError):
     """A batch could not be written before shutdown; its rows are lost to this run."""
-
-
-class TableWriter:
-    """Writes batches of one importer into the catalog table: plans, then commits (its own placed
-    files, or rows sent to Spark when `staging` is off)."""
-
-    def __init__(self, database: str, importer: int, location: str, *, staging: bool = True,
-                 partition_map: PartitionMap | None = None, spill_dir: Path | None = None,
-                 on_lock_wait: Callable[[float], None] = lambda seconds: None, layout: Layout = LOOKUPS) -> None:
-        self.target = TableTarget(database, importer, location, staging=staging, partition_map=partition_map,
-                                  on_lock_wait=on_lock_wait, layout=layout)
-        self.spill = Spill(spill_dir) if spill_dir is not None else None
-        self.planner = Planner(self.target, self.spill)
-        self._loaded = False
-        self.root, self.map, self.doc_encoder = self.target.root, self.target.map, self.target.doc_encoder
-
-    def probe_staging(self, spark: Any) -> bool:
-        return self.target.probe_staging(spark)
-
-    def plan(self, spark: Any, table: pa.Table) -> Commit:
-        """The Commit that writes this batch (the first one also loads what the catalog knows)."""
-        if not self._loaded:
-            self.target.map.load(spark, self.target.database)
-            if self.spill is not None:
-                self.spill.prune(spark, self.target.database, self.target.importer)
-            self._loaded = True
-        return self.planner.plan(table)
-
-    def write(self, spark: Any, table: pa.Table) -> None:
-        """Plan and commit one batch now, in this thread (tools and tests; the importer uses BackgroundWriter)."""
-        self.plan(spark, table).run(spark)
 
 
 class WriteListener:
@@ -100,8 +57,7 @@ class BackgroundWriter:
 
     def __init__(
         self,
-        connect: Callable[[], Any],
-        table_writer: TableWriter,
+        target: TableTarget,
         *,
         listener: WriteListener | None = None,
         stop: threading.Event | None = None,
@@ -109,8 +65,7 @@ class BackgroundWriter:
         final_attempts: int = 3,
         quarantine_after: int = 4,
     ) -> None:
-        self._connect = connect
-        self.table_writer = table_writer
+        self.target = target
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=1)
         self._listener = listener or WriteListener()
         self.failed = False
@@ -121,19 +76,18 @@ class BackgroundWriter:
         self._quarantine_after = quarantine_after
         self.failing_since: float | None = None  # monotonic time of the first of the failures in a row
         self.last_error: str | None = None  # what the last failed attempt was about (importer/failures.py)
-        self.spark: Any = None
         self.lost_rows = 0
         self.written_rows = 0
         self._inflight = 0
-        self.started: float | None = None  # monotonic start of the Spark call under way
+        self.started: float | None = None  # monotonic start of the commit under way
         self._lock = threading.Lock()
         self.done = threading.Event()  # set whenever a batch finishes (the main loop waits on it)
-        self._thread = threading.Thread(target=self._run, name="spark-writer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="table-writer", daemon=True)
         self._thread.start()
 
     @property
     def pending(self) -> int:
-        """Batches submitted and not yet written (queued or in Spark)."""
+        """Batches submitted and not yet written (queued or being committed)."""
         return self._inflight
 
     @property
@@ -157,15 +111,6 @@ class BackgroundWriter:
             except queue.Full:
                 continue
 
-    def interrupt(self) -> None:
-        """Cancel the Spark operation under way (from another thread): it then fails and is retried."""
-        spark = self.spark
-        if spark is not None and hasattr(spark, "interruptAll"):
-            try:
-                spark.interruptAll()
-            except Exception as e:  # a dead session cannot be interrupted, and needs not be
-                log.debug("interrupting the stalled write: %s", e)
-
     def close(self, timeout: float | None = None) -> None:
         """Write everything queued, then stop the thread. Raises WriteFailed if rows were lost."""
         self._closing.set()
@@ -177,7 +122,7 @@ class BackgroundWriter:
                 continue
         self._thread.join(timeout)
         if self.lost_rows:
-            raise WriteFailed(f"{self.lost_rows} rows could not be written to {self.table_writer.root}")
+            raise WriteFailed(f"{self.lost_rows} rows could not be written to {self.target.location}")
 
     def _run(self) -> None:
         while True:
@@ -204,13 +149,11 @@ class BackgroundWriter:
             attempt += 1
             started = time.monotonic()
             try:
-                if self.spark is None:
-                    self.spark = self._connect()
                 self.started = started
                 if commit is None:
-                    commit = self.table_writer.plan(self.spark, batch.table)
-                commit.run(self.spark)
-            except Exception as e:  # Spark reports server, network and data problems with many types
+                    commit = Commit(self.target, batch.table, batch.mark)
+                commit.run()
+            except Exception as e:  # delta-rs reports storage, conflict and data problems with many types
                 self.started = None
                 self._failed(e)
                 closing = self._closing.is_set() or self._stop.is_set()
@@ -220,11 +163,7 @@ class BackgroundWriter:
                     self.failed = True
                     return False
                 log.warning("writing %d rows to %s failed (attempt %d), retrying in %.1fs: %s",
-                            batch.rows, self.table_writer.root, attempt, backoff, self.last_error)
-                # Whatever the old session still runs must not commit behind our retry.
-                self.interrupt()
-                # A restarted Connect server no longer knows our session: start a new one.
-                self.spark = None
+                            batch.rows, self.target.location, attempt, backoff, self.last_error)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
                 if commit is not None and attempt % self._quarantine_after == 0 and not closing:
@@ -248,10 +187,8 @@ class BackgroundWriter:
     def _isolate(self, rows: pa.Table, known: frozenset[tuple[str, str]]) -> frozenset[tuple[str, str]]:
         """After repeated failures: find the rows that fail by themselves, so the rest can land."""
         try:
-            if self.spark is None:
-                self.spark = self._connect()
-            bad = self.table_writer.target.isolate(self.spark, rows)
-        except Exception as e:  # Spark itself is failing: nothing to single out
+            bad = self.target.isolate(rows)
+        except Exception as e:  # the probe itself fails: nothing to single out
             log.debug("could not look for failing partitions: %s", describe(e))
             return known
         if bad - known:

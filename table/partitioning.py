@@ -1,9 +1,9 @@
 """Which partition each row of a batch goes to: its stream's own, or a stand-in, within the day's cap.
 
-A stream's rows go to the partition `(importer, app_env, date)` of its name, with three
+A stream's rows go to the partition `(app_env, date)` of its name, with three
 exceptions that keep one stream from harming the table or the others (docs/schema.md):
 - a name the metastore cannot hold as a partition value gets a stand-in value (paths.py);
-- past `--max-new-app-envs` partitions of one importer on one date, a new stream's rows go
+- past `--max-new-app-envs` partitions on one date, a new stream's rows go
   to the day's overflow partition, as Loki's stream limits guard its index; existing
   streams keep theirs;
 - rows whose write keeps failing go to the quarantine partition (importer/write.py).
@@ -15,18 +15,22 @@ name as its value and only its directory is named after a hash (paths.dir_value)
 from __future__ import annotations
 
 import logging
+import datetime
 from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from table.catalog import date_text, registered_app_envs
 from table.paths import OVERFLOW, dir_value, is_stand_in, partition_value
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_APP_ENVS = 5_000
 _KEEP_DAYS = 3  # dates whose partition sets stay in memory (late rows for older days re-learn them)
+
+
+def date_text(days_since_epoch: int) -> str:
+    return (datetime.date(1970, 1, 1) + datetime.timedelta(days=days_since_epoch)).isoformat()
 
 
 def partitions_of(table: pa.Table) -> list[tuple[str, str]]:
@@ -49,9 +53,13 @@ class PartitionMap:
         self._assigned: dict[tuple[str, str], str] = {}
         self.overflowed = 0  # streams sent to an overflow partition since start
 
-    def load(self, spark: Any, database: str) -> None:
-        """Learn which streams already have a partition on each date (the cap counts them)."""
-        self._days = registered_app_envs(spark, database, self.importer)
+    def load(self, table: Any) -> None:
+        """Learn from the Delta table (a `DeltaTable`) which streams already have a partition on each date
+        (the cap counts them)."""
+        days: dict[str, set[str]] = {}
+        for values in table.partitions():
+            days.setdefault(values["date"], set()).add(values["app_env"])
+        self._days = days
 
     def value(self, app_env: str, date: str) -> str:
         key = (app_env, date)

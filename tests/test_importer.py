@@ -1,7 +1,8 @@
-"""logjam-importer against real things: a real logjam-device, the real Producer, and real Spark.
+"""logjam-importer against real things: a real logjam-device, the real Producer, and the real Delta table.
 
-Every test shares the session's one `logjam-spark` server (tests/spark_fixture.py); the
-importers are thin Connect clients of it, except the `local[1]` test, which pays for a JVM.
+An importer given `--warehouse` commits with delta-rs and needs no Spark; the tests read what
+landed from the table's log (tests/table_support.py). The last test leaves `--warehouse` out,
+so that the importer asks the session's `logjam-spark` (tests/spark_fixture.py) where it is.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import subprocess
 import threading
 import time
 import urllib.request
-import zlib
 from pathlib import Path
 
 import orjson
@@ -22,20 +22,24 @@ from importer.split import worker_of
 from logjam.meta import Compression, Meta
 from logjam.producer import Producer
 from harness.processes import command, free_port, start, stop, wait_for
-from tests.spark_fixture import database_for, table
+from tests import table_support
 
 PROBE_APP_ENV = "probe-ready"
 
 
 class Importer:
-    def __init__(self, device, spark: str, *extra: str, warehouse: Path | None = None,
-                 state_dir: Path | None = None) -> None:
+    """A real logjam-importer process; with `warehouse` it commits to that warehouse's table and needs no Spark."""
+
+    def __init__(self, device, *extra: str, warehouse: Path | None = None, state_dir: Path | None = None,
+                 spark: str | None = None) -> None:
         self.metrics_port = free_port()
-        argv = [command("logjam-importer"), "--sub", device.pub, "--spark", spark,
-                "--metrics-port", str(self.metrics_port), "--plaintext", *extra]
+        argv = [command("logjam-importer"), "--sub", device.pub, "--metrics-port", str(self.metrics_port),
+                "--plaintext", *extra]
+        if spark is not None:
+            argv += ["--spark", spark]
         if warehouse is not None:
-            argv += ["--warehouse", str(warehouse), "--database", database_for(warehouse)]
-            # Checkpoints belong to one test's warehouse, never to the repository's ./data.
+            argv += ["--warehouse", str(warehouse)]
+            # Scratch space belongs to one test's warehouse, never to the repository's ./data.
             state_dir = state_dir or warehouse.parent / "importer-state"
         if state_dir is not None:
             argv += ["--state-dir", str(state_dir)]
@@ -78,20 +82,19 @@ class Importer:
         return self._out or ""
 
 
-def read_rows(spark_server, warehouse: Path, app_envs: list[str]):
-    """The catalog table of the test's warehouse (what `logjam-sql` and JDBC clients see), for the given streams."""
-    df = table(spark_server, warehouse)
-    return df.where(df.app_env.isin(app_envs))
+def read_rows(warehouse: Path, app_envs: list[str]) -> list:
+    """The rows of the test's table for the given streams, read from its Delta log."""
+    return table_support.rows(warehouse, app_envs)
 
 
-def count_rows(spark_server, warehouse: Path, app_envs: list[str]) -> int:
-    return read_rows(spark_server, warehouse, app_envs).count()
+def count_rows(warehouse: Path, app_envs: list[str]) -> int:
+    return table_support.count(warehouse, app_envs)
 
 
 @pytest.mark.timeout(180)
-def test_published_messages_land_in_spark_with_their_columns(device, spark_server, tmp_path) -> None:
+def test_published_messages_land_in_the_table_with_their_columns(device, tmp_path) -> None:
     warehouse = tmp_path / "wh"
-    imp = Importer(device, spark_server.url, "--flush-interval", "0.5", warehouse=warehouse)
+    imp = Importer(device, "--flush-interval", "0.5", warehouse=warehouse)
     try:
         imp.wait_ready(device)
         sent: dict[tuple[str, int], dict] = {}
@@ -122,10 +125,10 @@ def test_published_messages_land_in_spark_with_their_columns(device, spark_serve
 
         total = len(sent) + 2
         streams = ["shop-prod", "blog-dev"]
-        wait_for(lambda: count_rows(spark_server, warehouse, streams) >= total, timeout=90, interval=0.5,
+        wait_for(lambda: count_rows(warehouse, streams) >= total, timeout=90, interval=0.5,
                  what=f"{total} rows in Spark")
-        assert count_rows(spark_server, warehouse, streams) == total
-        rows = read_rows(spark_server, warehouse, streams).collect()
+        assert count_rows(warehouse, streams) == total
+        rows = read_rows(warehouse, streams)
     finally:
         assert imp.stop() == 0, imp.output()
 
@@ -135,7 +138,7 @@ def test_published_messages_land_in_spark_with_their_columns(device, spark_serve
     assert len(good) == len(sent)
     for r in good:
         app_env, body = sent[r.request_id]
-        assert (r.app_env, r.topic, r.device, r.importer) == (app_env, "logs.rails", device.device_id, 0)
+        assert (r.app_env, r.topic, r.device) == (app_env, "logs.rails", device.device_id)
         assert (r.app, r.env) == tuple(app_env.split("-"))
         assert orjson.loads(r.body) == body
         assert (r.message, r.code, r.total_time, r.host, r.protocol) == (
@@ -149,11 +152,11 @@ def test_published_messages_land_in_spark_with_their_columns(device, spark_serve
 
 
 @pytest.mark.timeout(180)
-def test_two_workers_split_a_mixed_stream_without_overlap_or_loss(device, spark_server, tmp_path) -> None:
+def test_two_workers_split_a_mixed_stream_without_overlap_or_loss(device, tmp_path) -> None:
     warehouse = tmp_path / "wh"
     streams = [f"app{i}-prod" for i in range(12)]
     assert {worker_of(s, 2) for s in streams} == {0, 1}
-    workers = [Importer(device, spark_server.url, "--worker", str(i), "--workers", "2", "--flush-interval", "0.5",
+    workers = [Importer(device, "--worker", str(i), "--workers", "2", "--flush-interval", "0.5",
                         warehouse=warehouse) for i in range(2)]
     try:
         for w in workers:
@@ -164,13 +167,11 @@ def test_two_workers_split_a_mixed_stream_without_overlap_or_loss(device, spark_
                 p.submit(streams[i % len(streams)], "logs.app", {"n": i})
             assert p.flush().accepted == per_stream * len(streams)
         total = per_stream * len(streams)
-        wait_for(lambda: count_rows(spark_server, warehouse, streams) >= total, timeout=90, interval=0.5,
+        wait_for(lambda: count_rows(warehouse, streams) >= total, timeout=90, interval=0.5,
                  what=f"{total} rows from two workers")
-        rows = read_rows(spark_server, warehouse, streams).select("app_env", "importer", "body").collect()
+        rows = read_rows(warehouse, streams)
         assert len(rows) == total
         assert sorted(orjson.loads(r.body)["n"] for r in rows) == list(range(total))
-        for r in rows:
-            assert r.importer == zlib.crc32(r.app_env.encode()) % 2, r
         for i, w in enumerate(workers):
             mine = sum(1 for s in streams if worker_of(s, 2) == i)
             probes = w.metric("logjam_importer_rows_total", app_env=PROBE_APP_ENV)
@@ -181,10 +182,10 @@ def test_two_workers_split_a_mixed_stream_without_overlap_or_loss(device, spark_
 
 
 @pytest.mark.timeout(180)
-def test_sigterm_mid_stream_flushes_the_batch(device, spark_server, tmp_path) -> None:
+def test_sigterm_mid_stream_flushes_the_batch(device, tmp_path) -> None:
     warehouse = tmp_path / "wh"
     # Nothing is written before SIGTERM: no time or size flush can happen in this test.
-    imp = Importer(device, spark_server.url, "--flush-interval", "3600", "--batch-rows", "10000000",
+    imp = Importer(device, "--flush-interval", "3600", "--batch-rows", "10000000",
                    warehouse=warehouse)
     stop_sending = threading.Event()
     sent = 0
@@ -204,7 +205,7 @@ def test_sigterm_mid_stream_flushes_the_batch(device, spark_server, tmp_path) ->
         t.start()
         wait_for(lambda: imp.metric("logjam_importer_rows_total", app_env="flush-test") >= 500, timeout=30,
                  what="rows buffered in the importer")
-        assert count_rows(spark_server, warehouse, ["flush-test"]) == 0
+        assert count_rows(warehouse, ["flush-test"]) == 0
         imp.proc.send_signal(15)
         assert imp.proc.wait(60) == 0, imp.output()
     finally:
@@ -216,25 +217,24 @@ def test_sigterm_mid_stream_flushes_the_batch(device, spark_server, tmp_path) ->
     assert m, imp.output()
     written = int(m.group(1))
     assert written >= 500
-    rows = read_rows(spark_server, warehouse, ["flush-test", PROBE_APP_ENV])
-    assert rows.count() == written
-    ns = sorted(orjson.loads(r.body)["n"] for r in rows.where(rows.app_env == "flush-test").collect())
+    rows = read_rows(warehouse, ["flush-test", PROBE_APP_ENV])
+    assert len(rows) == written
+    ns = sorted(orjson.loads(r.body)["n"] for r in rows if r.app_env == "flush-test")
     assert ns == list(range(len(ns))), "the flushed rows are a prefix of what was sent, without holes"
 
 
-@pytest.mark.timeout(300)
-def test_classic_local_session(device, spark_server, tmp_path) -> None:
-    warehouse = tmp_path / "wh"
-    imp = Importer(device, "local[1]", "--flush-interval", "0.5", warehouse=warehouse)
+@pytest.mark.timeout(180)
+def test_without_a_warehouse_the_importer_writes_where_the_spark_server_keeps_its_tables(device, spark_server) -> None:
+    imp = Importer(device, "--flush-interval", "0.5", spark=spark_server.url)
     try:
-        imp.wait_ready(device, timeout=180)
+        imp.wait_ready(device, timeout=120)
         with Producer(device.router) as p:
             for i in range(30):
-                p.submit("local-test", "logs.app", {"n": i}, )
+                p.submit("server-warehouse", "logs.app", {"n": i})
             assert p.flush().accepted == 30
-        wait_for(lambda: imp.metric("logjam_importer_rows_written_total") >= 30, timeout=120, interval=0.5,
-                 what="the local session to write")
+        wait_for(lambda: count_rows(spark_server.warehouse, ["server-warehouse"]) >= 30, timeout=60, interval=0.5,
+                 what="30 rows in the server's warehouse")
     finally:
         assert imp.stop() == 0, imp.output()
-    # That session had a catalog of its own; a table created now over the same files adopts its partitions.
-    assert count_rows(spark_server, warehouse, ["local-test"]) == 30
+    assert count_rows(spark_server.warehouse, ["server-warehouse"]) == 30
+    assert f"at {spark_server.warehouse.resolve()}/messages" in imp.output()

@@ -1,13 +1,12 @@
-"""Importer recovery against real things: a journaled logjam-device, real Producers, real importers, real Spark.
+"""Importer recovery against real things: a journaled logjam-device, real Producers, real importers, the real table.
 
 Each test stops, kills, pauses or starves a real `logjam-importer` process under load and
-then counts rows per seq in Spark: every message the device acknowledged (a 202) must
+then counts rows per seq in the Delta table: every message the device acknowledged (a 202) must
 land exactly once, and what the journal no longer has must be counted as lost.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -85,21 +84,21 @@ class Load:
         return self.acked
 
 
-def landed(spark_server, warehouse: Path, app_env: str) -> tuple[list[int], int, int]:
-    """(the event numbers in Spark, rows, distinct seqs) for `app_env`."""
-    rows = read_rows(spark_server, warehouse, [app_env]).select("seq", "body").collect()
+def landed(warehouse: Path, app_env: str) -> tuple[list[int], int, int]:
+    """(the event numbers in the table, rows, distinct seqs) for `app_env`."""
+    rows = read_rows(warehouse, [app_env])
     return [orjson.loads(r.body)["n"] for r in rows], len(rows), len({r.seq for r in rows})
 
 
-def wait_landed(spark_server, warehouse: Path, app_env: str, expected: int, timeout: float = 120) -> list[int]:
+def wait_landed(warehouse: Path, app_env: str, expected: int, timeout: float = 120) -> list[int]:
     result: list[int] = []
 
     def enough() -> bool:
         nonlocal result
-        result, rows, _ = landed(spark_server, warehouse, app_env)
+        result, rows, _ = landed(warehouse, app_env)
         return rows >= expected
 
-    wait_for(enough, timeout=timeout, interval=1.0, what=f"{expected} rows of {app_env} in Spark")
+    wait_for(enough, timeout=timeout, interval=1.0, what=f"{expected} rows of {app_env} in the table")
     return result
 
 
@@ -113,26 +112,27 @@ def send_numbered(dev: DeviceProcess, app_env: str, numbers: range, chunk: int =
             assert p.flush().accepted == len(part)
 
 
-def importer(j: Journaled, spark_server, warehouse: Path, state: Path, *extra: str) -> Importer:
-    imp = Importer(j.dev, spark_server.url, "--flush-interval", "0.5", "--replay-port", str(j.replay_port),
+def importer(j: Journaled, warehouse: Path, state: Path, *extra: str) -> Importer:
+    imp = Importer(j.dev, "--flush-interval", "0.5", "--replay-port", str(j.replay_port),
                    "--replay-timeout", "5", *extra, warehouse=warehouse, state_dir=state)
     imp.wait_ready(j.dev)
     return imp
 
 
-def checkpoint(state: Path, device: int = 1) -> int:
-    return json.loads((state / "worker-0.json").read_text())["devices"][str(device)]["seq"]
+def last_seq(warehouse: Path, app_env: str) -> int:
+    """The highest seq of `app_env` in the table: where a restarted importer resumes (heartbeats aside)."""
+    return max(r.seq for r in read_rows(warehouse, [app_env]))
 
 
 @pytest.mark.timeout(300 + PAUSE)
 @pytest.mark.parametrize("how", ["sigterm-pause", "sigkill"])
-def test_stopped_or_killed_importer_catches_up_exactly_once(spark_server, tmp_path, how) -> None:
+def test_stopped_or_killed_importer_catches_up_exactly_once(tmp_path, how) -> None:
     warehouse, state, app_env = tmp_path / "wh", tmp_path / "state", f"recover-{how}"
     j = Journaled(tmp_path / "dev")
     imps: list[Importer] = []
     load: Load | None = None
     try:
-        imps.append(importer(j, spark_server, warehouse, state))
+        imps.append(importer(j, warehouse, state))
         load = Load(j.dev, app_env)
         wait_for(lambda: imps[0].metric("logjam_importer_rows_written_total") >= 500, timeout=60,
                  what="the importer to commit under load")
@@ -141,9 +141,6 @@ def test_stopped_or_killed_importer_catches_up_exactly_once(spark_server, tmp_pa
             imps[0].proc.wait(10)
         else:
             assert imps[0].stop() == 0, imps[0].output()
-            # As if every checkpoint write after the first commit had been lost to a crash: the
-            # resume point must come from the table's max(seq), or batches would be written twice.
-            (state / "worker-0.json").write_text('{"worker": 0, "devices": {"1": 1}}')
             # The importer stays away while the load goes on (the issue asks for 60 s; the default is
             # shorter to keep the suite quick, LOGJAM_RECOVERY_PAUSE=60 runs the full length): a backlog
             # of acknowledged events that only the journal holds.
@@ -151,15 +148,15 @@ def test_stopped_or_killed_importer_catches_up_exactly_once(spark_server, tmp_pa
             wait_for(lambda: time.monotonic() - stopped >= PAUSE and load.acked >= at_stop + 5000,
                      timeout=PAUSE + 60, interval=0.1, what="a backlog under load")
             print(f"importer away for {time.monotonic() - stopped:.1f}s, backlog {load.acked - at_stop} events")
-        imps.append(importer(j, spark_server, warehouse, state))
+        imps.append(importer(j, warehouse, state))
         wait_for(lambda: imps[1].metric("logjam_importer_replayed_messages_total") > 0, timeout=60,
                  what="the restarted importer to replay")
         # Keep the load going across the switch from replay to live.
         until = load.acked + 1000
         wait_for(lambda: load.acked >= until, timeout=60, interval=0.1, what="more load after the restart")
         acked = load.finish()
-        ns = wait_landed(spark_server, warehouse, app_env, acked)
-        _, rows, seqs = landed(spark_server, warehouse, app_env)
+        ns = wait_landed(warehouse, app_env, acked)
+        _, rows, seqs = landed(warehouse, app_env)
         restarted = imps[1]
         lost = restarted.metric("logjam_importer_lost_messages_total")
         gaps = restarted.metric("logjam_importer_gap_messages_total")
@@ -178,16 +175,15 @@ def test_stopped_or_killed_importer_catches_up_exactly_once(spark_server, tmp_pa
                 assert imp.stop() == 0, imp.output()
         j.close()
     print("\n".join(line for line in imps[-1].output().splitlines() if "resuming" in line or "interrupted" in line))
-    if how == "sigterm-pause":
-        assert re.search(r"resuming after device 1: seq (\d+) \(checkpoint 1, table \1\)", imps[1].output())
+    assert re.search(r"device 1: resuming journal \S+ after seq \d+ \(the table's app transaction\)", imps[1].output())
 
 
 @pytest.mark.timeout(240)
-def test_a_live_gap_from_a_paused_importer_is_filled_through_replay(spark_server, tmp_path) -> None:
+def test_a_live_gap_from_a_paused_importer_is_filled_through_replay(tmp_path) -> None:
     warehouse, state, app_env = tmp_path / "wh", tmp_path / "state", "recover-gap"
     # Tiny high-water marks on both sides: a paused subscriber loses messages on PUB/SUB.
     j = Journaled(tmp_path / "dev", "-S", "50")
-    imp = importer(j, spark_server, warehouse, state, "--rcvhwm", "50")
+    imp = importer(j, warehouse, state, "--rcvhwm", "50")
     try:
         imp.proc.send_signal(signal.SIGSTOP)
         big = "y" * 2000
@@ -198,8 +194,8 @@ def test_a_live_gap_from_a_paused_importer_is_filled_through_replay(spark_server
                 if i % 200 == 199:
                     assert p.flush().accepted == 200
         imp.proc.send_signal(signal.SIGCONT)
-        ns = wait_landed(spark_server, warehouse, app_env, total)
-        _, rows, seqs = landed(spark_server, warehouse, app_env)
+        ns = wait_landed(warehouse, app_env, total)
+        _, rows, seqs = landed(warehouse, app_env)
         replayed = imp.metric("logjam_importer_replayed_messages_total")
         print(f"gap: sent and acked {total}, landed {rows} ({seqs} distinct seqs), replayed {replayed}")
         assert replayed > 0, "PUB/SUB dropped nothing: the test did not create a gap"
@@ -215,20 +211,20 @@ def test_a_live_gap_from_a_paused_importer_is_filled_through_replay(spark_server
 
 
 @pytest.mark.timeout(240)
-def test_a_range_past_retention_is_counted_lost_and_the_importer_moves_on(spark_server, tmp_path) -> None:
+def test_a_range_past_retention_is_counted_lost_and_the_importer_moves_on(tmp_path) -> None:
     warehouse, state, app_env = tmp_path / "wh", tmp_path / "state", "recover-retention"
-    # Rare heartbeats: the journal must not roll over on its own while the test compares it with Spark.
+    # Rare heartbeats: the journal must not roll over on its own while the test compares it with the table.
     j = Journaled(tmp_path / "dev", "--journal-segment-bytes", "4096", "--journal-retention-bytes", "16384",
                   "--heartbeat-interval", "30")
-    imp = importer(j, spark_server, warehouse, state)
+    imp = importer(j, warehouse, state)
     try:
         with Producer(j.dev.router) as p:
             for i in range(100):
                 p.submit(app_env, "logs.app", {"n": i, "pad": PAD})
             assert p.flush().accepted == 100
-        wait_landed(spark_server, warehouse, app_env, 100)
+        wait_landed(warehouse, app_env, 100)
         assert imp.stop() == 0, imp.output()
-        resume = checkpoint(state)
+        resume = last_seq(warehouse, app_env)
         with Producer(j.dev.router) as p:
             for i in range(100, 2100):
                 p.submit(app_env, "logs.app", {"n": i, "pad": PAD})
@@ -249,7 +245,7 @@ def test_a_range_past_retention_is_counted_lost_and_the_importer_moves_on(spark_
         kept = sorted(orjson.loads(m.body)["n"] for m in answer if not isinstance(m, Lost) and m.app_env == app_env)
         assert gone > 0 and kept
 
-        imp = importer(j, spark_server, warehouse, state)
+        imp = importer(j, warehouse, state)
         with Producer(j.dev.router) as p:
             for i in range(2110, 2160):
                 p.submit(app_env, "logs.app", {"n": i, "pad": PAD})
@@ -260,11 +256,11 @@ def test_a_range_past_retention_is_counted_lost_and_the_importer_moves_on(spark_
         tail = set(range(2110, 2160))
 
         def tail_landed() -> list[int] | None:
-            ns, _, _ = landed(spark_server, warehouse, app_env)
+            ns, _, _ = landed(warehouse, app_env)
             return ns if tail <= set(ns) else None
 
-        ns = wait_for(tail_landed, timeout=120, interval=1.0, what="the messages sent after the restart in Spark")
-        _, rows, seqs = landed(spark_server, warehouse, app_env)
+        ns = wait_for(tail_landed, timeout=120, interval=1.0, what="the messages sent after the restart in the table")
+        _, rows, seqs = landed(warehouse, app_env)
         lost = imp.metric("logjam_importer_lost_messages_total")
         middle = set(ns) - set(range(100)) - tail
         print(f"retention: acked 2160, gone from the journal {gone} (then more: {len(set(kept) - middle)} of the "
@@ -283,7 +279,7 @@ def test_a_range_past_retention_is_counted_lost_and_the_importer_moves_on(spark_
 
 
 @pytest.mark.timeout(240)
-def test_a_long_replay_is_committed_in_pieces(spark_server, tmp_path) -> None:
+def test_a_long_replay_is_committed_in_pieces(tmp_path) -> None:
     """A backlog replayed at start is committed as the loop commits live traffic, not as one batch
     at its end: an importer killed every half minute still gets through a replay of many minutes."""
     warehouse, state, app_env = tmp_path / "wh", tmp_path / "state", "recover-pieces"
@@ -291,10 +287,10 @@ def test_a_long_replay_is_committed_in_pieces(spark_server, tmp_path) -> None:
     total = 3000
     try:
         send_numbered(j.dev, app_env, range(total))  # before any importer: all of it comes by replay
-        imp = importer(j, spark_server, warehouse, state, "--batch-rows", "500")
+        imp = importer(j, warehouse, state, "--batch-rows", "500")
         try:
-            ns = wait_landed(spark_server, warehouse, app_env, total)
-            _, rows, seqs = landed(spark_server, warehouse, app_env)
+            ns = wait_landed(warehouse, app_env, total)
+            _, rows, seqs = landed(warehouse, app_env)
             assert sorted(ns) == list(range(total)) and rows == seqs == total
             assert imp.metric("logjam_importer_replayed_messages_total") >= total
             batches = imp.metric("logjam_importer_batches_written_total")

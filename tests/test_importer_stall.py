@@ -1,9 +1,8 @@
 """A Spark server that stops making progress (here: its JVM frozen with SIGSTOP, as a long GC
-pause or a wedged executor looks to a client). An importer that places its own files
-(importer/place.py) goes on committing rows of partitions it knows, since that needs no Spark;
-a write that does need Spark (a new stream's partition to register) is noticed, reported in
-the log and metrics, and recovered from without a person: every acknowledged event lands
-exactly once."""
+pause or a wedged executor looks to a client) does not hold up the importers: they commit to
+the Delta table with delta-rs, so the rows of known streams and of new ones (new partitions)
+go on landing while Spark is frozen, no write is reported stalled, and every acknowledged
+event lands exactly once."""
 
 from __future__ import annotations
 
@@ -27,10 +26,10 @@ def jvm_of(pid: int) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_a_frozen_spark_is_reported_and_recovered_from(spark_server, tmp_path) -> None:
+def test_a_frozen_spark_does_not_hold_up_the_importers(spark_server, tmp_path) -> None:
     warehouse, app_env, new_app_env = tmp_path / "wh", "stall-prod", "stall-new-prod"
     j = Journaled(tmp_path / "dev")
-    imp = Importer(j.dev, spark_server.url, "--flush-interval", "0.5", "--replay-port", str(j.replay_port),
+    imp = Importer(j.dev, "--flush-interval", "0.5", "--replay-port", str(j.replay_port),
                    "--write-timeout", "4", warehouse=warehouse, state_dir=tmp_path / "state")
     jvm = jvm_of(spark_server.proc.pid)
     load = new_stream = None
@@ -44,23 +43,22 @@ def test_a_frozen_spark_is_reported_and_recovered_from(spark_server, tmp_path) -
             before = imp.metric("logjam_importer_rows_written_total")
             wait_for(lambda: imp.metric("logjam_importer_rows_written_total") >= before + 200, timeout=30,
                      interval=0.2, what="rows of a known partition committed while Spark is frozen")
+            new_stream = Load(j.dev, new_app_env, per_round=10)  # a new partition, made by the commit itself
+            wait_for(lambda: landed(warehouse, new_app_env)[1] >= 100, timeout=30, interval=0.2,
+                     what="rows of a new stream committed while Spark is frozen")
             assert imp.metric("logjam_importer_write_stalled") == 0
-            new_stream = Load(j.dev, new_app_env, per_round=10)  # its partition must be registered
-            wait_for(lambda: imp.metric("logjam_importer_write_stalled") == 1, timeout=30, interval=0.2,
-                     what="the importer to report the stalled write")
         finally:
             os.kill(jvm, signal.SIGCONT)
         acked = {app_env: load.finish(), new_app_env: new_stream.finish()}
         load = new_stream = None
 
         def all_landed() -> bool:
-            return all(landed(spark_server, warehouse, a)[1] >= n for a, n in acked.items())
+            return all(landed(warehouse, a)[1] >= n for a, n in acked.items())
         wait_for(all_landed, timeout=120, interval=1, what="every acknowledged event after the thaw")
         for a, n in acked.items():
-            ns, rows, distinct = landed(spark_server, warehouse, a)
+            ns, rows, distinct = landed(warehouse, a)
             assert rows == distinct == n and sorted(ns) == list(range(n)), a
-        wait_for(lambda: imp.metric("logjam_importer_write_stalled") == 0, timeout=30, what="the stall to clear")
-        assert imp.metric("logjam_importer_write_stalls_total") >= 1
+        assert imp.metric("logjam_importer_write_stalls_total") <= 0
     finally:
         for unfinished in (load, new_stream):
             if unfinished is not None:
@@ -68,5 +66,4 @@ def test_a_frozen_spark_is_reported_and_recovered_from(spark_server, tmp_path) -
         os.kill(jvm, signal.SIGCONT)
         imp.stop()
         j.close()
-    out = imp.output()
-    assert "has been pending for" in out and "making progress again" in out, out[-3000:]
+    assert "has been under way for" not in imp.output()
