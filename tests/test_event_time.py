@@ -108,23 +108,3 @@ def test_rows_kept_by_an_older_version_gain_the_new_column_as_null() -> None:
     table = conform(old)
     assert table.schema == ARROW_SCHEMA
     assert table.column("created_out_of_window").to_pylist() == [None]
-
-
-def test_retention_reads_the_newest_arrival_from_statistics_int96_columns_or_the_mtime(tmp_path) -> None:
-    import os
-
-    import pyarrow.parquet as pq
-
-    from table.schema import TIMESTAMP
-    from warehouse.retention import newest_arrival
-
-    arrivals = pa.table({"ingested_at": pa.array([NOW_US - 9 * DAY_US, NOW_US], pa.int64()).cast(TIMESTAMP)})
-    stats, int96, torn = tmp_path / "stats.parquet", tmp_path / "int96.parquet", tmp_path / "torn.parquet"
-    pq.write_table(arrivals, stats)  # INT64 with min/max, as pyarrow writes
-    pq.write_table(arrivals.slice(0, 1), int96, use_deprecated_int96_timestamps=True)  # as Spark writes: no min/max
-    torn.write_bytes(b"PAR1 torn")
-    os.utime(torn, ns=(0, (NOW_US - 3 * DAY_US) * 1000))
-    assert newest_arrival([stats]) == TODAY
-    assert newest_arrival([int96]) == TODAY - datetime.timedelta(days=9)
-    assert newest_arrival([int96, torn]) == TODAY - datetime.timedelta(days=3)
-    assert newest_arrival([]) is None

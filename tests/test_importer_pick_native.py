@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from harness.native import c_module
 from importer import decode_native
 from importer.batch import GroupCommit
-from importer.checkpoint import Position
+from importer.sequence import Position
 from importer.decode_native import MODULE, NativeBatchBuilder
 from importer.dedupe import RecentKeys
 from importer.metrics import ImporterMetrics
