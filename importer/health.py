@@ -27,7 +27,9 @@ def worker_health(worker: "Worker") -> list[Check]:
     now = time.monotonic()
     ready_at = worker.ready_at
     if ready_at is None:
-        return [Check("table", False, "starting: opening the table")]
+        config = worker.config
+        return [Check("table", False, "starting: opening the table" if config.warehouse else
+                      f"starting: asking {config.spark} for its warehouse")]
     checks = [Check("table", True, f"writing {worker.location}")]
     limit = worker.config.write_timeout
     writer, batch = worker.writer, worker.group_commit

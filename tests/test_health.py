@@ -97,7 +97,7 @@ def test_bridge_healthz_follows_the_device_link(tmp_path) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_importer_waiting_for_spark_is_unhealthy(tmp_path) -> None:
+def test_importer_waiting_for_spark_to_name_its_warehouse_is_unhealthy(tmp_path) -> None:
     from harness.processes import command, start
 
     mport, spark = free_port(), free_port()
@@ -112,8 +112,8 @@ def test_importer_waiting_for_spark_is_unhealthy(tmp_path) -> None:
                 return None
 
         status, doc = wait_for(answer, timeout=30, what="the importer's /healthz (--metrics-port + offset)")
-        assert status == 503 and doc["checks"]["spark"]["ok"] is False, doc
-        assert doc["checks"]["spark"]["detail"].startswith(f"starting: connecting to sc://127.0.0.1:{spark}")
+        assert status == 503 and doc["checks"]["table"]["ok"] is False, doc
+        assert doc["checks"]["table"]["detail"] == f"starting: asking sc://127.0.0.1:{spark} for its warehouse"
         assert "logjam_importer_rows_written_total" in metrics_text(mport)
     finally:
         stop(proc)
