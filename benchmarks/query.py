@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from table.catalog import ensure_table  # noqa: E402
-from table.protocol import local_partitions  # noqa: E402
+from deltalake import DeltaTable  # noqa: E402
+from warehouse.maintenance import add_actions  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
 from table.schema import DOC_COLUMN  # noqa: E402
 from importer.write import TableWriter  # noqa: E402
@@ -132,20 +133,16 @@ def land(spark, writer: TableWriter, rows: int, days: list[datetime.date], batch
 def disk(location: Path) -> tuple[int, int]:
     """(bytes of every live data file, bytes of the `doc` column chunks in them), from the Parquet footers."""
     total = doc = 0
-    for part in local_partitions(str(location)):
-        current = part.dir
-        marked = sorted(part.dir.glob("_compacted-*"))
-        if marked:
-            current = marked[-1]
-        for path in current.glob("*.parquet"):
-            total += path.stat().st_size
-            meta = pq.read_metadata(path)
-            for g in range(meta.num_row_groups):
-                group = meta.row_group(g)
-                for c in range(group.num_columns):
-                    col = group.column(c)
-                    if col.path_in_schema.split(".")[0] == DOC_COLUMN:
-                        doc += col.total_compressed_size
+    live = add_actions(DeltaTable(str(location)))["path"].to_pylist()  # the latest snapshot's files
+    for path in (location / p for p in live):
+        total += path.stat().st_size
+        meta = pq.read_metadata(path)
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                col = group.column(c)
+                if col.path_in_schema.split(".")[0] == DOC_COLUMN:
+                    doc += col.total_compressed_size
     return total, doc
 
 

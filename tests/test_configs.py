@@ -27,7 +27,6 @@ from tools.tail import TailConfig, build_parser as tail_parser
 from warehouse.config import MaintenanceConfig, SparkServerConfig
 from warehouse.spark_jvm import spark_conf
 from warehouse.spark_server import build_parser as spark_parser
-from warehouse.tiers import FANIN, MAX_LEVEL, TARGET_BYTES
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -101,18 +100,29 @@ def test_importer_refusals_are_usage_errors() -> None:
 
 def test_spark_server_config_carries_its_maintenance(tmp_path: Path) -> None:
     config = built(spark_parser(), ["--warehouse", str(tmp_path / "w"), "--metastore", str(tmp_path / "m"),
-                                    "--no-compact", "--compact-fanin", "4", "--conf", "a.b=c"],
+                                    "--no-compact", "--compact-min-files", "4", "--conf", "a.b=c"],
                    SparkServerConfig.from_flags)
-    assert config.maintenance == MaintenanceConfig(compact=False, compact_fanin=4)
+    assert config.maintenance == MaintenanceConfig(compact=False, compact_min_files=4)
     assert config.warehouse == str((tmp_path / "w").resolve()) and config.metastore == (tmp_path / "m").resolve()
     assert spark_conf(config)["a.b"] == "c"
 
 
 def test_sql_maintenance_is_logjam_spark_defaults_with_its_own_flags() -> None:
-    config = built(sql_parser(), ["--compact", "--retention-days", "3", "--compact-grace", "1m"], SqlConfig.from_flags)
+    config = built(sql_parser(), ["--compact", "--retention-days", "3", "--vacuum-grace-hours", "2", "--older-than", "1m"],
+                   SqlConfig.from_flags)
     m = config.maintenance
-    assert (m.retention_days, m.compact_grace) == (3, 60.0)
-    assert (m.compact_target_bytes, m.compact_fanin, m.compact_max_level) == (TARGET_BYTES, FANIN, MAX_LEVEL)
+    assert (m.retention_days, m.vacuum_grace_hours, m.compact_older_than) == (3, 2, 60.0)
+    d = MaintenanceConfig()
+    assert (m.compact_target_bytes, m.compact_min_files, m.checkpoint_every) == (
+        d.compact_target_bytes, d.compact_min_files, d.checkpoint_every)
+
+
+def test_maintenance_flags_are_checked_where_the_config_is_built() -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_config(sql_parser(), ["--compact", "--vacuum-grace-hours", "-1"], SqlConfig.from_flags)
+    assert e.value.code == 2
+    with pytest.raises(ValueError, match="--checkpoint-every must be at least 1 commit"):
+        MaintenanceConfig(checkpoint_every=0)
 
 
 def test_tail_and_send_configs() -> None:

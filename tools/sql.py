@@ -5,9 +5,9 @@
 
 It talks to `logjam-spark` through Spark Connect (or starts a classic session for a master
 URL such as `local[2]`), makes `--database` the current database so that `messages` alone
-names the table (`logjam.messages` works too), and creates the table first if this Spark
-has none (over `<warehouse>/messages`, adopting rows already there). Output is an aligned
-text table, or one JSON object per row with `--json`.
+names the table (`logjam.messages` works too), and, when this Spark's catalog names no such
+table, creates the Delta table over `<warehouse>/messages` (or opens the one there) and names it.
+Output is an aligned text table, or one JSON object per row with `--json`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from typing import Any, Sequence
 
 import orjson
 
-from table.catalog import ensure_table
-from table.protocol import DEFAULT_GRACE_S
+from table.catalog import named_table
 from warehouse.config import MaintenanceConfig
 from warehouse.maintenance import maintenance_pass
 from table.paths import table_path
@@ -48,7 +47,7 @@ class SqlConfig:
     days: int  # --trace searches the last N days (0: all)
     compact: bool
     older_than: float
-    compact_grace: float
+    vacuum_grace_hours: int
     retention_days: int
     spark: str
     warehouse: str | None
@@ -58,14 +57,18 @@ class SqlConfig:
     max_width: int
     verbose: bool
 
+    def __post_init__(self) -> None:
+        self.maintenance  # noqa: B018 (building it checks the maintenance flags, in warehouse/config.py)
+
     @classmethod
     def from_flags(cls, args: argparse.Namespace) -> "SqlConfig":
         return from_flags(cls, args)
 
     @property
     def maintenance(self) -> MaintenanceConfig:
-        """The pass logjam-spark would run, with this run's retention and grace."""
-        return MaintenanceConfig(retention_days=self.retention_days, compact_grace=self.compact_grace)
+        """The pass logjam-spark would run, with this run's retention, closed days and grace."""
+        return MaintenanceConfig(retention_days=self.retention_days, compact_older_than=self.older_than,
+                                 vacuum_grace_hours=self.vacuum_grace_hours)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,11 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "file); with --json, one JSON object per row (JSON Lines) and the header on stderr")
     p.add_argument("--days", type=int, default=0, metavar="N", help="--trace searches the last N days (default: all)")
     p.add_argument("--compact", action="store_true",
-                   help="compact closed partitions now (as logjam-spark does on a schedule), instead of a query")
-    p.add_argument("--older-than", type=duration, default=3600.0, metavar="AGE",
-                   help="with --compact: partitions whose day ended at least AGE ago, e.g. 0, 90m, 12h, 2d (default 1h)")
-    p.add_argument("--compact-grace", type=duration, default=DEFAULT_GRACE_S, metavar="AGE",
-                   help="with --compact: keep replaced files this long for queries already planned (default 300s)")
+                   help="run one maintenance pass now (compaction, checkpoint, log cleanup, VACUUM, as logjam-spark "
+                        "does on a schedule), instead of a query")
+    p.add_argument("--older-than", type=duration, default=MaintenanceConfig().compact_older_than, metavar="AGE",
+                   help="with --compact: a day is closed AGE after it ended, e.g. 0, 90m, 12h, 2d (default 1h)")
+    p.add_argument("--vacuum-grace-hours", type=int, default=MaintenanceConfig().vacuum_grace_hours, metavar="HOURS",
+                   help="with --compact: VACUUM keeps removed files this long for queries already planned "
+                        "(default 1)")
     p.add_argument("--retention-days", type=int, default=0, metavar="N",
                    help="drop partitions older than N days now (with --compact or alone)")
     p.add_argument("--spark", default=DEFAULT_SPARK, metavar="URL", help="Spark Connect URL (or a master URL such as local[*])")
@@ -160,11 +165,11 @@ def run(config: SqlConfig) -> int:
         # our session close, leaving SESSION_CLOSED errors in the server log.
         spark.client.disable_reattachable_execute()
     try:
-        location = ensure_table(spark, config.database, table_path(resolve_warehouse(spark, config.warehouse)))
+        location = named_table(spark, config.database, table_path(resolve_warehouse(spark, config.warehouse)))
         if config.trace is not None:
             return show_trace(spark, config, location)
         if config.query is None:
-            return maintain(spark, config)
+            return maintain(location, config)
         spark.sql(f"USE `{config.database}`")
         df = spark.sql(config.query)
         columns = df.columns
@@ -208,12 +213,12 @@ def show_trace(spark: Any, config: SqlConfig, location: str | None = None) -> in
     return 0
 
 
-def maintain(spark: Any, config: SqlConfig) -> int:
-    """`--compact` / `--retention-days` without a query: one maintenance pass, then a summary line."""
-    done = maintenance_pass(spark, config.database, config.maintenance, compact=config.compact,
-                            older_than=config.older_than)
-    print(f"compacted {done.compacted} partitions ({done.failed} failed); retention dropped {done.dropped} "
-          f"partitions ({done.rows_dropped} rows); {done.freed / 2**20:.1f} MiB freed")
+def maintain(location: str, config: SqlConfig) -> int:
+    """`--compact` / `--retention-days` without a query: one maintenance pass of the table, then a summary line."""
+    done = maintenance_pass(location, config.maintenance, compact=config.compact)
+    print(f"compacted {done.compacted} partitions ({done.files_removed} files into {done.files_added}); retention "
+          f"removed {done.dropped} files ({done.rows_dropped} rows); vacuum deleted {done.vacuumed} files; "
+          f"{done.failed} steps failed, {done.conflicts} lost to other writers")
     return 1 if done.failed else 0
 
 
@@ -230,9 +235,10 @@ def check_sql(config: SqlConfig) -> int:
         days = f"the last {config.days} days" if config.days > 0 else "every day"
         c.would_run(f"find the rows of request or trace id {config.trace!r} in {config.database}.messages, {days}")
     if config.compact:
-        c.would_run(f"compact partitions of {config.database}.messages closed at least {config.older_than:g}s ago")
+        c.would_run(f"a maintenance pass of {config.database}.messages (days closed {config.older_than:g}s after "
+                    f"they end)")
     if config.retention_days:
-        c.would_run(f"drop partitions of {config.database}.messages older than {config.retention_days} days")
+        c.would_run(f"delete the days of {config.database}.messages older than {config.retention_days} days")
     return c.report()
 
 

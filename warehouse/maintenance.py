@@ -1,338 +1,373 @@
-"""Table maintenance in `logjam-spark`: compaction and retention on a schedule, and the table's metrics.
+"""Maintenance of the `messages` Delta table in `logjam-spark`: one actor, with delta-rs alone.
 
-Every `--compact-interval` seconds (unless `--no-compact`): a compaction pass over every
-partition, today's included (warehouse/compaction.py, warehouse/tiers.py), then deletion of
-files that compaction replaced more than `--compact-grace` seconds ago. Every
-`--maintenance-interval` seconds, retention (with `--retention-days`) first. In between, a
-census of the table's partitions, files and bytes for `--metrics-port`. `logjam-sql
---compact` runs one pass. Both need the table on a disk this process can see (a `file:`
-warehouse); for a table elsewhere they log once and do nothing.
+Every `--compact-interval` seconds (unless `--no-compact`) a pass compacts the partitions whose
+small files are due (today's too) and writes a checkpoint every `--checkpoint-every` commits.
+Every `--maintenance-interval` seconds the pass also deletes the days older than
+`--retention-days` (whole partitions, a predicate on `date` alone, so no file is rewritten),
+removes log entries older than `--log-retention-hours` and VACUUMs the files removed more than
+`--vacuum-grace-hours` ago. After each pass a census sets the table's metrics
+(warehouse/table_metrics.py). `logjam-sql --compact` runs one pass by hand.
+
+Importers append at the same time (table/delta.py). Every commit here goes through the log's
+conflict check; one that loses (`CommitFailedError`) is logged and tried again by the next
+pass, and none of them makes an importer's append fail except the one-time setting of
+`delta.logRetentionDuration` (a metadata commit, which an importer's append retries past).
+docs/reliability.md, "How the mesh uses Delta's log", states why no row is lost or doubled.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import datetime as dt
+import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
-from table.catalog import table_location
-from table.layout import LOOKUPS, Layout
-from table import lookup_index
-from table import protocol
-from table.protocol import live_files, local_partitions
-from warehouse.compaction import (
-    SCRATCH,
-    compaction_lock,
-    is_closed,
-    plan,
-    swap_all,
-    write_merges,
-)
-from warehouse.config import MaintenanceConfig
-from warehouse.tiers import FANIN, MAX_LEVEL, TierPolicy, level_of
-from table.partition_files import remove_tree
-from table.paths import local_path
-from warehouse.retention import expire
+from table.delta import NO_HOOKS, open_table, writer_properties
 from table.session import first_line
+from warehouse.config import MaintenanceConfig
+from warehouse.delta_log import DeltaLog
+from warehouse.table_metrics import TableMetrics
 
 log = logging.getLogger(__name__)
 
-CENSUS_EVERY = 15.0  # seconds between counts of the table's partitions and files for the metrics
 DEFAULTS = MaintenanceConfig()
+LOG_RETENTION = "delta.logRetentionDuration"
+# A file is small, and counts towards a partition's compaction, below half its tier's target:
+# any two such files fit in one output file, so a due compaction always merges some.
+SMALL_FRACTION = 0.5
+# A closed day is compacted as soon as it has two small files; an open one waits for
+# --compact-min-files, so that its merged file is not rewritten for every batch.
+CLOSED_MIN_FILES = 2
+# Compaction's share of the two cores the importers also need: one DataFusion task at a time.
+COMPACT_TASKS = 1
+# Rows per file of a merged file: what its bloom filters are sized for (table/delta.py).
+MERGED_ROWS = 1_000_000
+
+__all__ = ["MaintenanceConfig", "Maintainer", "PassResult", "TableMetrics", "add_maintenance_flags",
+           "maintenance_pass", "run_maintenance"]
 
 
 def add_maintenance_flags(p: argparse.ArgumentParser) -> None:
     """The flags of `MaintenanceConfig` (warehouse/config.py), with its defaults."""
     d = DEFAULTS
     p.add_argument("--retention-days", type=int, default=d.retention_days, metavar="N",
-                   help="drop partitions whose date is more than N days before today (default 0: keep everything)")
+                   help="delete the days more than N days before today (default 0: keep everything)")
     p.add_argument("--no-compact", dest="compact", action="store_false", help="do not compact on a schedule")
     p.add_argument("--compact-interval", type=float, default=d.compact_interval, metavar="SECONDS",
-                   help="seconds between compaction passes, which keep today's partitions few-filed too "
-                        f"(default {d.compact_interval:g})")
-    p.add_argument("--compact-fanin", type=int, default=d.compact_fanin, metavar="N",
-                   help=f"while a day is open, merge N files of one level into one of the next (default {FANIN})")
-    p.add_argument("--compact-max-level", type=int, default=d.compact_max_level, metavar="N",
-                   help=f"while a day is open, rewrite a row at most N times (default {MAX_LEVEL})")
-    p.add_argument("--compact-throughput", type=float, default=d.compact_throughput, metavar="MIB_PER_S",
-                   help="bytes compaction may rewrite a second, on average, so that it never takes the cores "
-                        "the importers need (default 2 MiB/s; 0: no limit)")
-    p.add_argument("--compact-older-than", type=float, default=d.compact_older_than, metavar="SECONDS",
-                   help="a day is closed this long after it ended: its small files are merged into "
-                        "--compact-target-bytes files once (default 3600)")
+                   help="seconds between passes of compaction and checkpoints, which keep today's partitions "
+                        f"few-filed too (default {d.compact_interval:g})")
+    p.add_argument("--compact-min-files", type=int, default=d.compact_min_files, metavar="N",
+                   help="compact an open day's partition once it has N small files (default "
+                        f"{d.compact_min_files}); a closed day's as soon as it has {CLOSED_MIN_FILES}")
+    p.add_argument("--compact-open-target-bytes", type=int, default=d.compact_open_target_bytes, metavar="BYTES",
+                   help="size of a file compacted while its day is open (default 16 MiB)")
     p.add_argument("--compact-target-bytes", type=int, default=d.compact_target_bytes, metavar="BYTES",
-                   help="size of a compacted file (default 128 MiB); files of 3/4 of it are never rewritten")
-    p.add_argument("--compact-grace", type=float, default=d.compact_grace, metavar="SECONDS",
-                   help="keep replaced files this long for queries planned before the swap (default 300)")
+                   help="size of a file compacted once its day is closed (default 128 MiB)")
+    p.add_argument("--compact-older-than", type=float, default=d.compact_older_than, metavar="SECONDS",
+                   help=f"a day is closed this long after it ended (default {d.compact_older_than:g})")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="COMMITS",
+                   help=f"write a checkpoint of the log every N commits (default {d.checkpoint_every})")
+    p.add_argument("--log-retention-hours", type=int, default=d.log_retention_hours, metavar="HOURS",
+                   help="keep the log's history (time travel) this long; older entries before a checkpoint are "
+                        f"deleted (default {d.log_retention_hours})")
+    p.add_argument("--vacuum-grace-hours", type=int, default=d.vacuum_grace_hours, metavar="HOURS",
+                   help="VACUUM deletes a file this long after compaction or retention removed it, and a file no "
+                        "commit names this long after it was written: longer than any query or write runs "
+                        f"(default {d.vacuum_grace_hours})")
     p.add_argument("--maintenance-interval", type=float, default=d.maintenance_interval, metavar="SECONDS",
-                   help="seconds between maintenance passes (default 600)")
-
-
-class TableMetrics:
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        self.partitions = Gauge("logjam_table_partitions", "Partitions of the messages table on disk", registry=r)
-        self.files = Gauge("logjam_table_files", "Data files a query of the whole table reads", registry=r)
-        self.bytes = Gauge("logjam_table_bytes", "Bytes of those files", registry=r)
-        self.max_files = Gauge("logjam_table_partition_files_max", "Files of the partition with the most files",
-                               registry=r)
-        self.files_per_partition = Histogram(
-            "logjam_table_partition_files", "Files per partition (at the last census)",
-            buckets=(1, 2, 4, 16, 64, 256, 1024, 4096), registry=r)
-        self.bytes_per_partition = Histogram(
-            "logjam_table_partition_bytes", "Bytes per partition (at the last census)",
-            buckets=(2**20, 2**24, 2**27, 2**30, 2**33), registry=r)
-        self.bytes_read = Counter("logjam_compaction_bytes_read",
-                                  "Bytes of files merged by compaction, by who wrote them (importer, compaction)",
-                                  ["writer"], registry=r)
-        self.bytes_written = Counter("logjam_compaction_bytes_written", "Bytes of files compaction wrote", registry=r)
-        self.importer_bytes = Gauge("logjam_table_importer_bytes",
-                                    "Bytes of files importers wrote that compaction has not merged yet", registry=r)
-        self.lock_hold = Histogram("logjam_compaction_lock_hold_seconds",
-                                   "How long compaction held an importer root's lock (an importer's write waits "
-                                   "at most this long)", buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5), registry=r)
-        self.compaction_runs = Counter("logjam_compaction_runs", "Maintenance passes that compacted", registry=r)
-        self.compacted = Counter("logjam_compaction_partitions", "Partitions compacted", registry=r)
-        self.compaction_failures = Counter("logjam_compaction_failures", "Partitions whose compaction failed",
-                                           registry=r)
-        self.compaction_seconds = Histogram("logjam_compaction_seconds", "Seconds per compaction pass",
-                                            buckets=(1, 5, 15, 60, 300, 1800), registry=r)
-        self.retention_partitions = Counter("logjam_retention_partitions_dropped", "Partitions dropped by retention",
-                                            registry=r)
-        self.retention_rows = Counter("logjam_retention_rows_dropped", "Rows dropped by retention", registry=r)
-        self.retention_bytes = Counter("logjam_retention_bytes_dropped", "Bytes deleted by retention", registry=r)
-
-    def census(self, location: str) -> None:
-        """Reset the per-partition histograms and gauges from the table's files now."""
-        parts = files = size = biggest = fresh = 0
-        per_files, per_bytes = [], []
-        for part in local_partitions(location):
-            live = live_files(part.dir)
-            n, b = len(live), sum(_size(p) for p in live)
-            fresh += sum(_size(p) for p in live if level_of(p.name) == 0)
-            parts, files, size, biggest = parts + 1, files + n, size + b, max(biggest, n)
-            per_files.append(n)
-            per_bytes.append(b)
-        self.partitions.set(parts)
-        self.files.set(files)
-        self.bytes.set(size)
-        self.max_files.set(biggest)
-        self.importer_bytes.set(fresh)
-        _refill(self.files_per_partition, per_files)
-        _refill(self.bytes_per_partition, per_bytes)
-
-
-def _size(path: Any) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _refill(histogram: Histogram, values: list[int]) -> None:
-    """A census histogram describes the table now, not since start: start it over each time."""
-    histogram._metric_init()  # noqa: SLF001 (prometheus_client has no public reset)
-    for v in values:
-        histogram.observe(v)
+                   help="seconds between retention, log cleanup and VACUUM (default 600)")
 
 
 @dataclass
 class PassResult:
-    compacted: int = 0
-    failed: int = 0
-    dropped: int = 0
+    """What one pass did."""
+
+    compacted: int = 0  # partitions compacted
+    files_removed: int = 0  # files compaction merged
+    files_added: int = 0  # files it wrote
+    failed: int = 0  # steps or partitions that failed (tried again next pass)
+    conflicts: int = 0  # commits that lost to another writer (tried again next pass)
+    checkpoint: int | None = None  # the version checkpointed
+    dropped: int = 0  # files retention removed
     rows_dropped: int = 0
-    freed: int = 0
-    index: lookup_index.Refreshed | None = None  # the lookup index's refresh, when it ran
+    bytes_dropped: int = 0
+    cleaned: bool = False  # log cleanup ran
+    vacuumed: int = 0  # files VACUUM deleted
+    seconds: float = 0.0
 
 
-def maintenance_pass(spark: Any, database: str, config: MaintenanceConfig, metrics: TableMetrics | None = None,
-                     *, compact: bool = True, older_than: float | None = None, retention: bool = True,
-                     throttle: Throttle | None = None, layout: Layout = LOOKUPS) -> PassResult:
-    """One pass of retention, compaction and cleanup over the table, merges laid out by `layout`. Returns counts."""
-    location = table_location(spark, database)
-    table_dir = local_path(location)
-    result = PassResult()
-    if table_dir is None:
-        log.warning("the table is at %s, not on a local disk: no compaction or retention here", location)
-        return result
-    # Each step is tried on its own: a failed retention or merge must not postpone the deletions that free disk.
-    if config.retention_days and retention:
-        try:
-            gone = expire(spark, database, location, config.retention_days)
-        except Exception as e:  # noqa: BLE001 (Spark restarting, a query error: the next pass tries again)
-            log.error("retention failed: %s", first_line(e))
+@dataclass
+class Due:
+    """One partition whose compaction is due."""
+
+    app_env: str
+    date: dt.date
+    target: int
+    small: frozenset[str] = field(default_factory=frozenset)  # its small files' paths
+
+
+class Maintainer:
+    """The maintenance actor of one table: its snapshot, kept between passes, and what past passes learnt."""
+
+    def __init__(self, location: str, config: MaintenanceConfig, metrics: TableMetrics | None = None,
+                 storage_options: Mapping[str, str] | None = None) -> None:
+        self.location, self.config, self.metrics = location, config, metrics
+        self.storage_options = dict(storage_options or {})
+        self.log = DeltaLog(location, self.storage_options)
+        self._table: DeltaTable | None = None
+        # Partitions whose last compaction merged nothing, with the small files it saw: not tried
+        # again until those change (delta-rs's bins may leave a few small files it will not merge).
+        self._futile: dict[tuple[str, dt.date], frozenset[str]] = {}
+        self._log_files: int | None = None
+
+    def table(self) -> DeltaTable:
+        """The table at its latest version: the snapshot brought up to date, or opened anew."""
+        if self._table is None:
+            self._table = open_table(self.location, self.storage_options)
         else:
-            result.dropped, result.rows_dropped, result.freed = len(gone.partitions), gone.rows, gone.bytes
-            if metrics:
-                metrics.retention_partitions.inc(len(gone.partitions))
-                metrics.retention_rows.inc(gone.rows)
-                metrics.retention_bytes.inc(gone.bytes)
-    older_than = config.compact_older_than if older_than is None else older_than
-    if compact:
+            try:
+                self._table.update_incremental()
+            except Exception:  # noqa: BLE001 (a log entry cleaned up under it: a fresh snapshot reads the checkpoint)
+                self._table = None
+                return self.table()
+        return self._table
+
+    def reopen(self) -> None:
+        """Start from the latest checkpoint next time: a snapshot kept open grows what each commit walks."""
+        self._table = None
+
+    def run_pass(self, *, compact: bool = True, slow: bool = True, now: float | None = None) -> PassResult:
+        """One pass: with `slow`, retention first; compaction (with `compact`) and the checkpoint; with
+        `slow`, log cleanup and VACUUM; then the census. Each step is tried on its own: a failed
+        compaction must not postpone the deletions that free disk."""
+        started = time.monotonic()
+        now = time.time() if now is None else now
+        result = PassResult()
+        table = self.table()
+        if slow and self.config.retention_days:
+            self._step(result, "retention", lambda: self._retention(table, result, now))
+        if compact:
+            self._compact(table, result, now)
+        self._step(result, "checkpoint", lambda: self._checkpoint(table, result))
+        table = self.table()
+        if slow:
+            self._step(result, "log cleanup", lambda: self._cleanup(table, result))
+            self._step(result, "vacuum", lambda: self._vacuum(table, result))
+        result.seconds = time.monotonic() - started
+        if self.metrics is not None:
+            self._step(result, "census", lambda: self._census(self.table(), slow))
+        return result
+
+    def _step(self, result: PassResult, name: str, run: Any) -> None:
         try:
-            _compact_all(spark, database, config, location, table_dir, result, metrics, older_than, throttle, layout)
-        except Exception as e:  # noqa: BLE001 (a merge job's failure: its output is reaped by the next pass)
-            log.error("compaction pass failed: %s", first_line(e))
+            run()
+        except CommitFailedError as e:
+            result.conflicts += 1
+            if self.metrics is not None:
+                self.metrics.conflicts.labels(name).inc()
+            log.warning("%s lost a commit to another writer; the next pass tries again: %s", name, first_line(e))
+        except Exception as e:  # noqa: BLE001 (a store error, a table being replaced: the next pass tries again)
             result.failed += 1
-    with compaction_lock(table_dir) as mine:
-        for part in local_partitions(location) if mine else ():
-            try:
-                result.freed += protocol.delete_retired(spark, database, part)
-            except Exception as e:  # noqa: BLE001 (one partition's failure must not stop the others' cleanup)
-                _failed(result, part.dir, e)
-    if layout.for_lookups:
-        result.index = _refresh_index(table_dir)
-    if metrics:
-        try:
-            metrics.census(location)
-        except Exception as e:  # noqa: BLE001 (a partition removed mid-walk, a torn file: the next census counts)
-            log.warning("table census failed: %s", first_line(e))
-    return result
+            log.error("%s failed: %s", name, first_line(e))
 
-
-def _refresh_index(table_dir: Any) -> lookup_index.Refreshed | None:
-    """The lookup index of every day (table/lookup_index.py), after the pass's merges: a day whose live files
-    changed gets its file rewritten, only its new files hashed. Under the compaction lock: one writer of a
-    day's file."""
-    with compaction_lock(table_dir) as mine:
-        if not mine:
-            return None
-        try:
-            done = lookup_index.refresh(table_dir)
-        except Exception as e:  # noqa: BLE001 (an index not refreshed only leaves its days searched whole)
-            log.warning("lookup index refresh failed: %s", first_line(e))
-            return None
-    if done.days:
-        log.info("lookup index: %d days rewritten (%d files' filters built, %d kept), %.1f KiB, in %.1fs",
-                 done.days, done.built, done.reused, done.bytes / 1024, done.seconds)
-    return done
-
-
-class Throttle:
-    """Compaction's share of the machine: at most `rate` bytes of input a second, on average.
-
-    Rewriting files takes the same cores the importers' writes need; at a high ingest rate
-    an unbounded compaction would slow what it compacts. Like Cassandra's
-    compaction_throughput, merges are admitted while the allowance is positive, smallest
-    first (the most files gone per byte rewritten); a merge may overdraw it, and the debt is
-    paid before the next. Files that wait are merged when the load lets up.
-    """
-
-    def __init__(self, rate: float, burst: float = 64 * 2**20) -> None:
-        self.rate, self.burst = rate, burst
-        self.allowance = burst
-        self._at = time.monotonic()
-
-    def admit(self, merges: list[Any]) -> list[Any]:
-        now = time.monotonic()
-        self.allowance = min(self.burst, self.allowance + (now - self._at) * self.rate)
-        self._at = now
-        admitted = []
-        for merge in sorted(merges, key=lambda m: m.pick.bytes):
-            if self.allowance <= 0:
-                break
-            admitted.append(merge)
-            self.allowance -= merge.pick.bytes
-        return admitted
-
-
-def _compact_all(spark: Any, database: str, config: MaintenanceConfig, location: str, table_dir: Any,
-                 result: PassResult, metrics: TableMetrics | None, older_than: float,
-                 throttle: Throttle | None, layout: Layout) -> None:
-    started = time.monotonic()
-    policy = TierPolicy(target_bytes=config.compact_target_bytes, fanin=config.compact_fanin,
-                        max_level=config.compact_max_level)
-    with compaction_lock(table_dir) as mine:
-        if not mine:
-            log.info("another compaction of %s is running; skipping this pass", location)
+    def _retention(self, table: DeltaTable, result: PassResult, now: float) -> None:
+        cutoff = dt.datetime.fromtimestamp(now, dt.timezone.utc).date() - dt.timedelta(days=self.config.retention_days)
+        files = add_actions(table, arrivals=True)
+        old = files.filter(pc.less(files["date"], pa.scalar(cutoff, pa.date32())))
+        if old.num_rows == 0:
             return
-        remove_tree(table_dir / SCRATCH)  # what a killed pass left
-        merges = []
-        for part in list(local_partitions(location)):
-            try:
-                merge = plan(spark, database, part, policy, closed=is_closed(part.date, older_than),
-                             grace=config.compact_grace)
-            except Exception as e:  # noqa: BLE001 (one partition's failure must not stop the pass)
-                _failed(result, part.dir, e)
+        # A day goes only once every row in it arrived before the cutoff too, so that a row is kept
+        # at least the retention after it arrived, whatever its own time (table/event_time.py).
+        cutoff_us = int(dt.datetime.combine(cutoff, dt.time(), dt.timezone.utc).timestamp() * 1e6)
+        newest = old.group_by("date").aggregate([("arrived_us", "max")])
+        days = sorted(d for d, us in zip(newest["date"].to_pylist(), newest["arrived_us_max"].to_pylist())
+                      if us < cutoff_us)
+        if not days:
+            return
+        old = old.filter(pc.is_in(old["date"], pa.array(days, pa.date32())))
+        # A predicate on the partition column alone: delta-rs removes whole files, rewriting none.
+        listed = ", ".join(f"'{d.isoformat()}'" for d in days)
+        done = table.delete(f"date IN ({listed})", post_commithook_properties=NO_HOOKS)
+        result.dropped += int(done.get("num_removed_files", 0))
+        result.rows_dropped += int(done.get("num_deleted_rows", 0))
+        result.bytes_dropped += int(pc.sum(old["size_bytes"]).as_py() or 0)
+        parts = len(set(zip(old["app_env"].to_pylist(), old["date"].to_pylist())))
+        log.info("retention: deleted %d partitions of %d days before %s (%d files, %d rows)", parts, len(days),
+                 cutoff, result.dropped, result.rows_dropped)
+        if self.metrics is not None:
+            self.metrics.retention_partitions.inc(parts)
+            self.metrics.retention_rows.inc(result.rows_dropped)
+            self.metrics.retention_bytes.inc(result.bytes_dropped)
+
+    def due(self, table: DeltaTable, now: float) -> list[Due]:
+        """The partitions whose compaction is due: an open day's with --compact-min-files small files, a
+        closed day's with two; small is below half of the day's target size."""
+        c = self.config
+        files = add_actions(table)
+        closed_before = dt.datetime.fromtimestamp(now - c.compact_older_than, dt.timezone.utc).date()
+        closed = pc.less(files["date"], pa.scalar(closed_before, pa.date32()))
+        target = pc.if_else(closed, c.compact_target_bytes, c.compact_open_target_bytes)
+        small = files.filter(pc.less(files["size_bytes"], pc.multiply(target.cast(pa.float64()), SMALL_FRACTION)))
+        small = small.append_column("closed", pc.less(small["date"], pa.scalar(closed_before, pa.date32())))
+        counts = small.group_by(["app_env", "date", "closed"]).aggregate([("path", "count")])
+        out = []
+        for app_env, date, is_closed, n in zip(*(counts[k].to_pylist() for k in
+                                                  ("app_env", "date", "closed", "path_count"))):
+            if n < (CLOSED_MIN_FILES if is_closed else c.compact_min_files):
                 continue
-            if merge is not None:
-                merges.append(merge)
-        merges = throttle.admit(merges) if throttle is not None else merges
-        planned = time.monotonic()
-        by_spark = write_merges(spark, merges, table_dir / SCRATCH, layout) if merges else 0
-        written = time.monotonic()
-        held = metrics.lock_hold.observe if metrics is not None else (lambda seconds: None)
-        for merge, done in swap_all(spark, database, merges, config.compact_grace, held):
-            if isinstance(done, BaseException):
-                _failed(result, merge.part.dir, done)
-                continue
-            result.compacted += 1
-            _count(metrics, merge, done)
-            log.log(logging.INFO if merge.pick.level > policy.max_level else logging.DEBUG,
-                    "compacted importer=%d app_env=%s date=%s: %d files -> %d (level %d), %d rows, "
-                    "%.2f -> %.2f MiB", merge.part.importer, merge.part.app_env, merge.part.date,
-                    done.files_before, done.files_after, merge.pick.level, done.rows,
-                    done.bytes_before / 2**20, done.bytes_after / 2**20)
-        if merges:
-            log.info("compaction pass: %d merges (%d by Spark, %d failed) in %.1fs (plan %.1fs, writes %.1fs, "
-                     "swaps %.1fs)", result.compacted, by_spark, result.failed, time.monotonic() - started,
-                     planned - started, written - planned, time.monotonic() - written)
-    if metrics:
-        metrics.compaction_runs.inc()
-        metrics.compacted.inc(result.compacted)
-        metrics.compaction_failures.inc(result.failed)
-        metrics.compaction_seconds.observe(time.monotonic() - started)
+            out.append(Due(app_env, date, c.compact_target_bytes if is_closed else c.compact_open_target_bytes))
+        if not out:
+            return out
+        # Only now the paths, for the few partitions due: what tells a futile retry apart.
+        keys = pa.array([f"{d.app_env}\x00{d.date}" for d in out])
+        key = pc.binary_join_element_wise(small["app_env"], small["date"].cast(pa.string()), "\x00")
+        mine = small.filter(pc.is_in(key, keys))
+        paths: dict[tuple[str, dt.date], set[str]] = {}
+        for a, d, p in zip(mine["app_env"].to_pylist(), mine["date"].to_pylist(), mine["path"].to_pylist()):
+            paths.setdefault((a, d), set()).add(p)
+        for d in out:
+            d.small = frozenset(paths.get((d.app_env, d.date), ()))
+        return [d for d in out if self._futile.get((d.app_env, d.date)) != d.small]
+
+    def _compact(self, table: DeltaTable, result: PassResult, now: float) -> None:
+        started = time.monotonic()
+        try:
+            due = self.due(table, now)
+        except Exception as e:  # noqa: BLE001 (an unreadable snapshot: the next pass reads it again)
+            result.failed += 1
+            log.error("planning compaction failed: %s", first_line(e))
+            return
+        for part in sorted(due, key=lambda d: -len(d.small)):  # the most files gone first
+            self._step(result, "compaction", lambda: self._compact_one(table, part, result))
+        if self.metrics is not None and due:
+            self.metrics.compaction_runs.inc()
+            self.metrics.compaction_seconds.observe(time.monotonic() - started)
+
+    def _compact_one(self, table: DeltaTable, part: Due, result: PassResult) -> None:
+        key = (part.app_env, part.date)
+        try:
+            done = table.optimize.compact(
+                partition_filters=[("app_env", "=", part.app_env), ("date", "=", part.date.isoformat())],
+                target_size=part.target, max_concurrent_tasks=COMPACT_TASKS,
+                writer_properties=writer_properties(MERGED_ROWS, compression="ZSTD"),
+                post_commithook_properties=NO_HOOKS)
+        except Exception:
+            if self.metrics is not None:
+                self.metrics.compaction_failures.inc()
+            raise
+        removed, added = int(done.get("numFilesRemoved", 0)), int(done.get("numFilesAdded", 0))
+        if removed < 2:
+            self._futile[key] = part.small
+            return
+        self._futile.pop(key, None)
+        result.compacted += 1
+        result.files_removed += removed
+        result.files_added += added
+        log.debug("compacted app_env=%s date=%s: %d files -> %d", part.app_env, part.date, removed, added)
+        if self.metrics is not None:
+            self.metrics.compacted.inc()
+            self.metrics.bytes_read.inc(_total(done.get("filesRemoved")))
+            self.metrics.bytes_written.inc(_total(done.get("filesAdded")))
+
+    def _checkpoint(self, table: DeltaTable, result: PassResult) -> None:
+        last = self.log.last_checkpoint()
+        version = table.version()
+        if version - (last.version if last is not None else 0) < self.config.checkpoint_every:
+            return
+        table.create_checkpoint()
+        result.checkpoint = version
+        log.info("checkpoint at version %d", version)
+        if self.metrics is not None:
+            self.metrics.checkpoints.inc()
+        self.reopen()
+
+    def _cleanup(self, table: DeltaTable, result: PassResult) -> None:
+        # delta-rs's cleanup reads the retention from this table property alone. Setting it is a
+        # metadata commit, which makes a concurrent append retry: done only when it differs.
+        wanted = f"interval {self.config.log_retention_hours} hours"
+        if table.metadata().configuration.get(LOG_RETENTION) != wanted:
+            table.alter.set_table_properties({LOG_RETENTION: wanted}, raise_if_not_exists=False,
+                                             post_commithook_properties=NO_HOOKS)
+            log.info("set %s to %r", LOG_RETENTION, wanted)
+        # Deletes only the entries before a checkpoint older than the retention: a reader always
+        # finds a checkpoint and every commit after it.
+        table.cleanup_metadata()
+        result.cleaned = True
+        self._log_files = self.log.files()
+
+    def _vacuum(self, table: DeltaTable, result: PassResult) -> None:
+        # Full: also the files no commit names (a write or a compaction killed before its commit),
+        # once older than the grace, which is longer than any write runs before it commits.
+        gone = table.vacuum(retention_hours=self.config.vacuum_grace_hours, enforce_retention_duration=False,
+                            dry_run=False, full=True, post_commithook_properties=NO_HOOKS)
+        result.vacuumed = len(gone)
+        if gone:
+            log.info("vacuum deleted %d files", len(gone))
+        if self.metrics is not None:
+            self.metrics.vacuumed.inc(len(gone))
+
+    def _census(self, table: DeltaTable, slow: bool) -> None:
+        assert self.metrics is not None
+        files = add_actions(table)
+        per = files.group_by(["app_env", "date"]).aggregate([("path", "count"), ("size_bytes", "sum")])
+        pairs = list(zip(per["path_count"].to_pylist(), per["size_bytes_sum"].to_pylist()))
+        if self._log_files is None or slow:
+            self._log_files = self.log.files()
+        self.metrics.census(pairs, table.version(), self.log.last_checkpoint(), self._log_files)
 
 
-def _failed(result: PassResult, where: Any, e: BaseException) -> None:
-    result.failed += 1
-    log.error("compacting %s failed: %s", where, first_line(e))
+def add_actions(table: DeltaTable, *, arrivals: bool = False) -> pa.Table:
+    """The snapshot's live files: path, size_bytes, app_env, date; with `arrivals`, also arrived_us, the
+    latest `ingested_at` in the file (its statistics; where it has none, when it was written)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    out = {"path": actions["path"], "size_bytes": actions["size_bytes"],
+           "app_env": actions["partition.app_env"], "date": actions["partition.date"]}
+    if arrivals:
+        written_us = pc.multiply(actions["modification_time"].cast(pa.int64()), 1000)  # milliseconds in the log
+        stat = (actions["max.ingested_at"].cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+                if "max.ingested_at" in actions.column_names else written_us)
+        out["arrived_us"] = pc.coalesce(stat, written_us)
+    return pa.table(out)
 
 
-def _count(metrics: TableMetrics | None, merge: Any, done: Any) -> None:
-    """Bytes in and out, the importers' own files apart: write amplification is out over what they wrote."""
-    if metrics is None:
-        return
-    for path in merge.sources:
-        with contextlib.suppress(FileNotFoundError):
-            kind = "importer" if level_of(path.name) == 0 else "compaction"
-            metrics.bytes_read.labels(kind).inc(path.stat().st_size)
-    metrics.bytes_written.inc(done.bytes_after)  # the merged files only, not the links to the files kept
+def _total(metric: Any) -> int:
+    """`totalSize` of delta-rs's OPTIMIZE file statistics (a JSON string or a dict)."""
+    if isinstance(metric, str):
+        metric = json.loads(metric)
+    return int((metric or {}).get("totalSize", 0))
 
 
-def run_maintenance(spark: Any, database: str, config: MaintenanceConfig, stopping: threading.Event,
-                    metrics: TableMetrics | None = None) -> None:
-    """Compaction passes every --compact-interval seconds, retention every --maintenance-interval, until stopping."""
-    location = None
-    next_retention = 0.0
-    rate = config.compact_throughput
-    throttle = Throttle(rate * 2**20) if rate > 0 else None
+def maintenance_pass(location: str, config: MaintenanceConfig, metrics: TableMetrics | None = None, *,
+                     compact: bool = True, slow: bool = True, now: float | None = None,
+                     storage_options: Mapping[str, str] | None = None) -> PassResult:
+    """One whole pass (every step) over the table at `location`, by a maintainer of its own."""
+    return Maintainer(location, config, metrics, storage_options).run_pass(compact=compact, slow=slow, now=now)
+
+
+def run_maintenance(location: str, config: MaintenanceConfig, stopping: threading.Event,
+                    metrics: TableMetrics | None = None, storage_options: Mapping[str, str] | None = None) -> None:
+    """Passes every --compact-interval seconds (--maintenance-interval with --no-compact), the slow steps
+    every --maintenance-interval, until `stopping`."""
+    maintainer = Maintainer(location, config, metrics, storage_options)
     interval = config.compact_interval if config.compact else config.maintenance_interval
+    next_slow = 0.0
     while not stopping.is_set():
         now = time.monotonic()
-        next_pass = now + interval
-        retention = now >= next_retention
-        if retention:
-            next_retention = now + config.maintenance_interval
+        slow = now >= next_slow
+        if slow:
+            next_slow = now + config.maintenance_interval
         try:
-            maintenance_pass(spark, database, config, metrics, compact=config.compact, retention=retention,
-                             throttle=throttle)
-            location = table_location(spark, database)
-        except Exception as e:  # a failed pass (Spark restarting, a query error) must not end the schedule
+            maintainer.run_pass(compact=config.compact, slow=slow)
+        except Exception as e:  # noqa: BLE001 (the table unreadable for now: the schedule goes on)
+            maintainer.reopen()
             log.warning("maintenance pass failed: %s", first_line(e))
-        # The census is a walk of the table's directories: cheap enough to keep the metrics fresh.
-        while not stopping.wait(min(CENSUS_EVERY, max(0.0, next_pass - time.monotonic()))):
-            if time.monotonic() >= next_pass:
-                break
-            if metrics is not None and location is not None:
-                try:
-                    metrics.census(location)
-                except Exception as e:  # noqa: BLE001 (a walk that met a partition being removed: the next one counts)
-                    log.warning("table census failed: %s", first_line(e))
+        stopping.wait(max(0.0, now + interval - time.monotonic()))
