@@ -7,18 +7,17 @@ chunks alternating between `--devices` devices, as e2e's two devices) and fed to
 `Receiver` with a `Sequencer` (in order), a `GroupCommit` and a deduplicating
 `BatchBuilder` whose memory already holds --remembered other keys (a running importer's: each
 new key makes it forget one); batches are cut as the worker cuts them, into Arrow tables.
-What is timed is the process's CPU time for all of it. With --place each batch then goes the
-way the importer's commit takes it to the table's files (importer/commit.py
-`TableTarget.append` without the catalog: each partition's rows together, `doc` encoded, one
-Parquet file per partition staged, fsynced and renamed, importer/place.py) into a temporary
-root, so the number is SUB frames to placed file. The drain itself (native/sub_drain.c) and
-the Spark catalog calls are not in it.
+What is timed is the process's CPU time for all of it. With --commit each batch then goes the
+way the importer's commit takes it (importer/commit.py `TableTarget.append`: partition values,
+`doc` encoded, one Delta commit through delta-rs with its app transactions) into a temporary
+Delta table, so the number is SUB frames to committed row (for a --tree from before the Delta
+table: that tree's own placement of its files). The drain itself (native/sub_drain.c) is not in it.
 
 --compare runs each LOGJAM_NATIVE setting (require, off) in a process of its own and prints
 them together; --tree DIR imports the importer from another checkout (with its C modules
 built in place), to compare a change with the code before it in the same hour.
 
-Usage: LOGJAM_NATIVE=off|auto python benchmarks/importer_decode.py [--messages N] [--rounds R] [--place]
+Usage: LOGJAM_NATIVE=off|auto python benchmarks/importer_decode.py [--messages N] [--rounds R] [--commit]
            [--remembered N] [--compare] [--tree DIR] [--profile]
 """
 
@@ -43,19 +42,21 @@ import zmq  # noqa: E402
 
 from harness.lumberjack_load import body  # noqa: E402
 from importer.batch import GroupCommit  # noqa: E402
-from importer.checkpoint import Position  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
 from importer.decode_native import NativeBatchBuilder  # noqa: E402
 from importer.dedupe import DEFAULT_CAPACITY, RecentKeys  # noqa: E402
 from importer.metrics import ImporterMetrics  # noqa: E402
-from importer.place import grouped, place  # noqa: E402
 from importer.receive import Receiver  # noqa: E402
 from importer.report import GapReport, Tally  # noqa: E402
 from importer.sequence import Ledger, Sequencer  # noqa: E402
+
+try:
+    from importer.sequence import Position  # noqa: E402
+except ImportError:  # a --tree from before the Delta table
+    from importer.checkpoint import Position  # type: ignore[no-redef]  # noqa: E402
 from importer.split import StreamFilter  # noqa: E402
 from importer.variant import DocEncoder  # noqa: E402
 from logjam.raw import RawBatch  # noqa: E402
-from table.schema import DOC_COLUMN  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's benchmarks/, whatever --tree says
 from benchmarks.results import Run  # noqa: E402
@@ -84,28 +85,34 @@ def chunks(n: int, devices: int = 1, streams: int = 4) -> list[RawBatch]:
     return out
 
 
-class Placer:
-    """The importer's local commit of a batch's rows without the catalog: sort, encode `doc`, place."""
+class Committer:
+    """The importer's commit of each batch into a temporary table (an older --tree: its placed files)."""
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="lj-bench-place-"))
-        self.doc = DocEncoder.load()
+        self.dir = Path(tempfile.mkdtemp(prefix="lj-bench-commit-"))
+        try:
+            from importer.commit import TableTarget
+
+            self.target = TableTarget(str(self.dir / "messages"), 0)
+            self.place = None
+        except ImportError:  # a --tree from before the Delta table
+            from importer.place import grouped, place  # type: ignore[import-not-found]
+            from importer.variant import DocEncoder
+
+            self.doc, self.grouped, self.place = DocEncoder.load(), grouped, place
         self.n = 0
 
-    def __call__(self, table) -> None:  # type: ignore[no-untyped-def]
-        rows = grouped(table)
+    def __call__(self, table, mark) -> None:  # type: ignore[no-untyped-def]
         self.n += 1
-        place(rows.append_column(DOC_COLUMN, self.doc.column(rows)), self.dir / "staging", self.dir / "root",
-              f"b{self.n}", _mkdirs)
+        if self.place is None:
+            self.target.append(table, mark)
+            return
+        rows = self.grouped(table)
+        self.place(rows.append_column("doc", self.doc.column(rows)), self.dir / "staging", self.dir / "root",
+                   f"b{self.n}", lambda dirs: [d.mkdir(parents=True, exist_ok=True) for d in dirs])
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _mkdirs(dirs: list[Path]) -> None:
-    """What registering a partition leaves for `place`: its directory (the catalog is not in this benchmark)."""
-    for d in dirs:
-        d.mkdir(parents=True, exist_ok=True)
 
 
 def full_memory(remembered: int) -> RecentKeys:
@@ -117,7 +124,7 @@ def full_memory(remembered: int) -> RecentKeys:
     return keys
 
 
-def run(batches: list[RawBatch], keep: list | None = None, placer: Placer | None = None,
+def run(batches: list[RawBatch], keep: list | None = None, placer: Committer | None = None,
         remembered: int = 0) -> tuple[float, int]:
     """CPU seconds for the receive -> decode -> batch path over `batches` (and the placing of each
     batch, given a `placer`), and the rows it made (the batches' tables go to `keep` when given).
@@ -142,7 +149,7 @@ def run(batches: list[RawBatch], keep: list | None = None, placer: Placer | None
         if keep is not None:
             keep.append(batch.table)
         if placer is not None:
-            placer(batch.table)
+            placer(batch.table, batch.mark)
         return batch.rows
 
     start = time.process_time()
@@ -173,7 +180,7 @@ def main() -> None:
     ap.add_argument("--remembered", type=int, default=DEFAULT_CAPACITY, metavar="N",
                     help="keys in the dedupe memory before a round starts, as in a running importer (default: its "
                          "capacity, so that every row's key makes it forget one; 0: an importer just started)")
-    ap.add_argument("--place", action="store_true", help="also group by partition, encode doc and place each batch's files")
+    ap.add_argument("--commit", action="store_true", help="also commit each batch into a temporary Delta table")
     ap.add_argument("--compare", action="store_true", help="LOGJAM_NATIVE=require and off, one process each")
     ap.add_argument("--tree", help="the checkout whose importer is measured (default: this one)")
     ap.add_argument("--profile", action="store_true", help="one round under cProfile, top 25 by own time")
@@ -183,7 +190,7 @@ def main() -> None:
         return
     result = Run("importer_decode", variant="python" if os.environ.get("LOGJAM_NATIVE") == "off" else None)
     batches = chunks(args.messages, args.devices, args.streams)
-    placer = Placer() if args.place else None
+    placer = Committer() if args.commit else None
     try:
         if args.profile:
             import cProfile
@@ -200,7 +207,7 @@ def main() -> None:
     finally:
         if placer is not None:
             placer.close()
-    print(f"LOGJAM_NATIVE={os.environ.get('LOGJAM_NATIVE', 'auto')}{' --place' if args.place else ''} "
+    print(f"LOGJAM_NATIVE={os.environ.get('LOGJAM_NATIVE', 'auto')}{' --commit' if args.commit else ''} "
           f"[{_TREE}]: {args.messages} messages ({args.devices} devices, {args.streams} streams, {args.remembered} keys "
           f"remembered before) x {args.rounds}: "
           f"CPU per event min {min(per):.2f} us, median {sorted(per)[len(per) // 2]:.2f} us "
