@@ -19,7 +19,8 @@ import orjson
 from harness.cpu import children
 from harness.processes import REPO, command, free_port, free_port_run, port_open, stop, wait_for
 from logjam.curve import ClientKey
-from tools.mesh import DEFAULTS, DEVICE_PORTS, device_port, ensure_keys, importers_subscribed, mesh_environment
+from tools.mesh import (DEFAULTS, DEVICE_PORTS, device_port, ensure_keys, importers_subscribed, log_offsets,
+                        mesh_environment, spark_table_ready)
 
 # Device K of a test mesh listens this far above device 0 (LOGJAM_DEVICE_PORT_STEP).
 PORT_STEP = 7
@@ -118,8 +119,9 @@ class Mesh:
         if self.curve:
             # As `make up` does before supervisord starts anything; clients connect with the client key.
             self.key = ClientKey.from_dir(ensure_keys(self.env))
-        # Where each importer's log ends now: "subscribed" counts from here (a data dir may be reused).
-        self.offsets = {p: p.stat().st_size for p in Path(self.env["LOGJAM_DATA_DIR"], "logs").glob("logjam-importer-*.log")}
+        # Where each importer's log and logjam-spark's end now: "subscribed" and "ready" count from here
+        # (a data dir may be reused).
+        self.offsets = log_offsets(self.env)
         with open(self.out, "w") as f:
             self.proc = subprocess.Popen([sys.executable, "-m", "tools.mesh", "up", "--config", str(self.config)],
                                          cwd=REPO, env=self.env, stdout=f, stderr=subprocess.STDOUT)
@@ -129,12 +131,14 @@ class Mesh:
         return FIXED_PROGRAMS + self.devices + self.importers
 
     def ready(self) -> bool:
-        """Every program RUNNING, every importer subscribed since `up`, Spark Connect listening."""
+        """Every program RUNNING, every importer subscribed since `up`, Spark Connect listening and the table
+        named in its catalog since `up`."""
         assert self.proc is not None and self.proc.poll() is None, \
             f"python -m tools.mesh up exited ({self.proc and self.proc.returncode}):\n{self.output()}\n{self.logs()}"
         states = self.states()
         return (len(states) == self.programs() and all(s == "RUNNING" for s, _ in states.values())
-                and importers_subscribed(self.env, self.offsets) and port_open(self.port("LOGJAM_SPARK_PORT")))
+                and importers_subscribed(self.env, self.offsets) and port_open(self.port("LOGJAM_SPARK_PORT"))
+                and spark_table_ready(self.env, self.offsets))
 
     def wait_up(self, timeout: float = 300) -> None:
         try:

@@ -1,9 +1,10 @@
-"""The `messages` table: its Arrow schema (an importer's decoded rows), its catalog DDL, and how its files are written.
+"""The `messages` table: its Arrow schema (an importer's decoded rows), SQL naming, and how its files are written.
 
-docs/schema.md describes every column. Partition columns: `importer` (the worker that
-wrote the row), `app_env` and `date`. In the catalog and in `SELECT *` they come last,
-after the data columns, which is also where Spark puts partition columns when it reads a
-directory tree; the Parquet files themselves hold only the data columns.
+docs/schema.md describes every column. The Delta table (table/delta.py) is partitioned by
+`app_env` and `date`; its columns are ARROW_SCHEMA's in their order, then `doc`. The Parquet
+files hold only the data columns. `table_ddl`, `partition_clause` and `CATALOG_PARTITIONS` are
+the earlier Hive layout's (importer=/app_env=/date= registered in the metastore), for what still
+reads or builds such a table.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ DOC_EXPR = "CASE WHEN trim(LEADING ' \\t\\r\\n' FROM body) LIKE '{%' THEN try_pa
 DATA_COLUMNS: tuple[str, ...] = (*(c for c in COLUMNS if c not in PARTITION_COLUMNS), DOC_COLUMN)
 # `doc` as an importer writes it: Parquet's Variant group of two binaries, which Spark reads as
 # a VARIANT (unshredded) when the read schema says so.
-DOC_ARROW_TYPE = pa.struct([pa.field("value", pa.large_binary(), nullable=False),
-                            pa.field("metadata", pa.large_binary(), nullable=False)])
+DOC_ARROW_TYPE = pa.struct([pa.field("metadata", pa.large_binary(), nullable=False),
+                            pa.field("value", pa.large_binary(), nullable=False)])
 # What a file an importer places holds (importer/place.py), and so what an open day's merge
 # of such files without Spark reads and writes (warehouse/arrow_merge.py).
 FILE_SCHEMA = pa.schema([f for f in ARROW_SCHEMA if f.name not in PARTITION_COLUMNS]
@@ -130,13 +131,6 @@ def spark_read_ddl(data_only: bool = False) -> str:
     data = [f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA if f.name not in PARTITION_COLUMNS]
     data.append(f"`{DOC_COLUMN}` VARIANT")
     return ", ".join(data if data_only else data + ["`importer` INT", "`app_env` STRING", "`date` DATE"])
-
-
-def missing_columns(present: set[str]) -> list[str]:
-    """`col TYPE` of the data columns a table created by an older version lacks, in table order."""
-    missing = [f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA
-               if f.name not in PARTITION_COLUMNS and f.name not in present]
-    return missing + ([] if DOC_COLUMN in present else [f"`{DOC_COLUMN}` VARIANT"])
 
 
 def table_ddl(database: str, location: str) -> str:

@@ -2,7 +2,9 @@
 
 `--spark` picks the session: `sc://...` is a Spark Connect client (the default, a thin
 client of `logjam-spark`); anything else (`local[*]`, `spark://host:7077`, `yarn`) is a
-master URL for a classic in-process session, which costs a JVM per process.
+master URL for a classic in-process session, which costs a JVM per process. Either reads the
+table as Delta: a classic session gets the same Delta settings and jars as `logjam-spark`'s JVM
+(`delta_conf`), so that `logjam.messages` and `delta.\`<path>\`` mean the same in both.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from logjam import defaults
 from table.paths import default_warehouse
@@ -29,21 +31,56 @@ MAINTENANCE_POOL = "maintenance"
 # Spark's own logging, cut to what an operator needs: classic sessions and logjam-spark's JVM use it.
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
-DISCOVERY = "spark.sql.sources.parallelPartitionDiscovery.threshold"
 # What every classic session gets; `logjam-spark` sets the same on its server (warehouse/spark_jvm.py).
 CLASSIC_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",
-    # Rows an importer committed must be visible to the next query at once.
-    "spark.sql.hive.filesourcePartitionFileCacheSize": "0",
-    # Timestamps as INT64 microseconds, as pyarrow writes them: Spark's default (INT96) gets no
-    # min/max statistics and no page index from parquet-mr, so a time range skips nothing.
+    # Timestamps as INT64 microseconds, as pyarrow and delta-rs write them, in whatever Spark writes:
+    # Spark's default (INT96) gets no min/max statistics and no page index from parquet-mr.
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    # A query over more than 32 partitions lists their directories in a Spark job of its own by
-    # default; on the warehouse's disk the driver lists a month of partitions in milliseconds,
-    # where that job took seconds (benchmarks/month.py: count(*) over 1,200 partitions 4.9 -> 2.3 s).
-    DISCOVERY: "10000",
 }
+
+# The table is a Delta table (table/delta.py): every Spark that reads it, logjam-spark's JVM and
+# every classic session alike, gets Delta's SQL extension and catalog (and its jars, `delta_conf`).
+DELTA_CONF: Mapping[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # A snapshot's state is rebuilt from the log in this many tasks (Delta's default: 50). The
+    # table's log is checkpointed by maintenance and small, and on 2 cores 50 tasks cost more in
+    # scheduling than they read.
+    "spark.databricks.delta.snapshotPartitions": "2",
+    # A lookup of one id (tools/trace.py) is skipped file by file by the log's min/max statistics,
+    # then row group by row group by the Parquet bloom filters the writers add on the lookup
+    # columns (table/delta.py): both need the filter pushed into the Parquet reader.
+    "spark.sql.parquet.filterPushdown": "true",
+    "spark.hadoop.parquet.filter.bloom.enabled": "true",
+}
+
+
+def add_jars(conf: dict[str, str], jars: Sequence[Path], master: str) -> None:
+    """Put `jars` on the driver's classpath (every class loader of it sees them; local masters run
+    their tasks in the driver) and, on a cluster, ship them to the executors. Appended to what
+    `conf` already names, never replacing it."""
+    if not jars:
+        return
+    _append(conf, "spark.driver.extraClassPath", os.pathsep.join(str(j) for j in jars), os.pathsep)
+    if not master.startswith("local"):
+        _append(conf, "spark.jars", ",".join(str(j) for j in jars), ",")
+
+
+def _append(conf: dict[str, str], key: str, value: str, sep: str) -> None:
+    conf[key] = f"{conf[key]}{sep}{value}" if conf.get(key) else value
+
+
+def delta_conf(conf: Mapping[str, str], master: str) -> dict[str, str]:
+    """`conf` over DELTA_CONF, with Delta's jars (runtime/jars.py's `delta` set) added to its classpath:
+    what a Spark JVM for `master` needs to read and name the table. `JarsMissing` says which make
+    target installs the jars when they are not there."""
+    from runtime.jars import jar_paths
+
+    out = {**DELTA_CONF, **conf}
+    add_jars(out, jar_paths("delta"), master)
+    return out
 
 
 def is_connect(url: str) -> bool:
@@ -100,8 +137,9 @@ def _session(url: str, app_name: str, warehouse: str | None, session_id: str | N
         os.environ.pop(name, None)
     address = driver_address(url)
     builder = SparkSession.builder.master(url).appName(app_name).config(WAREHOUSE_CONF, warehouse or default_warehouse())
-    settings = {**CLASSIC_CONF, "spark.driver.host": address, "spark.driver.bindAddress": address,
-                "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}", **(conf or {})}
+    settings = delta_conf({**CLASSIC_CONF, "spark.driver.host": address, "spark.driver.bindAddress": address,
+                           "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}",
+                           **(conf or {})}, url)
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -152,10 +152,23 @@ def database_for(warehouse: Path) -> str:
 
 
 def table(spark_server: SparkServer, warehouse: Path) -> Any:
-    """`<database>.messages` for a test's warehouse as a DataFrame, created (adopting rows) if need be."""
+    """`<database>.messages` for a test's warehouse as a DataFrame, the Delta table made and named if need be."""
     from table.catalog import ensure_table
 
     spark = spark_server.session()
     database = database_for(warehouse)
     ensure_table(spark, database, str(warehouse / "messages"))
     return spark.table(f"{database}.messages")
+
+
+def append_rows(location: str | Path, rows: Any) -> int:
+    """`rows` (ARROW_SCHEMA, as importer.decode.BatchBuilder builds them) committed to the Delta table at
+    `location` as an importer commits them: `doc` encoded by the importer's encoder, one delta-rs commit
+    (table/delta.py `Writer.append`), no app transaction. Returns the rows committed."""
+    import pyarrow as pa
+
+    from importer.variant import DocEncoder
+    from table.delta import Writer, with_doc
+
+    return Writer(str(location)).append(with_doc(rows, DocEncoder.load().column(rows)),
+                                        pa.nulls(rows.num_rows, pa.string()), {})

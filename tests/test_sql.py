@@ -11,10 +11,9 @@ import pytest
 
 from table.catalog import ensure_table
 from importer.decode import BatchBuilder
-from importer.write import TableWriter
 from logjam.message import Message
 from harness.processes import command, free_port
-from tests.spark_fixture import database_for
+from tests.spark_fixture import append_rows, database_for
 
 
 def sql(spark_server, query: str, *extra: str) -> subprocess.CompletedProcess:
@@ -22,24 +21,23 @@ def sql(spark_server, query: str, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def land(spark_server, warehouse: Path, importer: int, counts: dict[str, int], database: str | None = None) -> None:
-    """Write rows exactly as an importer does, through the same writer code."""
+def land(spark_server, warehouse: Path, counts: dict[str, int], database: str | None = None, device: int = 5) -> None:
+    """Commit rows to the test's Delta table as an importer does, and name it in the server's catalog."""
     b = BatchBuilder()
     for app_env, n in counts.items():
         for i in range(n):
             b.add(Message.build(app_env, "logs.sql", {"message": f"m{i}", "@metadata": {"protocol": "segment"}},
-                                seq=i + 1, device=5), time.time_ns() // 1000)  # created now, arrived now
-    spark = spark_server.session()
+                                seq=i + 1, device=device), time.time_ns() // 1000)  # created now, arrived now
     database = database or database_for(warehouse)
-    location = ensure_table(spark, database, str(warehouse / "messages"))
-    TableWriter(database, importer, location).write(spark, b.build())
+    ensure_table(spark_server.session(), database, str(warehouse / "messages"))
+    append_rows(warehouse / "messages", b.build())
 
 
 @pytest.mark.timeout(240)
 def test_query_prints_a_table_and_json_lines(spark_server, tmp_path) -> None:
     warehouse = tmp_path / "wh"
-    land(spark_server, warehouse, 0, {"sqla-prod": 3})
-    land(spark_server, warehouse, 1, {"sqlb-dev": 2})
+    land(spark_server, warehouse, {"sqla-prod": 3})
+    land(spark_server, warehouse, {"sqlb-dev": 2}, device=6)
     q = "SELECT app_env, count(*) AS n, first(protocol) AS protocol FROM messages GROUP BY 1 ORDER BY 1"
 
     db = ["--warehouse", str(warehouse), "--database", database_for(warehouse)]
@@ -60,7 +58,7 @@ def test_query_prints_a_table_and_json_lines(spark_server, tmp_path) -> None:
 
 @pytest.mark.timeout(240)
 def test_default_warehouse_is_the_servers(spark_server) -> None:
-    land(spark_server, spark_server.warehouse, 99, {"sqldefault-prod": 4}, database="logjam")
+    land(spark_server, spark_server.warehouse, {"sqldefault-prod": 4}, database="logjam")
     r = sql(spark_server, "SELECT count(*) AS n FROM messages WHERE app_env = 'sqldefault-prod'", "--json")
     assert r.returncode == 0, r.stderr
     assert orjson.loads(r.stdout) == {"n": 4}
@@ -96,9 +94,10 @@ def test_no_server_is_said_at_once() -> None:
 
 @pytest.mark.timeout(300)
 def test_a_master_url_runs_a_classic_session_over_the_same_files(spark_server, tmp_path) -> None:
-    """`--spark local[1]` (offered by --help) starts its own session, whose catalog adopts the rows on disk."""
+    """`--spark local[1]` (offered by --help) starts its own session, which names the Delta table on disk in its
+    own catalog and reads it as the server does."""
     warehouse = tmp_path / "wh"
-    land(spark_server, warehouse, 0, {"sqlclassic-prod": 5})
+    land(spark_server, warehouse, {"sqlclassic-prod": 5})
     r = subprocess.run([command("logjam-sql"), "SELECT app_env, count(*) AS n FROM messages GROUP BY 1", "--json",
                         "--spark", "local[1]", "--warehouse", str(warehouse)],
                        capture_output=True, text=True, timeout=240, cwd=tmp_path)
@@ -127,8 +126,8 @@ def test_trace_prints_one_request_across_streams_and_days_in_time_order(spark_se
     for seq, (app_env, ago, body) in enumerate(rows, 1):
         at = int((now - datetime.timedelta(seconds=ago)).timestamp() * 1000)
         b.add(Message.build(app_env, "logs.trace", body, seq=seq, device=5, created_ms=at), time.time_ns() // 1000)
-    spark = spark_server.session()
-    TableWriter(database, 0, ensure_table(spark, database, str(warehouse / "messages"))).write(spark, b.build())
+    ensure_table(spark_server.session(), database, str(warehouse / "messages"))
+    append_rows(warehouse / "messages", b.build())
 
     def trace_of(ident: str, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([command("logjam-sql"), "--trace", ident, "--spark", spark_server.url, "--warehouse",

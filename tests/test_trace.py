@@ -17,10 +17,9 @@ import pytest
 
 from harness.processes import command
 from importer.decode import BatchBuilder
-from importer.write import TableWriter
 from logjam.message import Message
 from table.catalog import ensure_table
-from tests.spark_fixture import database_for
+from tests.spark_fixture import append_rows, database_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,8 +40,8 @@ def traced(spark_server, tmp_path) -> tuple[list[str], str]:
         at = int((now - datetime.timedelta(seconds=ago)).timestamp() * 1000)
         b.add(Message.build(app_env, "logs.trace", {"message": message, "request_id": request, "level": "info"},
                             seq=seq, device=5, created_ms=at), time.time_ns() // 1000)
-    spark = spark_server.session()
-    TableWriter(database, 0, ensure_table(spark, database, str(warehouse / "messages"))).write(spark, b.build())
+    ensure_table(spark_server.session(), database, str(warehouse / "messages"))
+    append_rows(warehouse / "messages", b.build())
     args = [command("logjam-sql"), "--trace", request, "--spark", spark_server.url, "--warehouse", str(warehouse),
             "--database", database]
     return args, request

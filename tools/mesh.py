@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from logjam import defaults, endpoints
+from table.schema import DEFAULT_DATABASE, TABLE_NAME
 
 DEFAULTS = {
     "LOGJAM_DATA_DIR": defaults.DATA_DIR,
@@ -233,25 +234,37 @@ def device_lines(env: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _log_offsets(env: dict[str, str]) -> dict[Path, int]:
+SPARK_LOG = "logjam-spark.log"
+
+
+def log_offsets(env: dict[str, str]) -> dict[Path, int]:
+    """Where each importer's log and logjam-spark's end now: what they log from here on is this start's."""
     logs = Path(env["LOGJAM_DATA_DIR"], "logs")
-    return {p: p.stat().st_size for p in logs.glob("logjam-importer-*.log")}
+    return {p: p.stat().st_size for p in [*logs.glob("logjam-importer-*.log"), *logs.glob(SPARK_LOG)]}
+
+
+def logged_since(path: Path, offsets: dict[Path, int], needle: bytes) -> bool:
+    """Whether `path` has `needle` past its offset in `offsets` (from its start for a log new since)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offsets.get(path, 0))
+            return needle in f.read()
+    except OSError:
+        return False
 
 
 def importers_subscribed(env: dict[str, str], offsets: dict[Path, int]) -> bool:
     """Every importer has logged "subscribed" since we started (so events sent now land)."""
     logs = Path(env["LOGJAM_DATA_DIR"], "logs")
     want = int(env["LOGJAM_IMPORTERS"])
-    ready = 0
-    for i in range(want):
-        path = logs / f"logjam-importer-{i}.log"
-        try:
-            with open(path, "rb") as f:
-                f.seek(offsets.get(path, 0))
-                ready += b" subscribed to " in f.read()
-        except OSError:
-            pass
-    return ready == want
+    return sum(logged_since(logs / f"logjam-importer-{i}.log", offsets, b" subscribed to ") for i in range(want)) == want
+
+
+def spark_table_ready(env: dict[str, str], offsets: dict[Path, int], database: str = DEFAULT_DATABASE) -> bool:
+    """logjam-spark has logged since we started that its table exists and the catalog names it
+    (warehouse/spark_server.py): Spark answering is not enough, a query could not name the table yet."""
+    needle = f"table {database}.{TABLE_NAME} ready at ".encode()
+    return logged_since(Path(env["LOGJAM_DATA_DIR"], "logs", SPARK_LOG), offsets, needle)
 
 
 def up(config: Path, ready_timeout: float = 180.0) -> int:
@@ -263,7 +276,7 @@ def up(config: Path, ready_timeout: float = 180.0) -> int:
     for warning in orphaned_journals(env):
         print(warning, file=sys.stderr, flush=True)
     ensure_keys(env)
-    offsets = _log_offsets(env)
+    offsets = log_offsets(env)
     print(f"starting logjam-mesh (Spark takes ~30 s); logs in {env['LOGJAM_DATA_DIR']}/logs", flush=True)
     proc = subprocess.Popen([_bin("supervisord"), "-c", str(config), "-n"], env=env)
     # The terminal's Ctrl-C reaches supervisord too; we only wait for it to finish stopping.
@@ -276,7 +289,7 @@ def up(config: Path, ready_timeout: float = 180.0) -> int:
         if not announced:
             states = status(config, env)
             stable = stable + 1 if states and all(s == "RUNNING" for s in states.values()) else 0
-            if stable >= 3 and importers_subscribed(env, offsets):
+            if stable >= 3 and importers_subscribed(env, offsets) and spark_table_ready(env, offsets):
                 try:
                     print(banner(env), flush=True)
                 except OSError:  # nobody is reading our stdout any more; keep running

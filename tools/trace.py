@@ -2,15 +2,13 @@
 
 A request crosses services, and each service's logs land in its own stream; what a person
 debugging it wants is all of them in time order. The lookup names the id in `request_id`
-and `trace_id` (a trace id is matched lowercased, as the importers store it), and every
-file of the table has bloom filters on both (docs/schema.md, "Layout for lookups"). Before
-Spark plans, the lookup index (table/lookup_index.py, table/lookup_plan.py) rules out the files
-that cannot hold the id, and Spark reads the others by path (no catalog, no listing: the
-catalog's part alone was 0.5 s of a lookup), with each row's partition values from its file's
-partition; a partition the index cannot speak for is queried through the table. `lookup` is that path for any
-of the indexed columns; `benchmarks/month.py` times its lookups through it. `--days N` searches only the
-last N days; the header says how many days the search covered, counted from the table's
-partitions.
+and `trace_id` (a trace id is matched lowercased, as the importers store it) in one query on
+the Delta table: the log's per-file min/max statistics of both columns rule out files whose
+range cannot hold the id, and in the files left the Parquet bloom filter the writers add on
+each lookup column (table/delta.py `writer_properties`) rules out nearly every row group
+(docs/schema.md, "Layout for lookups"). `lookup` is that query for any of the lookup columns.
+`--days N` searches only the last N days; the header says how many days the search covered,
+counted from the table's partitions.
 """
 
 from __future__ import annotations
@@ -20,10 +18,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from table import lookup_plan
 from table.catalog import table_location
 from table.paths import local_path
-from table.schema import CATALOG_PARTITIONS, qualified, spark_read_ddl, sql_string
+from table.schema import qualified, sql_string
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +50,6 @@ def probes_of(trace: str) -> dict[str, list[str]]:
     return {"request_id": [trace], "trace_id": [trace.lower()]}
 
 
-def partition_days(partitions: Sequence[str], first_day: datetime.date | None) -> list[datetime.date]:
-    """The distinct days of `SHOW PARTITIONS` lines (`importer=0/app_env=x/date=2026-11-28`) from `first_day` on."""
-    days = set()
-    for spec in partitions:
-        for part in spec.split("/"):
-            if part.startswith("date="):
-                day = datetime.date.fromisoformat(part[5:])
-                if first_day is None or day >= first_day:
-                    days.add(day)
-    return sorted(days)
-
-
 @dataclass(frozen=True, slots=True)
 class Found:
     rows: list[dict[str, Any]]
@@ -74,62 +59,26 @@ class Found:
 def lookup(spark: Any, database: str, probes: Mapping[str, Sequence[str]], columns: Sequence[str],
            first_day: datetime.date | None = None, location: str | None = None, order_by: str = "") -> Found:
     """The rows where any `column = value` of `probes` holds, `columns` of them, ordered by the columns of
-    `order_by` (names, comma-separated): only the files the lookup index leaves are read. `location`: the
-    table's, when the caller knows it (else asked)."""
+    `order_by` (names, comma-separated), from `first_day` on. `location`: the table's, when the caller
+    knows it (else asked)."""
     table = qualified(database)
+    since_day = f" AND date >= DATE'{first_day.isoformat()}'" if first_day is not None else ""
+    order = f" ORDER BY {order_by}" if order_by else ""
+    rows = spark.sql(f"SELECT {', '.join(columns)} FROM {table} WHERE {ids_where(probes)}{since_day}{order}").collect()
+    return Found([r.asDict() for r in rows], table_days(spark, database, location, first_day))
+
+
+def table_days(spark: Any, database: str, location: str | None, first_day: datetime.date | None) -> list[datetime.date]:
+    """The days the table has partitions of, from `first_day` on: from the Delta log by delta-rs where the
+    table is on this machine's disk (the log alone, no data file), else by Spark."""
     table_dir = local_path(location or table_location(spark, database))
-    if table_dir is None or not table_dir.is_dir():  # the table is not on this machine's disk: no index here
-        days = partition_days([r[0] for r in spark.sql(f"SHOW PARTITIONS {table}").collect()], first_day)
-        since = f" AND date >= DATE'{first_day.isoformat()}'" if first_day is not None else ""
-        order = f" ORDER BY {order_by}" if order_by else ""
-        sql = f"SELECT {', '.join(columns)} FROM {table} WHERE {ids_where(probes)}{since}{order}"
-        return Found([r.asDict() for r in spark.sql(sql).collect()], days)
-    for attempt in range(READ_ATTEMPTS):
-        found = lookup_plan.plan(table_dir, probes, first_day.isoformat() if first_day is not None else None)
-        log.info("lookup index: %d of %d partitions to query (%d files or partitions unindexed)",
-                 len(found.search), len(found.every), found.unindexed)
-        try:
-            rows = _read(spark, table, found, probes, columns)
-        except Exception as e:  # noqa: BLE001 (a named file merged and deleted since the plan: plan again)
-            if attempt + 1 == READ_ATTEMPTS or not any(w in str(e) for w in GONE):
-                raise
-            log.info("lookup: a file went while read, planning again: %s", str(e).splitlines()[0])
-            continue
-        keys = [c.strip() for c in order_by.split(",") if c.strip()]
-        rows.sort(key=lambda r: tuple((r[k] is not None, r[k]) for k in keys))
-        return Found(rows, [datetime.date.fromisoformat(d) for d in found.days])
-    raise AssertionError("unreachable")
+    if table_dir is not None and table_dir.is_dir():
+        from deltalake import DeltaTable
 
-
-# How often a lookup plans again when a file it named was deleted before Spark read it (a merge's
-# swap, then the replaced files' grace, between the plan and the read: minutes, so rarely twice).
-READ_ATTEMPTS = 3
-GONE = ("PATH_NOT_FOUND", "FILE_NOT_EXIST", "FileNotFound")  # Spark's errors for a file gone before or while read
-
-
-def _read(spark: Any, table: str, found: lookup_plan.LookupPlan, probes: Mapping[str, Sequence[str]],
-          columns: Sequence[str]) -> list[dict[str, Any]]:
-    """`columns` of the rows of `found`'s files (read by path: no catalog, no listing) and of its partitions
-    searched whole (through the table) where an id of `probes` is."""
-    if not found.search:
-        return []
-    by_name = lookup_plan.named_files(found)
-    data = [c for c in columns if c not in CATALOG_PARTITIONS]
-    rows = []
-    if by_name:
-        paths = [f"file://{part.dir / rel}" for rel, part in by_name.values()]  # (partition dirs escape glob chars)
-        df = spark.read.schema(spark_read_ddl(data_only=True)).parquet(*paths).where(ids_where(probes))
-        for r in df.select(*data, "_metadata.file_name").collect():
-            row = r.asDict()
-            part = by_name[row.pop("file_name")][1]
-            values = {"importer": part.importer, "app_env": part.app_env,
-                      "date": datetime.date.fromisoformat(part.date)}
-            rows.append({c: values[c] if c in values else row[c] for c in columns})
-    where = lookup_plan.predicate(found)
-    if where is not None:
-        sql = f"SELECT {', '.join(columns)} FROM {table} WHERE {ids_where(probes)} AND {where}"
-        rows += [r.asDict() for r in spark.sql(sql).collect()]
-    return rows
+        days = {datetime.date.fromisoformat(p["date"]) for p in DeltaTable(str(table_dir)).partitions()}
+    else:
+        days = {r[0] for r in spark.sql(f"SELECT DISTINCT date FROM {qualified(database)}").collect()}
+    return sorted(d for d in days if first_day is None or d >= first_day)
 
 
 def find(spark: Any, database: str, trace: str, days: int, location: str | None = None) -> Timeline:

@@ -11,7 +11,7 @@ import os
 import socket
 from pathlib import Path
 
-from table.session import CLASSIC_CONF, DISCOVERY, LOG4J_CONFIG, driver_address
+from table.session import CLASSIC_CONF, LOG4J_CONFIG, add_jars, delta_conf, driver_address
 from warehouse.config import SparkServerConfig
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -38,18 +38,7 @@ def spark_conf(config: SparkServerConfig) -> dict[str, str]:
         "spark.connect.grpc.binding.address": config.bind,
         "spark.sql.warehouse.dir": config.warehouse,
         "spark.sql.catalogImplementation": "hive",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.ui.enabled": "false",
-        # Importers add files to registered partitions; the next query must list them.
-        "spark.sql.hive.filesourcePartitionFileCacheSize": "0",
-        # Partition stats would list every new partition's files on ADD PARTITION; nobody reads them.
-        "spark.hadoop.hive.stats.autogather": "false",
-        "spark.sql.statistics.size.autoUpdate.enabled": "false",
-        # Timestamps as INT64 microseconds, as pyarrow writes them: Spark's default (INT96) gets no
-        # min/max statistics and no page index from parquet-mr, so a time range skips nothing.
-        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-        # Partition directories listed by the driver, not by a job of their own (table/session.py).
-        DISCOVERY: CLASSIC_CONF[DISCOVERY],
+        **CLASSIC_CONF,
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": f"file://{SCHEDULER_POOLS}",
     }
@@ -60,9 +49,6 @@ def spark_conf(config: SparkServerConfig) -> dict[str, str]:
             f"jdbc:derby:;databaseName={config.metastore / 'metastore_db'};create=true")
         conf["spark.hadoop.datanucleus.schema.autoCreateAll"] = "true"
         conf["spark.hadoop.hive.metastore.schema.verification"] = "false"
-        # Adding the VARIANT column `doc` to an older table stores the schema in Spark's own format,
-        # which Hive's column type check refuses (docs/schema.md).
-        conf["spark.hadoop.hive.metastore.disallow.incompatible.col.type.changes"] = "false"
     if config.jdbc_port:
         conf["spark.plugins"] = CONNECT_PLUGIN
         conf["spark.hadoop.hive.server2.thrift.port"] = str(config.jdbc_port)
@@ -81,18 +67,12 @@ def spark_conf(config: SparkServerConfig) -> dict[str, str]:
         if not sep or not key.strip():
             raise SystemExit(f"logjam-spark: --conf wants KEY=VALUE, got {item!r}")
         conf[key.strip()] = value
+    # Delta's settings and jars, and the filesystem jar, added to what --conf gave, never replacing
+    # it: fs.file.impl needs the class everywhere, the catalog needs Delta's.
+    conf = delta_conf(conf, config.master)
     if LOCALFS_JAR.exists():
-        # Added to what --conf gave, never replacing it: fs.file.impl needs the class everywhere.
-        # The driver's own classpath, so every class loader (the metastore's too) sees it;
-        # spark.jars ships it to a cluster's executors (local[*] runs tasks in the driver).
-        _append(conf, "spark.driver.extraClassPath", str(LOCALFS_JAR), os.pathsep)
-        if not config.master.startswith("local"):
-            _append(conf, "spark.jars", str(LOCALFS_JAR), ",")
+        add_jars(conf, [LOCALFS_JAR], config.master)
     return conf
-
-
-def _append(conf: dict[str, str], key: str, value: str, sep: str) -> None:
-    conf[key] = f"{conf[key]}{sep}{value}" if conf.get(key) else value
 
 
 def localfs_note() -> str | None:

@@ -5,10 +5,12 @@ It runs the installed pyspark's own `spark-submit` as a child process that dies 
 - HiveServer2 (JDBC/ODBC, `beeline -u jdbc:hive2://HOST:10000`) on `--jdbc-port`, in the
   same JVM (the Thrift server's main class with Connect as a plugin), so both see one
   catalog; `--jdbc-port 0` runs the Connect server alone;
-- a Hive metastore in embedded Derby under `--metastore`, holding `logjam.messages` and its
-  partitions across restarts (or `--metastore-uri thrift://...` for an existing one).
-Once the server answers, it makes sure the table exists (adopting rows written before),
-then runs table maintenance (compaction and retention, warehouse/maintenance.py) on a
+- a Hive metastore in embedded Derby under `--metastore`, holding the name `logjam.messages`
+  across restarts (or `--metastore-uri thrift://...` for an existing one).
+The JVM reads the table as Delta (table/session.py `delta_conf`). Once the server answers, it
+makes sure the Delta table exists (created by delta-rs, table/delta.py) and that the catalog
+names it (table/catalog.py), logs `table <database>.messages ready at <location>` (what
+`make up` waits for), then runs table maintenance (compaction and retention, warehouse/maintenance.py) on a
 schedule. SIGTERM or SIGINT stops maintenance and the JVM, then we exit 0. A JVM that has not
 stopped `--stop-timeout` seconds later (a shutdown hook waiting on a busy cluster, a stopped
 process) prints its threads into the log and is killed: the table's commit protocol survives a
@@ -35,7 +37,7 @@ from typing import Any, Sequence
 from logjam import defaults
 from warehouse.maintenance import TableMetrics, add_maintenance_flags, run_maintenance
 from table.paths import table_path
-from table.schema import DEFAULT_DATABASE
+from table.schema import DEFAULT_DATABASE, TABLE_NAME
 from warehouse.config import SparkServerConfig
 from warehouse.spark_jvm import command, listening, localfs_note, spark_home
 from runtime.config import add_config_flag, parse_config, setup_logging
@@ -101,17 +103,23 @@ def _prepare(config: SparkServerConfig, proc: subprocess.Popen, stopping: thread
 
 
 def _table_session(config: SparkServerConfig, stopping: threading.Event) -> Any:
+    """A Connect session of the maintenance pool, once the table exists and the catalog names it; None when
+    stopping first, or when the table's location holds what delta-rs must not write (said in the log)."""
     from table.catalog import ensure_table
-    from table.session import MAINTENANCE_POOL, open_session
+    from table.delta import UnwritableTable
+    from table.session import MAINTENANCE_POOL, first_line, open_session
 
     while not stopping.is_set():
         try:
             spark = open_session(f"sc://{config.host}:{config.port}", pool=MAINTENANCE_POOL)
             location = ensure_table(spark, config.database, table_path(config.warehouse))
-            log.info("table %s.messages ready at %s", config.database, location)
+            log.info("table %s.%s ready at %s", config.database, TABLE_NAME, location)
             return spark
+        except UnwritableTable as e:  # trying again would not change it: a person must
+            log.error("the table cannot be used: %s", e)
+            return None
         except Exception as e:  # the server may still be starting its sessions; try again
-            log.warning("cannot prepare the table yet: %s", str(e).strip().splitlines()[0] if str(e).strip() else e)
+            log.warning("cannot prepare the table yet: %s", first_line(e))
             stopping.wait(2.0)
     return None
 
