@@ -17,6 +17,7 @@ import logging
 import shutil
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Mapping
 
@@ -29,7 +30,7 @@ from importer.sequence import Position
 from importer.variant import DocEncoder
 from table import delta
 from table.partitioning import PartitionMap, partitions_of
-from table.paths import QUARANTINE
+from table.paths import QUARANTINE, dir_value, local_path, partition_dir
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,9 @@ class TableTarget:
         """The (app_env, date) pairs whose rows fail by themselves while others succeed; empty when the
         failure is general (disk full, the store unreachable), which waiting mends and quarantine would not.
 
-        Checked by halving, without committing anything: each group's rows are written as a Delta
-        table of their own in a scratch directory."""
+        Checked by halving, without committing anything: on a local table each group's partition
+        directories must take a file, and each group's rows are written as a Delta table of their
+        own in a scratch directory."""
         pairs = partitions_of(table)
         bad: list[tuple[str, str]] = []
         todo = [pairs]
@@ -99,7 +101,15 @@ class TableTarget:
         wanted = set(group)
         mask = [(a, d.isoformat()) in wanted for a, d in zip(table.column("app_env").to_pylist(),
                                                              table.column("date").to_pylist())]
-        rows, _ = self.map.apply(table.filter(pa.array(mask)))
+        rows, specs = self.map.apply(table.filter(pa.array(mask)))
+        local = local_path(self.location)
+        if local is not None:
+            for value, day in specs:
+                directory = Path(partition_dir(str(local), dir_value(value), day))
+                directory.mkdir(parents=True, exist_ok=True)
+                probe = directory / f".probe-{uuid.uuid4().hex}"
+                probe.write_bytes(b"")
+                probe.unlink()
         if self.scratch is not None:
             self.scratch.mkdir(parents=True, exist_ok=True)
         where = Path(tempfile.mkdtemp(prefix="probe-", dir=self.scratch))

@@ -8,8 +8,8 @@ exceptions that keep one stream from harming the table or the others (docs/schem
   streams keep theirs;
 - rows whose write keeps failing go to the quarantine partition (importer/write.py).
 A row whose partition value is not its name keeps the name in `original_app_env`.
-A directory name too long for the filesystem is a separate matter: the partition keeps the
-name as its value and only its directory is named after a hash (paths.dir_value).
+A name whose directory would be too long for the filesystem is a stand-in too: its partition
+value (which is its directory's name in a Delta table) is a hash (paths.dir_value).
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ class PartitionMap:
         rows = [values[(a, d)] for a, d in zip(apps, days)]
         dirs = pa.array([dir_value(v) for v in rows], pa.string())
         kept = table.column("original_app_env").to_pylist()  # a quarantined row's name is there already
-        original = pa.array([o if o is not None else (None if v == a else a) for a, v, o in zip(apps, rows, kept)],
-                            pa.string())
+        # The table's partition value is its directory's name, so a hashed directory is a stand-in too.
+        original = pa.array([o if o is not None else (None if dir_value(v) == a else a)
+                             for a, v, o in zip(apps, rows, kept)], pa.string())
         table = table.set_column(table.schema.get_field_index("app_env"), "app_env", dirs)
         table = table.set_column(table.schema.get_field_index("original_app_env"), "original_app_env", original)
         return table, specs
