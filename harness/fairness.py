@@ -17,6 +17,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+from deltalake import DeltaTable
+
 from harness.lumberjack_load import WINDOW, Shipper, ship, windows
 from harness.cpu import cpu
 from harness.mesh import Mesh
@@ -76,29 +79,45 @@ class Quiet(threading.Thread):
 
 
 class Sampler(threading.Thread):
-    """About once a second: the newest queryable quiet event's age, filed under the current phase."""
+    """About once a second: the newest committed quiet event's age, filed under the current phase.
+
+    It reads the table's log with delta-rs, which sees a commit as soon as it is made: the
+    mesh's landing, apart from the time a Spark reader takes to bring its own snapshot up to
+    date. The age is taken at the moment the snapshot was read."""
+
+    REOPEN_EVERY = 100  # a snapshot brought forward for ever grows what each update walks
 
     def __init__(self, mesh: Mesh, quiet: Quiet, lags: Lags, stop: threading.Event) -> None:
         super().__init__(daemon=True)
         self.mesh, self.quiet, self.lags, self.stop = mesh, quiet, lags, stop
         self.phase = ""
+        self.location = f"{mesh.env['LOGJAM_DATA_DIR']}/warehouse/messages"
+        self._table: DeltaTable | None = None
+        self._reads = 0
 
-    def newest(self) -> int | None:
-        row = self.mesh.spark.sql(f"SELECT max(variant_get(doc, '$.n', 'bigint')) FROM logjam.messages "
-                                  f"WHERE app_env = '{QUIET}'").collect()[0][0]
-        return None if row is None else int(row)
+    def newest(self) -> tuple[int | None, float]:
+        """(the highest quiet event number committed, perf_counter() when the snapshot was taken)."""
+        if self._table is None or self._reads % self.REOPEN_EVERY == 0:
+            self._table = DeltaTable(self.location)
+        else:
+            self._table.update_incremental()
+        self._reads += 1
+        at = time.perf_counter()
+        bodies = self._table.to_pyarrow_table(columns=["body"], filters=[("app_env", "=", QUIET)]).column("body")
+        numbers = [orjson.loads(b)["n"] for b in bodies.to_pylist() if b]
+        return (max(numbers) if numbers else None), at
 
     def run(self) -> None:
         while not self.stop.is_set():
             started = time.perf_counter()
             try:
-                n = self.newest()
-            except Exception as e:  # a query failing under load is a missed sample, not a result
-                print(f"  (lag query failed: {e})", flush=True)
-                n = None
+                n, at = self.newest()
+            except Exception as e:  # a read failing under load (or before the table exists) is a missed sample
+                print(f"  (lag read failed: {e})", flush=True)
+                n, at = None, started
             phase = self.phase
             if phase and n is not None and n < len(self.quiet.sent_at):
-                self.lags.samples.setdefault(phase, []).append(started - self.quiet.sent_at[n])
+                self.lags.samples.setdefault(phase, []).append(at - self.quiet.sent_at[n])
             self.stop.wait(max(0.0, 1.0 - (time.perf_counter() - started)))
 
 
