@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.parse
 import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -53,6 +54,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import orjson
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -444,7 +446,7 @@ def tally(spark: Spark, acked: np.ndarray, timeout: float) -> tuple[Any, float]:
 def doubles(spark: Spark, resent: np.ndarray) -> tuple[Counter[str], list[str]]:
     """What the copies of each doubled id share, and a few examples with the files they are in."""
     rows = spark.rows(
-        f"SELECT t.event_id, t.device, t.journal, t.seq, t.importer, t._metadata.file_path FROM logjam.messages t "
+        f"SELECT t.event_id, t.device, t.journal, t.seq, t._metadata.file_path FROM logjam.messages t "
         f"JOIN (SELECT event_id FROM logjam.messages WHERE {OURS} GROUP BY 1 HAVING count(*) > 1 LIMIT 20000) d "
         f"ON t.event_id = d.event_id")
     copies: dict[str, list[Any]] = defaultdict(list)
@@ -462,64 +464,29 @@ def doubles(spark: Spark, resent: np.ndarray) -> tuple[Counter[str], list[str]]:
         kind += ", among what a shipper resent" if np.isin(int(eid), resent) else ", never resent by a shipper"
         kinds[kind] += len(group) - 1
         if sum(1 for e in examples if e.startswith(kind)) < 2:
-            where = "; ".join(f"device {r[1]} seq {r[3]} in {r[5].split('/messages/', 1)[-1]}" for r in group)
+            where = "; ".join(f"device {r[1]} seq {r[3]} in {r[4].split('/messages/', 1)[-1]}" for r in group)
             examples.append(f"{kind}: id {eid}: {where}")
     return kinds, examples
 
 
 def disk_left(table_dir: Path, data: Path) -> dict[str, list[tuple[Path, int]]]:
-    """What lies under the table dir besides the live files (and the importers' spills): kind -> [(path, bytes)].
+    """What lies under the table dir besides the files the Delta log's current version names: kind -> [(path, bytes)].
 
-    Walked by name, as table/partition_files.py lays it out: importer=I/app_env=A/date=D/, its
-    `_compaction.json` naming the live `_compacted-<gen>/` and what that retired, each until a deadline.
-    """
+    Files the log removed (a compaction's inputs, a retention's days) wait there for VACUUM; a
+    file no version ever named is what a killed writer left before its commit. Both are
+    invisible to every reader, and VACUUM deletes them after its grace."""
     found: dict[str, list[tuple[Path, int]]] = defaultdict(list)
-
-    def add(kind: str, p: Path) -> None:
-        with contextlib.suppress(OSError):  # a maintenance pass may delete it meanwhile
-            found[kind].append((p, sum(f.stat().st_size for f in [p, *p.rglob("*")] if f.is_file())))
-
-    for f in (f for f in [*(table_dir / "_staging").rglob("*"), *(data / "importer").glob("spill-*/**/*")] if f.is_file()):
-        add("_staging files" if "_staging" in f.parts else "importer spill files (outside the table dir)", f)
-    for root in table_dir.glob("importer=*"):
-        for p in [*root.rglob("_temporary"), *root.rglob("*.tmp"), *root.rglob("_dropping"), *root.rglob("_dropped-*")]:
-            add("_temporary, *.tmp, _dropping, _dropped-*", p)
-        for app_dir in root.glob("app_env=*"):
-            if not any(f.is_file() for f in app_dir.glob("date=*/**/*")):
-                add("empty app_env= dirs", app_dir)
-        for pdir in root.glob("app_env=*/date=*"):
-            with contextlib.suppress(OSError):
-                partition_left(pdir, add)
+    table = DeltaTable(str(table_dir))
+    live = {Path(urllib.parse.unquote(u.removeprefix("file://"))) for u in table.file_uris()}
+    for f in table_dir.rglob("*.parquet"):
+        if "_delta_log" in f.parts or f in live:
+            continue
+        with contextlib.suppress(OSError):  # VACUUM may delete it meanwhile
+            found["files the log does not name (awaiting VACUUM, or a killed writer's)"].append((f, f.stat().st_size))
+    for app_dir in table_dir.glob("app_env=*"):
+        if not any(f.is_file() for f in app_dir.glob("date=*/*")):
+            found["empty app_env= dirs"].append((app_dir, 0))
     return found
-
-
-def partition_left(pdir: Path, add: Callable[[str, Path], None]) -> None:
-    try:
-        marker = json.loads((pdir / "_compaction.json").read_text())
-    except FileNotFoundError:
-        marker = {}
-    except ValueError:
-        return add("markers that do not parse", pdir / "_compaction.json")
-    retire, retire_dirs = ({n: marker.get("retire_at", 0.0) for n in v} if isinstance(v, list) else dict(v or {})
-                           for v in (marker.get("retire"), marker.get("retire_dirs")))
-    named = {f"_compacted-{marker.get('gen')}", *retire_dirs} if marker else set()
-    for sub in (s for s in pdir.glob("_compacted-*") if s.is_dir() and s.name not in named):
-        add("_compacted-* dirs no marker names", sub)
-    if marker.get("state", "done") != "done":
-        return add(f"markers left '{marker.get('state')}'", pdir / "_compaction.json")
-    for name, at in (e for e in [*retire.items(), *retire_dirs.items()] if (pdir / e[0]).exists()):
-        if (late := overdue(at)) >= 0:
-            add(f"retired, past their grace by {'over' if late > 60 else 'under'} 60 s", pdir / name)
-    for f in (f for f in pdir.iterdir() if marker and f.is_file() and f.name[0] not in "_." and f.name not in retire):
-        add("strays (not moved into the compacted location: invisible)", f)
-
-
-def overdue(at: Any) -> float:
-    """Seconds since a retired entry's deadline: epoch seconds, or this boot's monotonic clock (and the wall clock)."""
-    if isinstance(at, dict):
-        same_boot = at.get("boot") == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        return time.monotonic() - at.get("mono", 0.0) if same_boot else time.time() - at.get("wall", 0.0)
-    return time.time() - float(at)
 
 
 def restarts(log: Path) -> dict[str, tuple[int, Counter[str]]]:
