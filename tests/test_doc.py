@@ -1,13 +1,12 @@
-"""`doc`, the body as a VARIANT column, against a real `logjam-spark` with its JDBC endpoint.
+"""`doc`, the body as a VARIANT column of the Delta table, against a real `logjam-spark` with its JDBC endpoint.
 
-Rows are landed by the importer's own writer, with `doc` encoded by the importer: by
-native/variant.c, or under LOGJAM_NATIVE=off by its Python twin, importer/variant_py.py (marker
-`native`: each test runs under require and under off, `native_mode`, each in a warehouse of its
-own, on the one JDBC server of the module, whose JVM knows nothing of the switch). Checked: `doc`
-is written (whole by the importer, shredded by compaction), NULL for a body that is not JSON and
-for files written before the column existed (a table of an older version gets it with ALTER
-TABLE), the same answers through Spark Connect, `logjam-sql` and JDBC (beeline) with both `doc:path` and `variant_get`, and
-compaction keeps it, shredded.
+Rows are committed as an importer commits them (delta-rs, tests/spark_fixture.py `append_rows`),
+with `doc` encoded by the importer: by native/variant.c, or under LOGJAM_NATIVE=off by its
+Python twin, importer/variant_py.py (marker `native`: each test runs under require and under
+off, `native_mode`, each in a warehouse of its own, on the one JDBC server of the module, whose
+JVM knows nothing of the switch). Checked: `doc` is the parsed body, NULL for a body that is not
+a JSON object, and the same answers through Spark Connect, `logjam-sql` and JDBC (beeline) with
+both `doc:path` and `variant_get`.
 """
 
 from __future__ import annotations
@@ -18,24 +17,20 @@ import subprocess
 from pathlib import Path
 
 import orjson
-import pyarrow.parquet as pq
 import pytest
 
 from logjam import native
 from table.catalog import ensure_table
 from importer.decode import BatchBuilder
+from importer.variant import DocEncoder
 from importer.variant_py import PyDocEncoder
-from table.partition_files import data_files
-from table.paths import partition_dir
-from table.schema import PARTITION_COLUMNS, WRITE_OPTIONS, partition_clause, qualified, spark_read_ddl, table_ddl
-from importer.write import TableWriter
+from table.schema import qualified
 from harness.processes import command, free_port
-from tests.spark_fixture import SparkServer, database_for, running_spark_server
+from tests.spark_fixture import SparkServer, append_rows, database_for, running_spark_server
 
 pytestmark = pytest.mark.native
 
 APP = "shop-prod"
-DAY = "2026-01-05"
 CREATED_MS = 1_767_614_400_000  # 2026-01-05 12:00 UTC
 INGESTED_US = 1_767_614_500_000_000
 
@@ -70,40 +65,21 @@ def request(i: int) -> bytes:
                          "user": {"id": i, "account": {"plan": "pro" if i % 3 else "free"}}})
 
 
-def doc_files(pdir: Path) -> list[Path]:
-    return [p for p in data_files(pdir) if "doc" in pq.read_schema(p).names]
-
-
-def shredded(path: Path) -> bool:
-    """Whether the file's `doc` column has a `typed_value` (the shredded fields), not only `metadata` and `value`."""
-    schema = pq.ParquetFile(path).schema
-    return any(schema.column(i).path.startswith("doc.typed_value.") for i in range(len(schema)))
-
-
 @pytest.mark.timeout(600)
-def test_doc_is_the_parsed_body_queryable_every_way_and_kept_shredded_by_compaction(jdbc_server, tmp_path,
-                                                                                    native_mode) -> None:
+def test_doc_is_the_parsed_body_queryable_every_way(jdbc_server, tmp_path, native_mode) -> None:
     spark = jdbc_server.session()
     warehouse = jdbc_server.warehouse / f"doc-{native_mode}"
     database = database_for(warehouse)
-    location = ensure_table(spark, database, str(warehouse / "messages"))
-    writer = TableWriter(database, 0, location)
-    assert writer.probe_staging(spark) and isinstance(writer.doc_encoder, PyDocEncoder) == (native.mode() == "off")
-    writer.write(spark, batch([request(i) for i in range(1, 6)] + [b"plain text, not JSON", b' "a JSON string"'], 1))
-    writer.write(spark, batch([request(i) for i in range(6, 11)], 8))
+    location = warehouse / "messages"
+    ensure_table(spark, database, str(location))
+    assert isinstance(DocEncoder.load(), PyDocEncoder) == (native.mode() == "off")
+    append_rows(location, batch([request(i) for i in range(1, 6)] + [b"plain text, not JSON", b' "a JSON string"'], 1))
+    append_rows(location, batch([b" \n\t" + request(i) for i in range(6, 11)], 8))  # JSON may start with blanks
     t = qualified(database)
 
-    pdir = Path(partition_dir(f"{warehouse}/messages/importer=0", APP, DAY))
-    files = doc_files(pdir)
-    # An importer writes it whole (cheaper); compaction shreds it (below).
-    assert len(files) == len(data_files(pdir)) >= 2 and not any(shredded(p) for p in files)
-
-    def by_connect() -> list[tuple]:
-        return [tuple(r) for r in spark.sql(
-            f"SELECT seq, doc:user.id::int, variant_get(doc, '$.user.account.plan', 'string'), doc IS NULL, "
-            f"to_json(doc) FROM {t} ORDER BY seq").collect()]
-
-    rows = by_connect()
+    rows = [tuple(r) for r in spark.sql(
+        f"SELECT seq, doc:user.id::int, variant_get(doc, '$.user.account.plan', 'string'), doc IS NULL, "
+        f"to_json(doc) FROM {t} ORDER BY seq").collect()]
     assert [r[0] for r in rows] == list(range(1, 13))
     assert rows[0] == (1, 1, "pro", False, '{"code":500,"message":"GET /orders/1","total_time":1.5,'
                                             '"user":{"account":{"plan":"pro"},"id":1}}')
@@ -130,43 +106,3 @@ def test_doc_is_the_parsed_body_queryable_every_way_and_kept_shredded_by_compact
     assert sorted(lines, key=lambda r: r["seq"]) == [
         {"seq": 2, "user": {"account": {"plan": "pro"}, "id": 2}, "doc": orjson.loads(request(2))},
         {"seq": 6, "user": None, "doc": None}]
-
-    done = subprocess.run([command("logjam-sql"), "--spark", jdbc_server.url, "--database", database,
-                           "--warehouse", str(warehouse), "--compact",
-                           "--older-than", "0"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr + done.stdout
-    compacted = list(pdir.glob("_compacted-*/*.parquet"))
-    assert len(compacted) == 1 and shredded(compacted[0])
-    assert by_connect() == rows
-
-
-@pytest.mark.timeout(600)
-def test_files_written_before_the_column_existed_read_null_after_it_is_added(jdbc_server, tmp_path,
-                                                                            native_mode) -> None:
-    spark = jdbc_server.session()
-    warehouse = jdbc_server.warehouse / f"older-{native_mode}"
-    database = database_for(warehouse)
-    location = str(warehouse / "messages")
-    t = qualified(database)
-    # The table and a file as the version before `doc` made them.
-    old_ddl = table_ddl(database, location).replace(f"({spark_read_ddl()})",
-                                                    f"({spark_read_ddl().replace(', `doc` VARIANT', '')})")
-    assert "VARIANT" not in old_ddl
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database}`")
-    spark.sql(old_ddl)
-    root = f"{location}/importer=0"
-    spark.createDataFrame(batch([request(1), request(2)], 1)).write.options(**WRITE_OPTIONS).mode("append") \
-        .partitionBy(*PARTITION_COLUMNS).parquet(root)
-    spark.sql(f"ALTER TABLE {t} ADD {partition_clause(0, APP, DAY)} LOCATION '{partition_dir(root, APP, DAY)}'")
-    assert "doc" not in spark.table(f"{database}.messages").columns
-
-    ensure_table(spark, database, location)  # as every importer and logjam-spark do on start
-    assert "doc" in spark.table(f"{database}.messages").columns
-    TableWriter(database, 0, location).write(spark, batch([b" \n\t" + request(3)], 3))  # JSON may start with blanks
-    query = f"SELECT seq, doc:user.id::int, variant_get(doc, '$.user.id', 'int'), doc IS NULL FROM {t} ORDER BY seq"
-    expected = [(1, None, None, True), (2, None, None, True), (3, 3, 3, False)]
-    assert [tuple(r) for r in spark.sql(query).collect()] == expected
-    def text(v: object) -> str:  # as beeline prints it
-        return "NULL" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-
-    assert beeline(jdbc_server, query) == [[text(v) for v in r] for r in expected]

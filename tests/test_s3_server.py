@@ -203,17 +203,11 @@ def test_delta_rs_writers_commit_each_append_once(s3: S3Server, written_table: W
 def test_spark_reads_the_table_through_s3a(s3: S3Server, written_table: WrittenTable, tmp_path: Path) -> None:
     from runtime.jars import jar_paths
 
-    jars = [*jar_paths("delta"), *jar_paths("s3")]
     conf = {
-        # local[2] runs its tasks in the driver: the driver's classpath is every class loader's.
-        "spark.driver.extraClassPath": ":".join(str(p) for p in jars),
-        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        "spark.ui.enabled": "false",
+        # hadoop-aws; Delta's jars and settings are the session's own (table/session.py delta_conf).
+        "spark.driver.extraClassPath": ":".join(str(p) for p in jar_paths("s3")),
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "2",
-        # Delta rebuilds a snapshot's state from its log in 50 tasks by default; a log of 41 commits needs 2.
-        "spark.databricks.delta.snapshotPartitions": "2",
         "spark.driver.memory": "1g",
         **s3.spark_conf(),
     }

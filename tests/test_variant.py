@@ -37,8 +37,9 @@ from importer.decode import BatchBuilder
 from importer.variant import MODULE, DocEncoder
 from importer.variant_py import MAX_PART, PyDocEncoder
 from logjam import native
-from table.schema import DOC_ARROW_TYPE, DOC_EXPR, spark_read_ddl
+from table.schema import DOC_ARROW_TYPE, DOC_EXPR
 from tests.conftest import NATIVE_MODES, native_env
+from tests.spark_fixture import append_rows
 from tests.test_importer_decode_native import RUN_BYTES
 from harness.native import c_module
 
@@ -125,12 +126,19 @@ def sparks(spark: Any, tmp: Path, table: pa.Table) -> list[tuple[bytes, bytes] |
     return [None if d is None else (d["value"], d["metadata"]) for d in rows]
 
 
+def committed(spark: Any, tmp: Path, table: pa.Table) -> Any:
+    """The rows committed to a Delta table of their own as an importer commits them (`doc` by the importer's
+    encoder, tests/spark_fixture.py `append_rows`), read back by Spark as the table."""
+    encoder()  # the encoder append_rows uses, checked against the switch
+    location = tmp / f"table-{uuid.uuid4().hex}"
+    append_rows(location, table)
+    return spark.read.format("delta").load(f"file://{location}")
+
+
 def read_back(spark: Any, tmp: Path, table: pa.Table) -> list[tuple[str | None, str | None]]:
-    """(`to_json` of the encoder's `doc` read as Spark reads a placed file, `to_json(try_parse_json(body))`) per row."""
-    path = tmp / f"staged-{uuid.uuid4().hex}.parquet"
-    pq.write_table(table.append_column("doc", encoder().column(table)), path)
-    rows = spark.read.schema(spark_read_ddl(data_only=True)).parquet(f"file://{path}") \
-        .selectExpr("seq", "to_json(doc)", "to_json(try_parse_json(body))").orderBy("seq").collect()
+    """(`to_json` of the encoder's `doc` read back from the Delta table, `to_json(try_parse_json(body))`) per row."""
+    rows = committed(spark, tmp, table).selectExpr("seq", "to_json(doc)", "to_json(try_parse_json(body))") \
+        .orderBy("seq").collect()
     return [(r[1], r[2]) for r in rows]
 
 
@@ -165,9 +173,7 @@ def test_lookups_in_large_objects_find_every_field(spark: Any, tmp_path: Path, n
     """Spark binary-searches an object of 32 fields or more by name in Java's order."""
     keys = [f"k{i}" for i in range(40)] + ["\ue000", "\U0001f600", "é", "\uffff"]
     table = staged([json.dumps({k: i for i, k in enumerate(keys)}).encode()])
-    path = tmp_path / "large.parquet"
-    pq.write_table(table.append_column("doc", encoder().column(table)), path)
-    df = spark.read.schema(spark_read_ddl(data_only=True)).parquet(f"file://{path}")
+    df = committed(spark, tmp_path, table)
     exprs = [f"variant_get(doc, '$[\"{k}\"]', 'int')" for k in keys]
     assert list(df.selectExpr(*exprs).collect()[0]) == list(range(len(keys)))
 
