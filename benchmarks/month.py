@@ -1,32 +1,24 @@
-"""Benchmark: a month of logs searched the ways people search them, in the table's layout and in plain files.
+"""Benchmark: a month of logs searched the ways people search them, in the table's layout and in plain Delta files.
 
-It starts a real `logjam-spark` (Spark Connect, embedded Hive metastore) and builds `--days`
-days (the last one today, up to now) of `--app-envs` streams, `--rows` rows in all (default
-30 x 40, 30M), through the real write path: request-log bodies like benchmarks/query.py's,
-with request ids, trace and span ids and event ids, decoded by `BatchBuilder` as an importer
-decodes them, placed by `TableWriter` in batches of `--batch-rows`, then compacted by
-maintenance passes (warehouse/maintenance.py) until no partition needs a merge: each closed
-day's closing merge by Spark, the open day's merges by pyarrow.
+It starts a real `logjam-spark` (Spark Connect, Delta) and builds `--days` days (the last one
+today, up to now) of `--app-envs` streams, `--rows` rows in all (default 30 x 40, 30M), through
+the real write path: request-log bodies like benchmarks/query.py's, with request ids, trace and
+span ids and event ids, decoded by `BatchBuilder` as an importer decodes them and committed in
+batches of `--batch-rows`, then compacted by maintenance passes (warehouse/maintenance.py)
+until no partition needs a compaction.
 
-The same rows are built twice, into two tables: `month`, laid out as the table's writers lay
-it out (table/layout.py: bloom filters on the ids, page indexes, rows sorted by `created_at`),
-and `month_plain`, the reference: the table's files as they were before that layout
-(`PlainLayout` below: none of those aids, and Spark's default INT96 timestamps, in the
-reference's own Spark session).
+The same rows go into two Delta tables: `month`, committed by the importer's own commit
+(importer/commit.py `TableTarget`: Parquet bloom filters on the lookup ids, statistics on the
+columns queries narrow by, table/delta.py), and `month_plain`, the reference: the same rows
+written by delta-rs with its defaults (no bloom filters, statistics on the first 32 columns).
 
 The three lookups of one id go, on `month`, through the product's path, `tools/trace.py`'s
-`lookup` (what `logjam-sql --trace` runs): the lookup index (table/lookup_index.py, built by
-the maintenance passes) rules files out before Spark plans; on `month_plain` they are the
-plain SQL, as `logjam-sql` ran them before the lookup index. The index's build time (every day from its files, in this
-process) and bytes are printed, and a maintenance pass's refresh CPU: with nothing new, and
-with the open day's files all new.
-
-With `--keep DIR` the warehouse and the metastore stay in DIR, and a rerun with the same
-sizes only queries. Every query runs once on both tables untimed (`--warmup` rounds: a fresh
-JVM's first queries are slow, whichever they are), then `--repeat` times on each table; the
-best time is printed against its target (benchmarks/targets.toml: a lookup's time and its
-speed-up over the reference, one stream's last minutes, the other queries), with the
-reference's time and the ratio.
+`lookup` (what `logjam-sql --trace` runs); on `month_plain` they are the same SQL. With
+`--keep DIR` the warehouse stays in DIR, and a rerun with the same sizes only queries. Every
+query runs once on both tables untimed (`--warmup` rounds: a fresh JVM's first queries are slow,
+whichever they are), then `--repeat` times on each table; the best time is printed against its
+target (benchmarks/targets.toml: a lookup's time and its speed-up over the reference, one
+stream's last minutes, the other queries), with the reference's time and the ratio.
 
 Run: .venv/bin/python benchmarks/month.py [--rows 30000000] [--days 30] [--app-envs 40] [--keep DIR]
 """
@@ -52,50 +44,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.query import body as request_body  # noqa: E402
 from benchmarks.query import disk  # noqa: E402
+from deltalake import write_deltalake  # noqa: E402
+
+from importer.commit import TableTarget  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
-from importer.write import TableWriter  # noqa: E402
+from importer.variant import DocEncoder  # noqa: E402
 from runtime.lifecycle import exit_with  # noqa: E402
-from table import lookup_index  # noqa: E402
-from table.catalog import ensure_table, table_location  # noqa: E402
-from table.layout import Layout  # noqa: E402
-from table.schema import ARROW_MERGE_OPTIONS, ARROW_WRITE_OPTIONS, COMPACT_OPTIONS  # noqa: E402
-from table.paths import local_path  # noqa: E402
+from table import delta  # noqa: E402
+from table.catalog import ensure_table  # noqa: E402
 from tools import trace  # noqa: E402
-from warehouse.maintenance import MaintenanceConfig, maintenance_pass  # noqa: E402
-from harness.cpu import tree_cpu_seconds  # noqa: E402
+from warehouse.config import MaintenanceConfig  # noqa: E402
+from warehouse.maintenance import maintenance_pass  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
 from benchmarks.results import Run  # noqa: E402
 
 
-@dataclass(frozen=True, slots=True)
-class PlainLayout(Layout):
-    """The reference table's files: none of table/layout.py's aids (no bloom filters, no page index
-    from pyarrow, rows in the order they came), as the table's writers wrote them before that layout.
-    Not for lookups, so the maintenance pass keeps no lookup index for it either."""
-
-    for_lookups: bool = False
-
-    def sorted_rows(self, table: Any) -> Any:
-        return table
-
-    def sorted_frame(self, df: Any, *first: str) -> Any:
-        return df
-
-    def placed_file_options(self, rows: int) -> dict[str, Any]:
-        return dict(ARROW_WRITE_OPTIONS)
-
-    def arrow_merge_options(self, rows: int, row_group_rows: int) -> dict[str, Any]:
-        return dict(ARROW_MERGE_OPTIONS)
-
-    def spark_merge_options(self, rows: int) -> dict[str, str]:
-        return dict(COMPACT_OPTIONS)
-
-
-TABLES = {"month": Layout(), "month_plain": PlainLayout()}  # database: its layout
+TABLES = ("month", "month_plain")  # databases, each with its `messages`
 APPS = ("shop", "billing", "search", "auth", "admin", "catalog", "cart", "payments", "mailer", "media",
         "profile", "reports", "reviews", "stock", "shipping", "pricing", "gateway", "notify", "feeds", "ads")
 ENVS = ("prod", "preprod")
-SERVER_PID = 0  # logjam-spark's, once started
 
 # (name, SQL, its target in targets.toml, is a lookup). {T} the table; the rest filled in by `queries`.
 # A lookup's SQL is `SELECT <columns> FROM {T} WHERE <column> = '{<needle>}'`, and LOOKUPS says
@@ -141,8 +108,21 @@ def row_body(rnd: random.Random, k: int, at: datetime.datetime) -> bytes:
     return orjson.dumps(doc)
 
 
-def build(sessions: dict[str, Any], writers: dict[str, TableWriter], args: argparse.Namespace,
-          names: list[str], days: list[datetime.date], now: datetime.datetime) -> dict[str, str]:
+class PlainWriter:
+    """The reference: the rows appended by delta-rs with its defaults, `doc` encoded as the importer does."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.doc = DocEncoder.load()
+        delta.open_table(location)  # the same schema and partitioning
+
+    def append(self, rows: Any, mark: Any) -> None:
+        write_deltalake(self.location, delta.with_doc(rows, self.doc.column(rows)), mode="append",
+                        post_commithook_properties=delta.NO_HOOKS)
+
+
+def build(writers: dict[str, Any], args: argparse.Namespace, names: list[str], days: list[datetime.date],
+          now: datetime.datetime) -> dict[str, str]:
     """Write the rows into every table, batch by batch in time order; returns the needles (ids of one row)."""
     rnd = random.Random(args.seed)
     start = datetime.datetime.combine(days[0], datetime.time(0), datetime.timezone.utc).timestamp() * 1000
@@ -164,41 +144,36 @@ def build(sessions: dict[str, Any], writers: dict[str, TableWriter], args: argpa
                 needles = {"RID": doc["request_id"], "TID": doc["trace_id"], "EID": doc["@metadata"]["_id"]}
             builder.add_raw(names[seq % len(names)], "logs.rails", raw, 0, 1, created, seq, ingested)
         rows = builder.build()
-        for database, writer in writers.items():
-            writer.write(sessions[database], rows)
+        for writer in writers.values():
+            writer.append(rows, None)
         elapsed = time.perf_counter() - t0
         if elapsed - reported >= 60 or seq == args.rows:  # a 30M build takes long: say how far it is
             reported = elapsed
-            print(f"  placed {seq:,} of {args.rows:,} rows in {elapsed:.0f} s "
+            print(f"  committed {seq:,} of {args.rows:,} rows in {elapsed:.0f} s "
                   f"(~{elapsed * (args.rows - seq) / seq:.0f} s to go)", flush=True)
     return needles
 
 
-def compact(sessions: dict[str, Any]) -> dict[str, tuple[int, float, float]]:
-    """Maintenance passes, alternating between the tables (so that neither gets the JVM cold)
-    until no partition of either is merged; returns (merges, seconds, CPU seconds) by table.
-    An open day's merges run in this process (pyarrow), the rest in logjam-spark's JVM."""
-    config = MaintenanceConfig(compact_grace=0)
+def compact(locations: dict[str, str]) -> dict[str, tuple[int, float, float]]:
+    """Maintenance passes, alternating between the tables, until no partition of either is compacted;
+    returns (partitions compacted, seconds, CPU seconds of this process, where delta-rs runs) by table."""
+    config = MaintenanceConfig(compact_older_than=0)
     done = {db: (0, 0.0, 0.0) for db in TABLES}
     busy = set(TABLES)
     while busy:
         for db in [db for db in TABLES if db in busy]:
-            t, cpu = time.perf_counter(), time.process_time() + server_cpu()
-            result = maintenance_pass(sessions[db], db, config, compact=True, older_than=0, layout=TABLES[db])
-            assert not result.failed, f"{db}: {result.failed} merges failed"
+            t, cpu = time.perf_counter(), time.process_time()
+            result = maintenance_pass(locations[db], config, compact=True, slow=False)
+            assert not result.failed, f"{db}: {result.failed} compactions failed"
             merges, seconds, cpu_s = done[db]
             done[db] = (merges + result.compacted, seconds + time.perf_counter() - t,
-                        cpu_s + time.process_time() + server_cpu() - cpu)
-            print(f"  {db}: a maintenance pass merged {result.compacted} partitions in "
-                  f"{time.perf_counter() - t:.0f} s", flush=True)
+                        cpu_s + time.process_time() - cpu)
+            print(f"  {db}: a maintenance pass compacted {result.compacted} partitions "
+                  f"({result.files_removed} files into {result.files_added}) in {time.perf_counter() - t:.0f} s",
+                  flush=True)
             if not result.compacted:
                 busy.discard(db)
     return done
-
-
-def server_cpu() -> float:
-    """CPU seconds of logjam-spark and its JVM so far."""
-    return tree_cpu_seconds(SERVER_PID)
 
 
 def best_of(spark: Any, sql: str, repeat: int) -> tuple[float, list[tuple]]:
@@ -218,7 +193,7 @@ def lookup_of(sql: str) -> tuple[list[str], str, str]:
 
 
 def best_lookup(spark: Any, sql: str, location: str, repeat: int) -> tuple[float, list[tuple]]:
-    """The lookup through the product's path (tools/trace.py's `lookup`, with the lookup index)."""
+    """The lookup through the product's path (tools/trace.py's `lookup`, what `logjam-sql --trace` runs)."""
     columns, column, value = lookup_of(sql)
     best, rows = math.inf, []
     for _ in range(repeat):
@@ -229,36 +204,10 @@ def best_lookup(spark: Any, sql: str, location: str, repeat: int) -> tuple[float
     return best, rows
 
 
-def index_build(location: str, today: str, rows: int) -> list[str]:
-    """The lookup index built anew from every day's files, then what a maintenance pass's refresh costs:
-    with nothing new, and with the open day's every file new (its worst case); lines to print."""
-    table_dir = local_path(location)
-    assert table_dir is not None
-
-    def timed(**kw: Any) -> tuple[float, float, lookup_index.Refreshed]:
-        t, cpu = time.perf_counter(), time.process_time()
-        done = lookup_index.refresh(table_dir, **kw)
-        return time.perf_counter() - t, time.process_time() - cpu, done
-
-    seconds, cpu, done = timed(force=True)
-    lines = [f"lookup index: {done.days} days ({done.built} files) built from their files in {seconds:.1f} s, "
-             f"{cpu:.1f} s CPU ({cpu * 1e6 / rows:.2f} us a row), {done.bytes / 2**20:.1f} MiB "
-             f"({done.bytes / rows:.2f} bytes a row)"]
-    _, idle, _ = timed()
-    lookup_index.index_path(table_dir, today).unlink()
-    _, fresh, done = timed()
-    lines.append(f"lookup index refresh of a pass: {idle * 1e3:.0f} ms CPU with nothing new, {fresh * 1e3:.0f} ms "
-                 f"with the open day's {done.built} files all new")
-    return lines
-
-
-def session(url: str, database: str) -> Any:
+def session(url: str) -> Any:
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.remote(url).create()
-    if isinstance(TABLES[database], PlainLayout):  # Spark's default then: INT96, without statistics
-        spark.conf.set("spark.sql.parquet.outputTimestampType", "INT96")
-    return spark
+    return SparkSession.builder.remote(url).create()
 
 
 def run(url: str, base: Path, args: argparse.Namespace, record: Run) -> int:
@@ -266,36 +215,36 @@ def run(url: str, base: Path, args: argparse.Namespace, record: Run) -> int:
     sizes = {"rows": args.rows, "days": args.days, "app_envs": args.app_envs, "seed": args.seed,
              "batch_rows": args.batch_rows}
     built = orjson.loads(marker.read_bytes()) if marker.exists() else {}
-    sessions = {db: session(url, db) for db in TABLES}
+    spark = session(url)
+    locations = {db: str(base / "warehouse" / db / "messages") for db in TABLES}
     if built.get("sizes") != sizes:
+        for location in locations.values():
+            shutil.rmtree(location, ignore_errors=True)
         now = datetime.datetime.now(datetime.timezone.utc)
         days = days_of(args.days, now.date())
-        writers = {db: TableWriter(db, 0, ensure_table(sessions[db], db, str(base / "warehouse" / db)),
-                               layout=TABLES[db]) for db in TABLES}
+        writers = {"month": TableTarget(locations["month"], 0), "month_plain": PlainWriter(locations["month_plain"])}
         t = time.perf_counter()
-        needles = build(sessions, writers, args, streams(args.app_envs), days, now)
+        needles = build(writers, args, streams(args.app_envs), days, now)
         placed = time.perf_counter() - t
-        merged = compact(sessions)
+        merged = compact(locations)
         built = {"sizes": sizes, "needles": needles, "now": now.isoformat(), "placed_s": placed, "merged": merged}
         marker.write_bytes(orjson.dumps(built))
     now = datetime.datetime.fromisoformat(built["now"])
     days = days_of(args.days, now.date())
     print(f"month benchmark: {args.rows:,} rows, {args.days} days x {args.app_envs} app-envs, master {args.master}, "
           f"best of {args.repeat}")
-    print(f"  built: placed by TableWriter into both tables in {built['placed_s']:.0f} s")
+    print(f"  built: committed into both tables in {built['placed_s']:.0f} s")
     for db, (n, s, cpu) in built["merged"].items():
-        print(f"  {db:14s} compacted in {s:.0f} s ({n} merges), {cpu * 1e6 / args.rows:.1f} us of CPU a row "
-              "(this process's pyarrow merges and logjam-spark's JVM)")
+        print(f"  {db:14s} compacted in {s:.0f} s ({n} partitions), {cpu * 1e6 / args.rows:.1f} us of CPU a row "
+              "(delta-rs, in this process)")
     for db in TABLES:
-        total, _doc = disk(base / "warehouse" / db)
+        ensure_table(spark, db, locations[db])
+        total, _doc = disk(Path(locations[db]))
         print(f"  {db:14s} {total / args.rows:6.1f} bytes on disk a row")
     fill = {**built["needles"], "APP": streams(args.app_envs)[0], "TODAY": now.date().isoformat(),
             "SINCE": (now - datetime.timedelta(minutes=15)).strftime("%Y-%m-%d %H:%M:%S"),
             "DAY": days[len(days) // 2].isoformat()}
-    spark = sessions["month"]
-    location = table_location(spark, "month")
-    for line in index_build(location, now.date().isoformat(), args.rows):
-        print("  " + line)
+    location = locations["month"]
     for _ in range(args.warmup):  # a fresh JVM's first queries are slow, whichever comes first (JIT, classes)
         for name, sql, target, lookup in QUERIES:
             if lookup:
@@ -350,8 +299,6 @@ def main() -> int:
                                  args.master, "--warehouse", str(base / "warehouse"), "--metastore",
                                  str(base / "metastore"), "--no-compact"], stdout=out, stderr=subprocess.STDOUT,
                                 cwd=base)
-    global SERVER_PID
-    SERVER_PID = proc.pid
     try:
         wait_for(lambda: port_open(port) and "table logjam.messages ready" in log.read_text(), timeout=300,
                  interval=0.5, what="logjam-spark")

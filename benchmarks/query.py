@@ -4,9 +4,9 @@ It starts a real `logjam-spark` (Spark Connect, embedded Hive metastore, `--mast
 given) over a temporary warehouse, and builds `--rows` realistic log rows (Logjam request
 bodies with nested `user`, `http` and `db` objects, 1% of them not JSON) over several
 app-envs and `--days` past days, the way an importer lands them: decoded by
-`BatchBuilder`, written by `TableWriter` in batches of `--batch-rows` (Parquet,
-partitioned by app_env and date, `doc` staged encoded as the importer does), then compacted by the real
-compaction code. It prints the bytes on disk per row before and after compaction, and
+`BatchBuilder`, committed by the importer's `TableTarget` in batches of `--batch-rows` (the
+Delta table, partitioned by app_env and date, `doc` encoded as the importer does), then compacted
+by `logjam-sql --compact`. It prints the bytes on disk per row before and after compaction, and
 how many of them are `doc`'s (read from the Parquet footers: the size without `doc`).
 
 Then each query runs `--repeat` times both ways on the same table; the best time of each
@@ -38,7 +38,7 @@ from deltalake import DeltaTable  # noqa: E402
 from warehouse.maintenance import add_actions  # noqa: E402
 from importer.decode import BatchBuilder  # noqa: E402
 from table.schema import DOC_COLUMN  # noqa: E402
-from importer.write import TableWriter  # noqa: E402
+from importer.commit import TableTarget  # noqa: E402
 from runtime.lifecycle import exit_with  # noqa: E402
 from benchmarks.results import Run  # noqa: E402
 from harness.processes import command, free_port, port_open, stop, wait_for  # noqa: E402
@@ -110,7 +110,7 @@ def body(rnd: random.Random, k: int, at: datetime.datetime) -> bytes:
     return orjson.dumps(doc)
 
 
-def land(spark, writer: TableWriter, rows: int, days: list[datetime.date], batch_rows: int, seed: int) -> float:
+def land(writer: TableTarget, rows: int, days: list[datetime.date], batch_rows: int, seed: int) -> float:
     """Decode and write `rows` rows as an importer does; returns the seconds the writes took."""
     rnd = random.Random(seed)
     start = datetime.datetime.combine(days[0], datetime.time(0), datetime.timezone.utc)
@@ -125,7 +125,7 @@ def land(spark, writer: TableWriter, rows: int, days: list[datetime.date], batch
             at = datetime.datetime.fromtimestamp(created / 1000, datetime.timezone.utc)
             builder.add_raw(APPS[seq % len(APPS)], "logs.rails", body(rnd, seq, at), 0, 1, created, seq, ingested)
         t = time.perf_counter()
-        writer.write(spark, builder.build())
+        writer.append(builder.build(), None)
         spent += time.perf_counter() - t
     return spent
 
@@ -193,21 +193,21 @@ def main() -> int:
 
 
 def run(spark, url: str, base: Path, args: argparse.Namespace, record: Run) -> int:
-    location = ensure_table(spark, DATABASE, str(base / "warehouse" / "messages"))
     table_dir = base / "warehouse" / "messages"
     today = datetime.datetime.now(datetime.timezone.utc).date()
     days = [today - datetime.timedelta(days=args.days - i) for i in range(args.days)]
-    writer = TableWriter(DATABASE, 0, location)
-    seconds = land(spark, writer, args.rows, days, args.batch_rows, args.seed)
+    writer = TableTarget(str(table_dir), 0)
+    seconds = land(writer, args.rows, days, args.batch_rows, args.seed)
+    ensure_table(spark, DATABASE, str(table_dir))
     print(f"query benchmark: {args.rows:,} rows, {len(APPS)} app-envs, {args.days} days, master {args.master}, "
           f"best of {args.repeat}")
-    print(f"  written by TableWriter in {seconds:.1f} s ({args.rows / seconds:,.0f} rows/s, doc unshredded)",
+    print(f"  committed by TableTarget in {seconds:.1f} s ({args.rows / seconds:,.0f} rows/s, doc unshredded)",
           flush=True)
     before = disk(table_dir)
     t = time.perf_counter()
     # As `logjam-spark` does when a day closes (every partition here is of a past day).
-    subprocess.run([command("logjam-sql"), "--spark", url, "--database", DATABASE, "--compact", "--older-than", "0",
-                    "--compact-grace", "0"], check=True, capture_output=True, timeout=3600)
+    subprocess.run([command("logjam-sql"), "--warehouse", str(base / "warehouse"), "--compact", "--older-than", "0",
+                    "--vacuum-grace-hours", "0"], check=True, capture_output=True, timeout=3600)
     compact_s = time.perf_counter() - t
     after = disk(table_dir)
     for name, (total, doc) in (("before compaction", before), ("after compaction ", after)):
