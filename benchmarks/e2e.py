@@ -103,21 +103,20 @@ def bytes_per_row(mesh: Mesh) -> tuple[float, float]:
         return int(row[0]) / max(int(row[1]), 1), int(row[2])
 
     before, files = measure()
-    # A pass finds the table busy while logjam-spark's own pass runs: try again until one file per
-    # importer is left, or (an open day keeps an importer's large files) until passes stop merging.
+    # A pass may lose to logjam-spark's own pass: try again until the partition is one file, or
+    # until passes stop compacting.
     deadline, idle = time.monotonic() + 600, 0
-    while files > len(mesh.shares()) and idle < 3 and time.monotonic() < deadline:
-        subprocess.run([command("logjam-sql"), "--spark", mesh.url, "--compact", "--older-than", "0"], env=mesh.env,
-                       capture_output=True, timeout=600, check=True)
+    while files > 1 and idle < 3 and time.monotonic() < deadline:
+        subprocess.run([command("logjam-sql"), "--warehouse", f"{mesh.env['LOGJAM_DATA_DIR']}/warehouse", "--compact",
+                        "--older-than", "0"], env=mesh.env, capture_output=True, timeout=600, check=True)
         files, was = measure()[1], files
         idle = idle + 1 if files >= was else 0
     return before, measure()[0]
 
 
 # The importers' histograms that split a row's freshness: its batch's wait and write (commit_delay:
-# from the batch's first row until committed) and, within the write, the wait for the root's lock.
-COMMIT_HISTOGRAMS = ("logjam_importer_commit_delay_seconds", "logjam_importer_write_seconds",
-                     "logjam_importer_lock_wait_seconds")
+# from the batch's first row until committed) and, within it, the write.
+COMMIT_HISTOGRAMS = ("logjam_importer_commit_delay_seconds", "logjam_importer_write_seconds")
 
 
 def commit_histograms(mesh: Mesh) -> dict[str, prometheus.Buckets]:
@@ -135,10 +134,10 @@ def commit_histograms(mesh: Mesh) -> dict[str, prometheus.Buckets]:
 def describe_commits(h: dict[str, prometheus.Buckets]) -> str:
     """One line: the steady phase's commits and where a batch's time went, read off the histograms' buckets."""
     q = {name: (prometheus.quantile(b, 0.5), prometheus.quantile(b, 0.99)) for name, b in h.items()}
-    delay, write, lock = (q[name] for name in COMMIT_HISTOGRAMS)
+    delay, write = (q[name] for name in COMMIT_HISTOGRAMS)
     return (f"of which the importers' {prometheus.total(h[COMMIT_HISTOGRAMS[0]]):.0f} commits: a batch's first row "
             f"-> committed p50 {delay[0]:.2f} s, p99 {delay[1]:.2f} s; its write p50 {write[0] * 1e3:.0f} ms, "
-            f"p99 {write[1] * 1e3:.0f} ms; the root's lock waited for p99 {lock[1] * 1e3:.0f} ms")
+            f"p99 {write[1] * 1e3:.0f} ms")
 
 
 # The steady phase's pause between two polls. A poll is one count query (0.2-0.4 s on the quiet

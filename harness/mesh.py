@@ -202,9 +202,9 @@ class Mesh:
                    .collect()[0][0])
 
     def shares(self) -> dict[int, int]:
-        """Importer -> rows it landed."""
-        rows = self.spark.sql("SELECT importer, count(*) FROM logjam.messages WHERE app_env = 'lumberjack-default' "
-                              "GROUP BY importer").collect()
+        """Device -> rows of the Lumberjack stream it carried (each landed by the importer that owns the device)."""
+        rows = self.spark.sql("SELECT device, count(*) FROM logjam.messages WHERE app_env = 'lumberjack-default' "
+                              "GROUP BY device").collect()
         return {int(r[0]): int(r[1]) for r in rows}
 
     def subscribed(self) -> bool:

@@ -29,10 +29,6 @@ class ImporterMetrics:
         self.write_seconds = Histogram("logjam_importer_write_seconds", "Seconds per batch write", ["worker"],
                                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
                                        registry=r).labels(**labels)
-        self.lock_wait = Histogram("logjam_importer_lock_wait_seconds",
-                                   "Seconds a batch write waited for its root's lock (held by a compaction's swap)",
-                                   ["worker"], buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
-                                   registry=r).labels(**labels)
         self.batch_rows = Histogram("logjam_importer_batch_rows", "Rows per batch write (group commit follows the load)",
                                     ["worker"], buckets=(100, 1000, 10_000, 50_000, 100_000, 200_000, 500_000),
                                     registry=r).labels(**labels)

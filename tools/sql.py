@@ -155,6 +155,9 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_widt
 def run(config: SqlConfig) -> int:
     from pyspark.errors import PySparkException
 
+    if config.query is None and config.trace is None and config.warehouse:
+        # Maintenance is delta-rs's alone: with the warehouse given, no Spark is asked.
+        return maintain(table_path(resolve_warehouse(None, config.warehouse)), config)
     if is_connect(config.spark) and (refused := connect_refused(config.spark)):
         print(f"logjam-sql: no Spark Connect server answers at {refused} (is logjam-spark running? make status)",
               file=sys.stderr)
