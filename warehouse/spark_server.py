@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from logjam import defaults
 from warehouse.maintenance import TableMetrics, add_maintenance_flags, run_maintenance
@@ -92,19 +92,20 @@ def _prepare(config: SparkServerConfig, proc: subprocess.Popen, stopping: thread
     if proc.poll() is not None or stopping.is_set():
         return
     log.info("Spark Connect server ready at sc://%s:%d", host, config.port)
-    spark = _table_session(config, stopping)
+    named = _name_table(config, stopping)
     if config.jdbc_port:
         while proc.poll() is None and not stopping.is_set() and not listening(config.bind, config.jdbc_port):
             time.sleep(0.25)
         if proc.poll() is None:
             log.info("JDBC (HiveServer2) ready at jdbc:hive2://%s:%d", host, config.jdbc_port)
-    if spark is not None:
-        run_maintenance(spark, config.database, config.maintenance, stopping, metrics)
+    if named:
+        # Maintenance is delta-rs's, in this process: the JVM only reads the table.
+        run_maintenance(table_path(config.warehouse), config.maintenance, stopping, metrics)
 
 
-def _table_session(config: SparkServerConfig, stopping: threading.Event) -> Any:
-    """A Connect session of the maintenance pool, once the table exists and the catalog names it; None when
-    stopping first, or when the table's location holds what delta-rs must not write (said in the log)."""
+def _name_table(config: SparkServerConfig, stopping: threading.Event) -> bool:
+    """Create the table unless it exists and name it in the catalog; False when stopping first, or when the
+    table's location holds what delta-rs must not write (said in the log)."""
     from table.catalog import ensure_table
     from table.delta import UnwritableTable
     from table.session import MAINTENANCE_POOL, first_line, open_session
@@ -112,16 +113,19 @@ def _table_session(config: SparkServerConfig, stopping: threading.Event) -> Any:
     while not stopping.is_set():
         try:
             spark = open_session(f"sc://{config.host}:{config.port}", pool=MAINTENANCE_POOL)
-            location = ensure_table(spark, config.database, table_path(config.warehouse))
+            try:
+                location = ensure_table(spark, config.database, table_path(config.warehouse))
+            finally:
+                spark.stop()
             log.info("table %s.%s ready at %s", config.database, TABLE_NAME, location)
-            return spark
+            return True
         except UnwritableTable as e:  # trying again would not change it: a person must
             log.error("the table cannot be used: %s", e)
-            return None
+            return False
         except Exception as e:  # the server may still be starting its sessions; try again
             log.warning("cannot prepare the table yet: %s", first_line(e))
             stopping.wait(2.0)
-    return None
+    return False
 
 
 def _kill_if_hung(proc: subprocess.Popen, exited: threading.Event, timeout: float) -> None:
