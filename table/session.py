@@ -4,7 +4,7 @@
 client of `logjam-spark`); anything else (`local[*]`, `spark://host:7077`, `yarn`) is a
 master URL for a classic in-process session, which costs a JVM per process. Either reads the
 table as Delta: a classic session gets the same Delta settings and jars as `logjam-spark`'s JVM
-(`delta_conf`), so that `logjam.messages` and `delta.\`<path>\`` mean the same in both.
+(`delta_conf`), so that `logjam.messages` and ``delta.`<path>` `` mean the same in both.
 """
 
 from __future__ import annotations
