@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Mapping
 
 import zmq
 
@@ -180,10 +180,13 @@ class Worker(WriteListener):
 
     def committed(self, batch: Batch) -> None:
         # Writer thread: this batch and every earlier one are in the table.
-        if batch.mark is None:
-            return
+        if batch.mark is not None:
+            self._advance(batch.mark)
+
+    def _advance(self, mark: Mapping[int, Position]) -> None:
+        """Move the committed positions forward to `mark` (within a journal the maximum wins)."""
         with self._committed_lock:
-            for device, position in batch.mark.items():
+            for device, position in mark.items():
                 old = self.committed_at.get(device)
                 if old is None or old.journal != position.journal or position.seq > old.seq:
                     self.committed_at[device] = position
@@ -280,6 +283,7 @@ class Worker(WriteListener):
 
     def _housekeeping(self) -> None:
         self._watch_writer()
+        self._idle_progress()
         now = time.monotonic()
         if self.sequencer is not None and now >= self._next_report:
             self._next_report = now + REPORT_EVERY
@@ -301,6 +305,14 @@ class Worker(WriteListener):
         elif self._stalled and not stalled:
             log.info("commits are making progress again")
         self._stalled = stalled
+
+    def _idle_progress(self) -> None:
+        # Filtered-out messages (heartbeats, other workers' streams) are covered without a row: with
+        # no batch open or in flight, everything covered is settled, and the devices' flow control
+        # must hear so, or an idle stream's heartbeats would look like a lagging importer.
+        if self.ledger is None or self.group_commit.rows or self.writer.pending or self.writer.failed:
+            return
+        self._advance(self.ledger.snapshot())
 
     def _shutdown(self, ctx: zmq.Context, status: int) -> int:
         self.sub.close()
