@@ -55,7 +55,7 @@ class TableTarget:
         self.scratch = scratch  # where `isolate` tries rows on their own; a temporary dir when None
         self._reader: DeltaTable | None = None
 
-    def landed(self, device: int, journal: str | None) -> int | None:
+    def landed(self, device: int, journal: str) -> int | None:
         """The highest seq of this device journal the table holds (its txn), or None.
 
         Asked from the receiving thread while the writer's thread commits: on a snapshot of its own."""
@@ -63,7 +63,7 @@ class TableTarget:
             self._reader = DeltaTable(self.location, storage_options=self.writer.storage_options)
         else:
             self._reader.update_incremental()
-        version = self._reader.transaction_version(delta.app_id(journal, device, self.scope))
+        version = self._reader.transaction_version(delta.app_id(journal, self.scope))
         return None if version is None else int(version)
 
     def append(self, rows: pa.Table, mark: Mark | None) -> tuple[int, float]:
@@ -125,17 +125,18 @@ def progress(rows: pa.Table, mark: Mark | None, scope: int | None) -> tuple[pa.A
     """(each row's appId, null for an untracked row; appId -> the highest seq the batch covers).
 
     A journal's version is the mark's seq for it (which also covers the messages filtered out
-    before the batch) or, for a journal the device left during the batch, its last row's seq."""
-    devices, journals, seqs = rows.column("device"), rows.column("journal"), rows.column("seq")
+    before the batch) or, for a journal the device left during the batch, its last row's seq.
+    A row of device 0 or without a journal is untracked (table/delta.py)."""
+    devices, journals = rows.column("device"), rows.column("journal")
     txns: dict[str, int] = {}
     if rows.num_rows:
         groups = rows.select(["device", "journal", "seq"]).group_by(["device", "journal"]).aggregate([("seq", "max")])
         for d, j, s in zip(*(groups.column(c).to_pylist() for c in ("device", "journal", "seq_max"))):
-            if d:
-                txns[delta.app_id(j, d, scope)] = s
+            if d and j is not None:
+                txns[delta.app_id(j, scope)] = s
     for device, position in (mark or {}).items():
-        if device:
-            key = delta.app_id(position.journal, device, scope)
+        if device and position.journal is not None:
+            key = delta.app_id(position.journal, scope)
             txns[key] = max(txns.get(key, -1), position.seq)
     if not rows.num_rows:
         return pa.array([], pa.string()), txns
@@ -144,7 +145,7 @@ def progress(rows: pa.Table, mark: Mark | None, scope: int | None) -> tuple[pa.A
     names = []
     for k in encoded.dictionary.to_pylist():
         d, _, j = k.partition("\x01")
-        names.append(None if d == "0" else delta.app_id(None if j == "\x00" else j, int(d), scope))
+        names.append(None if d == "0" or j == "\x00" else delta.app_id(j, scope))
     ids = pc.take(pa.array(names, pa.string()), encoded.indices)
     return ids, txns
 

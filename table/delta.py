@@ -8,6 +8,8 @@ no row is lost or landed twice.
 
 Exactly once: every commit of an importer carries one app transaction (`txn`) per device
 journal its batch covers, whose version is the highest seq of that journal the batch covers.
+Rows whose journal is not known (device 0, a device that announces no journal, an importer
+under --no-replay) carry none: their seqs say nothing across a device's restart.
 `append` reads those versions from the snapshot it commits on, drops the rows at or below
 them, and commits the rest with the new versions. Two writers of one journal (an importer and
 the zombie it replaced) cannot both commit on one snapshot: the log's conflict check refuses
@@ -150,13 +152,13 @@ def check_writable(table: DeltaTable) -> None:
                               f"write; logjam-mesh's writers refuse it rather than break it (docs/schema.md)")
 
 
-def app_id(journal: str | None, device: int, scope: int | None = None) -> str:
-    """The appId of one device journal's progress: the journal's own id when the device announced one.
+def app_id(journal: str, scope: int | None = None) -> str:
+    """The appId of one device journal's progress, named after the journal's own id (which devices
+    announce, unique per journal: a wiped or replaced journal gets a new one).
 
     `scope`: the importer, for a worker that lands only some streams of a device (its txn says how
     far its own share is, not the device's)."""
-    base = f"logjam:{journal}" if journal is not None else f"logjam:device-{device}"
-    return base if scope is None else f"{base}:importer-{scope}"
+    return f"logjam:{journal}" if scope is None else f"logjam:{journal}:importer-{scope}"
 
 
 def with_doc(rows: pa.Table, doc: pa.Array) -> pa.Table:

@@ -61,21 +61,23 @@ def test_a_retried_commit_lands_nothing_twice_and_a_new_journal_starts_afresh(tm
     assert commit(writer, batch(range(1, 11), journal="journal-b")) == 10
     assert seqs(location) == sorted([*range(1, 151), *range(1, 11)])
     table = DeltaTable(str(location))
-    assert table.transaction_version(delta.app_id(JOURNAL, 1)) == 150
-    assert table.transaction_version(delta.app_id("journal-b", 1)) == 10
+    assert table.transaction_version(delta.app_id(JOURNAL)) == 150
+    assert table.transaction_version(delta.app_id("journal-b")) == 10
 
 
 @pytest.mark.timeout(60)
-def test_the_mark_records_what_was_filtered_and_untracked_rows_carry_no_txn(tmp_path) -> None:
+def test_the_mark_records_what_was_filtered_and_rows_without_a_journal_carry_no_txn(tmp_path) -> None:
     location = tmp_path / "messages"
     writer = delta.Writer(str(location))
     # Rows up to 20, and heartbeats (filtered, no rows) up to 25: the txn says 25.
     assert commit(writer, batch(range(1, 21)), {1: Position(JOURNAL, 25)}) == 20
-    assert DeltaTable(str(location)).transaction_version(delta.app_id(JOURNAL, 1)) == 25
-    # Device 0 is untracked: its rows always land, and no txn is written for it.
-    assert commit(writer, batch(range(1, 4), journal=None, device=0)) == 3
-    assert commit(writer, batch(range(1, 4), journal=None, device=0)) == 3
-    assert DeltaTable(str(location)).transaction_version(delta.app_id(None, 0)) is None
+    assert DeltaTable(str(location)).transaction_version(delta.app_id(JOURNAL)) == 25
+    # Device 0, and a device whose journal is not known, are untracked: their rows always land
+    # (a device without a journal starts its seqs again at 1 when it restarts), and no txn is written.
+    for device in (0, 2):
+        assert commit(writer, batch(range(1, 4), journal=None, device=device)) == 3
+        assert commit(writer, batch(range(1, 4), journal=None, device=device)) == 3
+    assert DeltaTable(str(location)).to_pyarrow_table(columns=["seq"]).num_rows == 20 + 12
 
 
 @pytest.mark.timeout(60)
@@ -97,7 +99,7 @@ def test_two_writers_of_one_journal_committing_on_one_snapshot_land_each_seq_onc
     delta.open_table(str(location))
     first, second = delta.Writer(str(location)), delta.Writer(str(location))
     # Both read the same snapshot (version 1, no txn) before either commits.
-    assert first.landed([delta.app_id(JOURNAL, 1)]) == second.landed([delta.app_id(JOURNAL, 1)]) == {}
+    assert first.landed([delta.app_id(JOURNAL)]) == second.landed([delta.app_id(JOURNAL)]) == {}
     assert commit(first, batch(range(1, 101))) == 100
     # The second's commit of an overlapping range loses the log's conflict check or reads the
     # winner's txn; either way only what is new lands.
@@ -128,7 +130,7 @@ def test_writers_in_processes_of_their_own_racing_over_one_journal_land_every_se
         assert p.exitcode == 0
     landed = DeltaTable(location).to_pyarrow_table(columns=["seq"]).column("seq")
     assert pc.count_distinct(landed).as_py() == len(landed) == 600
-    assert DeltaTable(location).transaction_version(delta.app_id(JOURNAL, 1)) == 600
+    assert DeltaTable(location).transaction_version(delta.app_id(JOURNAL)) == 600
 
 
 @pytest.mark.timeout(60)
@@ -142,7 +144,7 @@ def test_the_log_refuses_a_second_commit_of_one_journal_on_a_stale_snapshot(tmp_
     delta.open_table(location)
     first, second = DeltaTable(location), DeltaTable(location)
     rows = delta.with_doc(batch(range(1, 11)), pa.nulls(10, DOC_ARROW_TYPE))
-    journal = delta.app_id(JOURNAL, 1)
+    journal = delta.app_id(JOURNAL)
     write_deltalake(first, rows, mode="append",
                     commit_properties=CommitProperties(app_transactions=[Transaction(journal, 10)]))
     with pytest.raises(CommitFailedError):
@@ -150,5 +152,5 @@ def test_the_log_refuses_a_second_commit_of_one_journal_on_a_stale_snapshot(tmp_
                         commit_properties=CommitProperties(app_transactions=[Transaction(journal, 10)]))
     # Another journal's commit on the same stale snapshot is rebased, not refused.
     write_deltalake(second, rows, mode="append",
-                    commit_properties=CommitProperties(app_transactions=[Transaction(delta.app_id("other", 2), 10)]))
+                    commit_properties=CommitProperties(app_transactions=[Transaction(delta.app_id("other"), 10)]))
     assert seqs(tmp_path / "messages") == sorted([*range(1, 11), *range(1, 11)])
