@@ -80,7 +80,7 @@ def test_importer_healthz_reports_its_last_write(mesh) -> None:
     wait_for(written, timeout=120, interval=0.5, what="an importer to commit a batch")
     port = written()[0]
     status, doc = healthz(port)
-    assert status == 200 and doc["checks"]["spark"]["ok"], doc
+    assert status == 200 and doc["checks"]["table"]["ok"], doc
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     stamp = [line for line in text.splitlines() if line.startswith("logjam_importer_last_write_timestamp_seconds{")]
     assert stamp and float(stamp[0].rsplit(" ", 1)[1]) > max(before[port], 0)
