@@ -55,7 +55,6 @@ try:
 except ImportError:  # a --tree from before the Delta table
     from importer.checkpoint import Position  # type: ignore[no-redef]  # noqa: E402
 from importer.split import StreamFilter  # noqa: E402
-from importer.variant import DocEncoder  # noqa: E402
 from logjam.raw import RawBatch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's benchmarks/, whatever --tree says

@@ -1,8 +1,9 @@
-"""What a failed Spark write was about, in a few words a person can act on.
+"""What a failed commit was about, in a few words a person can act on.
 
-Spark reports a failed write as its own error class (`TASK_WRITE_FAILED ... SQLSTATE: 58030`)
-and leaves the cause to a JVM stack trace; the Python side sees the whole text. This finds
-the cause in it, so that the importer's one log line says what to fix.
+delta-rs reports a failed write with the store's own error text inside its message (an OS
+error for a local table, the object store's answer for S3), and a Spark session wraps a
+JVM stack trace; this finds the cause in either, so that the importer's one log line says
+what to fix.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ _CAUSES: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p, re.IGNOR
     (r"Read-only file system|EROFS", "read-only filesystem"),
     (r"Not a directory|ENOTDIR|File exists|EEXIST|FileAlreadyExistsException|exists and is not a directory",
      "path in the way"),
-    (r"could not be made persistent|MetaException|HiveException", "metastore refused"),
+    (r"CommitFailedError|Transaction failed|version already exists", "commit conflict"),
     (r"StatusCode\.UNAVAILABLE|Connection refused|failed to connect|Channel shutdown|SESSION_CLOSED"
      r"|INVALID_HANDLE\.SESSION|SparkConnectGrpcException.*UNAVAILABLE|Socket closed", "Spark unreachable"),
     (r"OutOfMemoryError|Java heap space", "Spark out of memory"),

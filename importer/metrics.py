@@ -52,9 +52,9 @@ class ImporterMetrics:
                                      "Rows whose created_at lay outside the window around their arrival (more than "
                                      "--retention-days before it or a day after it): filed under the day they arrived",
                                      ["worker", "app_env"], registry=r)
-        self.write_stalls = Counter("logjam_importer_write_stalls", "Spark writes pending longer than --write-timeout",
+        self.write_stalls = Counter("logjam_importer_write_stalls", "Commits under way longer than --write-timeout",
                                     ["worker"], registry=r).labels(**labels)
-        self.write_stalled = Gauge("logjam_importer_write_stalled", "1 while a Spark write is pending too long",
+        self.write_stalled = Gauge("logjam_importer_write_stalled", "1 while a commit has been under way too long",
                                    ["worker"], registry=r).labels(**labels)
         self.journal_changes = Counter("logjam_importer_journal_changes",
                                        "Times a device started serving a new journal (wiped or replaced): read from its first seq",

@@ -14,7 +14,7 @@ without retention (0) only the future is bounded.
 
 This runs once per chunk of rows, on Arrow columns (`EventWindow.dates`), not once per row:
 any decoder that produces `created_at` and `ingested_at` calls it to get `date` and the mark.
-Retention (warehouse/retention.py) keeps a partition until the retention has passed for the
+Retention (warehouse/maintenance.py) keeps a day until the retention has passed for the
 newest arrival in it too, so a late row inside the window is never dropped sooner either.
 """
 

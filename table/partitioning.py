@@ -2,14 +2,12 @@
 
 A stream's rows go to the partition `(app_env, date)` of its name, with three
 exceptions that keep one stream from harming the table or the others (docs/schema.md):
-- a name the metastore cannot hold as a partition value gets a stand-in value (paths.py);
+- a name too long for a directory gets a stand-in value (paths.py `dir_value`);
 - past `--max-new-app-envs` partitions on one date, a new stream's rows go
   to the day's overflow partition, as Loki's stream limits guard its index; existing
   streams keep theirs;
 - rows whose write keeps failing go to the quarantine partition (importer/write.py).
 A row whose partition value is not its name keeps the name in `original_app_env`.
-A name whose directory would be too long for the filesystem is a stand-in too: its partition
-value (which is its directory's name in a Delta table) is a hash (paths.dir_value).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from table.paths import OVERFLOW, dir_value, is_stand_in, partition_value
+from table.paths import OVERFLOW, dir_value, is_stand_in
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +64,7 @@ class PartitionMap:
         assigned = self._assigned.get(key)
         if assigned is not None:
             return assigned
-        value = partition_value(self.importer, app_env)
+        value = dir_value(app_env)
         days = self._days if self._days is not None else {}
         known = days.setdefault(date, set())
         if value not in known and not is_stand_in(value) and len(known) >= self.max_new:

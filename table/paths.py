@@ -1,14 +1,10 @@
-"""Where logjam-mesh keeps its table: the warehouse, and the `messages` table's directories.
+"""Where logjam-mesh keeps its table: the warehouse, the table's location, and its partition directories.
 
 The default warehouse lies in the data root (logjam/defaults.py: `$LOGJAM_DATA_DIR`, else
-`./data`).
-
-Inside the table's location every importer writes only below its own root,
-`importer=<I>/app_env=<app-env>/date=<YYYY-MM-DD>/`, and under that root's lock
-(table/protocol.py): one writer per root at a time (two Spark jobs appending under one output
-path would also share its `_temporary` directory and corrupt each other, SPARK-24238).
-Batches being placed wait in `_staging/importer=<I>/`, which Spark's readers skip like every
-name starting with `_`.
+`./data`); the table is the Delta table `<warehouse>/messages`. delta-rs names a partition's
+directory `app_env=<value, escaped>/date=<YYYY-MM-DD>`, so a partition value is also a
+directory name: a stream name too long for one gets a stand-in value (`dir_value`), and the
+rows keep their name in `original_app_env` (table/partitioning.py).
 """
 
 from __future__ import annotations
@@ -19,9 +15,9 @@ from pathlib import Path
 from logjam.defaults import data_root
 from table.schema import TABLE_NAME
 
-# The characters Hive and Spark escape as %XX in a partition directory name
-# (ExternalCatalogUtils.escapePathName), so that a value maps to exactly one directory.
-_ESCAPED = set(range(0x01, 0x20)) | {ord(c) for c in "\"#%'*/:=?\\\x7f{[]^"}
+# The characters escaped as %XX in a partition directory name: Hive's and Spark's set
+# (ExternalCatalogUtils.escapePathName), and the space, which delta-rs escapes too.
+_ESCAPED = set(range(0x01, 0x21)) | {ord(c) for c in "\"#%'*/:=?\\\x7f{[]^"}
 
 
 def default_warehouse() -> str:
@@ -45,33 +41,18 @@ def local_path(location: str) -> Path | None:
 
 
 def table_path(warehouse: str) -> str:
-    """The table's default location under a warehouse: every importer's output root lies below it."""
+    """The table's location under a warehouse."""
     return f"{warehouse.rstrip('/')}/{TABLE_NAME}"
-
-
-def output_root(table_location: str, importer: int) -> str:
-    """One importer's own output root inside the table's location."""
-    return f"{table_location.rstrip('/')}/importer={importer}"
-
-
-def staging_dir(table_location: str, importer: int) -> str:
-    """Where an importer stages the Parquet files of a batch before they are renamed into place."""
-    return f"{table_location.rstrip('/')}/_staging/importer={importer}"
 
 
 # A partition's directory name `app_env=<escaped value>` must fit NAME_MAX (255 bytes on every
 # common filesystem); longer ones get a directory named after a hash of the value instead.
 MAX_DIR_NAME = 200
-# The Hive metastore keeps a partition's name (`importer=I/app_env=<escaped>/date=D`) in a
-# VARCHAR(767): a value whose escaped name does not fit cannot be a partition value at all.
-MAX_PARTITION_NAME = 767
 # Stand-in partition values: no app-env the device accepts lacks a '-', and these have none,
 # so a stand-in never collides with a real stream name.
 STAND_IN = "~"
 OVERFLOW = "~overflow"
 QUARANTINE = "~quarantine"
-# The exact partition value of a hash-named directory, for anything that reads the tree.
-NAME_FILE = "_app_env"
 
 
 def is_stand_in(value: str) -> bool:
@@ -80,14 +61,6 @@ def is_stand_in(value: str) -> bool:
 
 def _digest(value: str) -> str:
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-
-
-def partition_value(importer: int, app_env: str) -> str:
-    """The catalog's `app_env` for a stream: its name, or a stand-in when the metastore cannot hold the name."""
-    name = f"importer={importer}/app_env={escape_partition_value(app_env)}/date=YYYY-MM-DD"
-    if len(name) <= MAX_PARTITION_NAME or is_stand_in(app_env):
-        return app_env
-    return f"{STAND_IN}{_digest(app_env)}"
 
 
 def dir_value(value: str) -> str:
@@ -104,20 +77,3 @@ def escape_partition_value(value: str) -> str:
 def partition_dir(root: str, app_env: str, date: str) -> str:
     """`<root>/app_env=<escaped>/date=<date>`: where the rows of partition value `app_env` live."""
     return f"{root.rstrip('/')}/app_env={escape_partition_value(dir_value(app_env))}/date={date}"
-
-
-def unescape_partition_value(text: str) -> str:
-    """The value a partition directory name stands for (the inverse of escape_partition_value)."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "%" and _is_hex(text[i + 1 : i + 3]):
-            out.append(chr(int(text[i + 1 : i + 3], 16)))
-            i += 3
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
-def _is_hex(pair: str) -> bool:
-    return len(pair) == 2 and all(c in "0123456789abcdefABCDEF" for c in pair)

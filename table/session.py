@@ -13,10 +13,9 @@ import logging
 import os
 import socket
 import threading
-import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from logjam import defaults
 from table.paths import default_warehouse
@@ -87,11 +86,6 @@ def is_connect(url: str) -> bool:
     return url.startswith("sc://")
 
 
-def with_session_id(url: str, session_id: str) -> str:
-    """`sc://host:port` with a chosen Connect session id (a UUID4), keeping any other parameters."""
-    return f"{url};session_id={session_id}" if "/;" in url else f"{url.rstrip('/')}/;session_id={session_id}"
-
-
 def driver_address(master: str) -> str:
     """The address a classic driver binds and advertises: 127.0.0.1 for local masters and masters on
     this host, else the local address this host uses to reach the master (never a guess among NICs)."""
@@ -109,15 +103,14 @@ def driver_address(master: str) -> str:
 
 
 def open_session(url: str, *, app_name: str = "logjam", warehouse: str | None = None,
-                 session_id: str | None = None, conf: Mapping[str, str] | None = None, pool: str | None = None) -> Any:
+                 conf: Mapping[str, str] | None = None, pool: str | None = None) -> Any:
     """A SparkSession for `url`. Classic sessions get `warehouse` (or the default) as their warehouse dir.
 
-    `session_id` (Connect only) names the server-side session, so that a later process can
-    find the operations this one left running (see `quiesce_previous_session`). `pool` is
+    `pool` is
     the scheduler pool its jobs run in (INGEST_POOL, MAINTENANCE_POOL; people's queries
     stay in Spark's default pool).
     """
-    spark = _session(url, app_name, warehouse, session_id, conf)
+    spark = _session(url, app_name, warehouse, conf)
     if pool is not None:
         # A session setting reaches the scheduler: Spark copies "spark.*" settings into
         # each job's properties, which is where the FAIR scheduler looks for the pool.
@@ -125,12 +118,11 @@ def open_session(url: str, *, app_name: str = "logjam", warehouse: str | None = 
     return spark
 
 
-def _session(url: str, app_name: str, warehouse: str | None, session_id: str | None,
-             conf: Mapping[str, str] | None) -> Any:
+def _session(url: str, app_name: str, warehouse: str | None, conf: Mapping[str, str] | None) -> Any:
     from pyspark.sql import SparkSession
 
     if is_connect(url):
-        return SparkSession.builder.remote(with_session_id(url, session_id) if session_id else url).create()
+        return SparkSession.builder.remote(url).create()
     # A master URL was asked for explicitly; a Connect mode inherited from the environment
     # (a parent process that used Spark Connect exports this) would override it.
     for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
@@ -190,34 +182,6 @@ def wait_for_connect_server(url: str, stop: threading.Event) -> bool:
                 warned = True
             stop.wait(0.5)
     return False
-
-
-def quiesce_previous_session(open_previous: Callable[[], Any], timeout: float = 30.0) -> int:
-    """Interrupt whatever the previous run's Connect session is still executing; returns how many operations.
-
-    A killed importer's last write keeps running on the Connect server, detached from its
-    client, and could commit after our start-up read of max(seq); stopping it first keeps
-    the resume point honest. Errors (a server restarted since, a closed session) mean there
-    is nothing left to stop.
-    """
-    interrupted = 0
-    try:
-        spark = open_previous()
-        deadline = time.monotonic() + timeout
-        while True:
-            ids = spark.interruptAll()
-            if not ids:
-                break
-            interrupted += len(ids)
-            if time.monotonic() > deadline:
-                log.warning("the previous Spark session still reports operations %s after %.0fs", ids, timeout)
-                break
-            time.sleep(0.2)  # an interrupted operation needs a moment to wind down
-    except Exception as e:  # pyspark raises many types for an unknown or closed session
-        log.debug("previous Spark session: %s", e)
-    if interrupted:
-        log.warning("interrupted %d Spark operations the previous run left behind", interrupted)
-    return interrupted
 
 
 def first_line(e: BaseException) -> str:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from importer.decode import MAX_CREATED_MS, BatchBuilder
 from table.event_time import DAY_US, EventWindow, moved_by_stream
-from table.schema import ARROW_SCHEMA, conform
+from table.schema import ARROW_SCHEMA
 
 NOW_US = 1_764_201_600_000_000 + 12 * 3600 * 10**6 + 123  # 2025-11-27 12:00 UTC
 TODAY = datetime.date(2025, 11, 27)
@@ -99,12 +99,3 @@ def test_the_builder_files_rows_out_of_the_window_under_their_arrival_day_and_ke
     moved = b.take_out_of_window()
     assert moved == {"late-prod": (2, times[0] * 1000, times[2] * 1000)}
     assert b.take_out_of_window() == {}
-
-
-def test_rows_kept_by_an_older_version_gain_the_new_column_as_null() -> None:
-    b = BatchBuilder()
-    b.add_raw("x-prod", "logs", b"{}", 0, 1, NOW_US // 1000, 1, NOW_US)
-    old = b.build().drop_columns(["created_out_of_window"])
-    table = conform(old)
-    assert table.schema == ARROW_SCHEMA
-    assert table.column("created_out_of_window").to_pylist() == [None]

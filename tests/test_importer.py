@@ -8,7 +8,6 @@ so that the importer asks the session's `logjam-spark` (tests/spark_fixture.py) 
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 import time
 import urllib.request

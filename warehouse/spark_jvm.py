@@ -7,7 +7,6 @@ probe without importing the server.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 

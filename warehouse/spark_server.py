@@ -10,11 +10,10 @@ It runs the installed pyspark's own `spark-submit` as a child process that dies 
 The JVM reads the table as Delta (table/session.py `delta_conf`). Once the server answers, it
 makes sure the Delta table exists (created by delta-rs, table/delta.py) and that the catalog
 names it (table/catalog.py), logs `table <database>.messages ready at <location>` (what
-`make up` waits for), then runs table maintenance (compaction and retention, warehouse/maintenance.py) on a
-schedule. SIGTERM or SIGINT stops maintenance and the JVM, then we exit 0. A JVM that has not
+`make up` waits for), then runs the table's maintenance with delta-rs (warehouse/maintenance.py) on a schedule. SIGTERM or SIGINT stops maintenance and the JVM, then we exit 0. A JVM that has not
 stopped `--stop-timeout` seconds later (a shutdown hook waiting on a busy cluster, a stopped
-process) prints its threads into the log and is killed: the table's commit protocol survives a
-killed driver, and a stop must be bounded however we are run (a terminal, a supervisor that
+process) prints its threads into the log and is killed: the JVM only reads the table, so a
+killed driver leaves nothing half done, and a stop must be bounded however we are run (a terminal, a supervisor that
 signals only us), and say in the log what hung.
 """
 
