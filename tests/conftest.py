@@ -131,3 +131,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
                 obj.close()
             except Exception:  # a channel already broken: closed is all we want
                 obj._closed = True
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_connect_session() -> None:
+    """Each test starts without the Connect session an earlier test of this worker left active.
+
+    pyspark keeps a thread's first Connect session as the active one and asks it for a setting
+    the first time a DataFrame is given a column name; when that earlier test's server has been
+    stopped since, the call retries until the test's timeout."""
+    import sys
+
+    module = sys.modules.get("pyspark.sql.connect.session")
+    if module is None:
+        return
+    session = module.SparkSession
+    session._active_session.session = None
+    session._default_session = None
