@@ -154,3 +154,30 @@ def test_the_log_refuses_a_second_commit_of_one_journal_on_a_stale_snapshot(tmp_
     write_deltalake(second, rows, mode="append",
                     commit_properties=CommitProperties(app_transactions=[Transaction(delta.app_id("other"), 10)]))
     assert seqs(tmp_path / "messages") == sorted([*range(1, 11), *range(1, 11)])
+
+
+@pytest.mark.timeout(60)
+def test_an_append_refused_by_a_retention_delete_is_retried_and_lands_once(tmp_path) -> None:
+    """The log's conflict check refuses an append whose snapshot predates a DELETE of other
+    partitions (maintenance's retention, a commit with `remove`s of dataChange true), not only one
+    of a commit of the same journal; `Writer.append` retries it on a fresh snapshot."""
+    location = tmp_path / "messages"
+    writer = delta.Writer(str(location))
+    old = batch(range(1, 11), journal="journal-old")
+    old = old.set_column(old.schema.get_field_index("date"), "date", pa.array([datetime.date(2026, 10, 1)] * 10))
+    commit(writer, old)
+    refresh, deletes = writer.refresh, []
+
+    def refresh_then_delete() -> DeltaTable:
+        table = refresh()
+        if not deletes:  # between the writer's snapshot and its commit, once
+            deletes.append(DeltaTable(str(location)).delete("date IN ('2026-10-01')",
+                                                            post_commithook_properties=delta.NO_HOOKS))
+        return table
+
+    writer.refresh = refresh_then_delete  # type: ignore[method-assign]
+    assert commit(writer, batch(range(1, 101))) == 100
+    assert writer.conflicts == 1, "delta-rs rebased the append over the DELETE (then this test can go)"
+    assert deletes[0]["num_deleted_rows"] == 10
+    assert seqs(location) == list(range(1, 101))
+    assert DeltaTable(str(location)).transaction_version(delta.app_id(JOURNAL)) == 100

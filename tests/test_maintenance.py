@@ -1,17 +1,18 @@
 """warehouse/maintenance.py on real delta-rs tables on a local disk: compaction, checkpoints, log cleanup,
-retention and VACUUM keep every row exactly once, with a writer appending meanwhile and after a kill -9."""
+retention and VACUUM keep every row exactly once, with a writer appending meanwhile, and after a pass
+killed with SIGKILL in each of its steps while a writer appends and a reader polls the table."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,8 +20,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from harness.delta_rows import append, rows
-from harness.processes import REPO, wait_for
+from harness.processes import REPO
 from table import delta
+from tests.table_watch import LogWatch, PollingReader, freeze_when, kill_9, parquet_on_disk
 from warehouse.config import MaintenanceConfig
 from warehouse.delta_log import DeltaLog
 from warehouse.maintenance import LOG_RETENTION, Maintainer, maintenance_pass
@@ -44,11 +46,6 @@ def files_per_partition(location: str) -> dict[tuple[str, str], int]:
     for env, date in zip(a["partition.app_env"].to_pylist(), a["partition.date"].to_pylist()):
         out[(env, str(date))] = out.get((env, str(date)), 0) + 1
     return out
-
-
-def parquet_on_disk(location: str) -> set[str]:
-    root = Path(location)
-    return {str(p.relative_to(root)) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
 
 
 def fill(location: str, parts: list[tuple[str, dt.date]], batches: int, per: int = 50) -> list[tuple[str, int, int]]:
@@ -186,55 +183,216 @@ def test_checkpoints_every_n_commits_and_log_cleanup(tmp_path: Path) -> None:
     assert maintainer.metrics is not None and maintainer.metrics.log_files._value.get() == len(names)  # noqa: SLF001
 
 
-PASS = """
+# A pass as logjam-spark runs one, in a process of its own: every step has something to do on the
+# `aged` table below.
+PASS_CONFIG = MaintenanceConfig(compact_min_files=2, compact_older_than=0, checkpoint_every=3, vacuum_grace_hours=1,
+                                retention_days=30, log_retention_hours=1)
+PASS = f"""
 import sys
 from warehouse.config import MaintenanceConfig
 from warehouse.maintenance import maintenance_pass
-maintenance_pass(sys.argv[1], MaintenanceConfig(compact_min_files=2, compact_older_than=0, checkpoint_every=3,
-                                                vacuum_grace_hours=1, retention_days=30))
+maintenance_pass(sys.argv[1], {PASS_CONFIG!r})
 """
+OLD = [("old0-prod", TODAY - 40 * DAY), ("old1-prod", TODAY - 41 * DAY)]  # past the 30-day retention
+ORPHANS = 1500
+ORPHAN_DIR = f"app_env=gone-prod/date={TODAY - DAY}"  # a partition no commit names
+LIVE = "live-prod"  # the writer's partitions during the test (today and yesterday)
+
+
+class Aged:
+    """The kill test's table: what it holds and what the pass has to do on it."""
+
+    def __init__(self, location: str, kept: list[tuple[str, int, int]], old: list[tuple[str, int, int]],
+                 checkpoint: int) -> None:
+        self.location, self.kept, self.old, self.checkpoint = location, kept, old, checkpoint
 
 
 @pytest.fixture(scope="module")
-def many_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[tuple[str, int, int]]]:
-    """A table of 8 closed partitions of 30 small files each: a pass takes a while to compact it."""
-    location = str(tmp_path_factory.mktemp("many") / "messages")
+def aged(tmp_path_factory: pytest.TempPathFactory) -> Aged:
+    """A table on which every step of a pass has work, so that a kill can be aimed at each: 8 closed
+    partitions of 20 small files each (8 compactions), two days past a 30-day retention,
+    a checkpoint and two commits after it, and, all made two hours old, its log (past a 1-hour log
+    retention) and 1500 data files no commit names (a killed writer's, past a 1-hour VACUUM grace)."""
+    location = str(tmp_path_factory.mktemp("aged") / "messages")
     parts = [(f"app{i}-prod", TODAY - (1 + i % 2) * DAY) for i in range(8)]
-    return location, fill(location, parts, 30, per=100)
+    kept = fill(location, parts, 20)
+    old = fill(location, OLD, 3)
+    table = DeltaTable(location)
+    table.create_checkpoint()
+    kept += fill(location, [("late-prod", TODAY - DAY)], 2)
+    orphans = Path(location) / ORPHAN_DIR
+    orphans.mkdir(parents=True)
+    for i in range(ORPHANS):
+        (orphans / f"part-99999-orphan-{i:05d}-c000.snappy.parquet").write_bytes(b"")
+    before = time.time() - 7200
+    for p in [*(Path(location) / "_delta_log").iterdir(), *orphans.glob("*orphan*")]:
+        os.utime(p, (before, before))
+    return Aged(location, sorted(kept), sorted(old), table.version())
 
 
-def versions(location: str) -> int:
-    return sum(1 for p in (Path(location) / "_delta_log").iterdir() if p.suffix == ".json")
+def data_files(location: str, dirs: list[str]) -> set[str]:
+    out = set()
+    for d in dirs:
+        with os.scandir(Path(location) / d) as it:
+            out.update(f"{d}/{e.name}" for e in it if e.name.endswith(".parquet"))
+    return out
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("point", ["writing", "first-commit", "third-commit"])
-def test_kill_9_in_the_middle_of_a_pass_then_a_fresh_pass(tmp_path: Path, many_files, point: str) -> None:
-    source, expected = many_files
-    location = str(tmp_path / "messages")
-    shutil.copytree(source, location)
-    files_before, commits = parquet_on_disk(location), versions(location)
-    ready = {
-        "writing": lambda: len(parquet_on_disk(location) - files_before) > 0,
-        "first-commit": lambda: versions(location) > commits,
-        "third-commit": lambda: versions(location) > commits + 2,
-    }[point]
-    proc = subprocess.Popen([sys.executable, "-c", PASS, location], cwd=REPO, stderr=subprocess.PIPE)
+def orphans_left(location: str) -> int:
+    return sum(1 for name in os.listdir(Path(location) / ORPHAN_DIR) if "orphan" in name)
+
+
+class Appender:
+    """A writer appending as an importer does, in a thread: batches of 20 rows of device 2 into LIVE's
+    today and yesterday, each commit with its journal's txn (table/delta.py `Writer.append`)."""
+
+    APP_ID = delta.app_id("kill-test-journal")
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.written: list[tuple[str, int, int]] = []
+        self.failures: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        writer, seq = delta.Writer(self.location), 1
+        try:
+            while not self._stop.is_set():
+                batch = rows(LIVE, TODAY - (seq // 20 % 2) * DAY, range(seq, seq + 20), device=2)
+                writer.append(batch, pa.array([self.APP_ID] * batch.num_rows), {self.APP_ID: seq + 19})
+                self.written.extend((LIVE, 2, s) for s in range(seq, seq + 20))
+                seq += 20
+                self._stop.wait(0.02)
+        except BaseException as e:  # noqa: BLE001 (reported by stop())
+            self.failures.append(e)
+
+    def stop(self) -> list[tuple[str, int, int]]:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self.failures, self.failures
+        return sorted(self.written)
+
+
+def pass_points(location: str, log: LogWatch) -> dict[str, tuple[Any, Any]]:
+    """Per point: (what shows on disk that the pass is at it, polled every 2 ms; what says, given what it
+    showed, after the stop that the pass is still in that step and has not gone past it)."""
+    base = log.scan().latest()
+    dirs = sorted({str(Path(p).parent) for p in parquet_on_disk(location)} - {ORPHAN_DIR})
+    files_before = data_files(location, dirs)
+    aged_log = set(log.names())
+
+    def checkpointed() -> list[str]:
+        return [n for n in log.names() if n.endswith(".checkpoint.parquet") and int(n.split(".")[0]) > base]
+
+    def ops(name: str) -> int:
+        return log.scan().count(name, base)
+
+    return {
+        # Retention: the DELETE's commit is made; compaction has committed nothing yet.
+        "retention": (lambda: ops("DELETE"), lambda _: ops("OPTIMIZE") == 0),
+        # Compaction: a merged file written (a poll reads only the compacted partitions' directories, to
+        # be quick: the file and its commit are milliseconds apart) and its OPTIMIZE not committed; then
+        # its first and third commits.
+        "compaction-writing": (lambda: data_files(location, dirs) - files_before,
+                               lambda seen: bool(seen - log.scan().added(base))),
+        "compaction-commit": (lambda: ops("OPTIMIZE") >= 1, lambda _: not checkpointed()),
+        "compaction-third-commit": (lambda: ops("OPTIMIZE") >= 3, lambda _: not checkpointed()),
+        # The checkpoint file is written; log cleanup has not begun (neither its property nor a deletion).
+        "checkpoint": (checkpointed, lambda _: ops("SET TBLPROPERTIES") == 0 and aged_log <= set(log.names())),
+        # Log cleanup is deleting the aged entries; VACUUM has not begun.
+        "log-cleanup": (lambda: not aged_log <= set(log.names()), lambda _: ops("VACUUM START") == 0),
+        # VACUUM is deleting the aged uncommitted files; its END is not committed.
+        "vacuum": (lambda: orphans_left(location) < ORPHANS, lambda _: ops("VACUUM END") == 0),
+    }
+
+
+class Killed:
+    """A copy of the aged table with a writer appending and a reader polling, whose pass was SIGKILLed."""
+
+    def __init__(self, location: str, reader: PollingReader, appender: Appender, what: str) -> None:
+        self.location, self.reader, self.appender, self.what = location, reader, appender, what
+
+
+def kill_a_pass_at(point: str, tmp_path: Path, aged: Aged, attempts: int = 4) -> Killed:
+    """Start a pass on a fresh copy of the table, with a writer and a reader, and SIGKILL it at `point`.
+
+    The stop comes milliseconds after the point shows (more on a loaded machine), and some steps last
+    only milliseconds: when the pass had gone past the point, that copy is given up (its reader's
+    checks still hold) and another tries, up to `attempts`."""
+    missed = []
+    for attempt in range(1, attempts + 1):
+        location = str(tmp_path / f"messages-{attempt}")
+        shutil.copytree(aged.location, location)  # mtimes too
+        log = LogWatch(location)
+        ready, in_step = pass_points(location, log)[point]
+        aged_log = set(log.names())
+        reader = PollingReader(location, ["app_env", "device", "seq"], atomic=aged.old)
+        appender = Appender(location)
+        with open(tmp_path / "pass.log", "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-c", PASS, location], cwd=REPO, stdout=out,
+                                    stderr=subprocess.STDOUT)
+        try:
+            seen = freeze_when(proc, ready, timeout=60, what=point)
+            hit = in_step(seen)
+        except AssertionError as e:
+            reader.stop()
+            appender.stop()
+            raise AssertionError(f"{e}; the pass said: {(tmp_path / 'pass.log').read_text()[-2000:]}") from None
+        finally:
+            kill_9(proc)
+        what = (f"attempt {attempt}: killed at {sorted(seen)[:1] if isinstance(seen, (set, list)) else seen}; aged "
+                f"files left: {len(aged_log & set(log.names()))} of {len(aged_log)} in the log, "
+                f"{orphans_left(location)} of {ORPHANS} uncommitted; the last commits {log.scan().operations(0)[-6:]}")
+        if hit:
+            return Killed(location, reader, appender, what)
+        missed.append(what)
+        reader.check(min_polls=0)
+        appender.stop()
+    raise AssertionError(f"every pass had gone past {point} when it stopped:\n" + "\n".join(missed))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("point", ["retention", "compaction-writing", "compaction-commit", "compaction-third-commit",
+                                   "checkpoint", "log-cleanup", "vacuum"])
+def test_kill_9_in_the_middle_of_a_pass_then_a_fresh_pass(tmp_path: Path, aged: Aged, point: str) -> None:
+    """A pass SIGKILLed at a point of each of its steps while a writer appends and a reader polls the
+    table twice a second: the reader never sees a row vanish or double (the old days go all at once,
+    in the DELETE's commit), and after a fresh pass every row is in the table once, the old days,
+    the aged log and the aged uncommitted files are gone, and every partition is compacted."""
+    killed = kill_a_pass_at(point, tmp_path, aged)
+    location, reader = killed.location, killed.reader
+    print(f"{point}: {killed.what}")
     try:
-        wait_for(lambda: ready() or proc.poll() is not None, timeout=120, interval=0.005, what=point)
-        assert proc.poll() is None, f"the pass ended before {point}: {proc.stderr.read().decode()[-2000:]}"  # type: ignore[union-attr]
-        proc.send_signal(signal.SIGKILL)
+        # Readable, and holding every row once, whatever the kill interrupted.
+        now = keys(location)
+        assert len(now) == len(set(now)) and set(aged.kept) <= set(now)
+        assert set(aged.old) <= set(now) or not set(aged.old) & set(now)
+        # A fresh pass, with the writer and the reader still going, finishes what the killed one left.
+        done = Maintainer(location, PASS_CONFIG).run_pass()
+        assert done.failed == 0, done
+        assert orphans_left(location) == 0
+        # Log cleanup deleted the aged entries before the newest checkpoint at or before the first young entry.
+        names = set(os.listdir(Path(location) / "_delta_log"))
+        assert not {f"{v:020d}.json" for v in range(aged.checkpoint)} & names
+        time.sleep(1.0)  # two more polls
     finally:
-        proc.kill()
-        proc.wait(30)
-    assert keys(location) == expected  # readable, every row once, whatever the kill interrupted
-    done = maintenance_pass(location, MaintenanceConfig(compact_min_files=2, compact_older_than=0, vacuum_grace_hours=0))
-    assert done.failed == 0
-    assert set(files_per_partition(location).values()) == {1}
-    assert keys(location) == expected
-    # The full VACUUM took what the killed pass wrote and never committed, and what compaction replaced.
-    live = {p for p in pa.table(DeltaTable(location).get_add_actions())["path"].to_pylist()}
+        reader.stop()
+        written = killed.appender.stop()
+    print(f"{point}: {len(written)} rows appended meanwhile; {reader.summary()}")
+    reader.check(min_polls=3)
+    assert reader.most >= len(aged.kept)
+    assert keys(location) == sorted(aged.kept + written)
+    parts = files_per_partition(location)
+    assert {parts[p] for p in parts if not p[0] == LIVE} == {1}
+    assert not any(env.startswith("old") for env, _ in parts)
+    # With no one writing or reading any more, a VACUUM without grace takes what the killed pass wrote
+    # and never committed, and what compaction replaced.
+    maintenance_pass(location, MaintenanceConfig(compact=False, vacuum_grace_hours=0), compact=False)
+    live = set(pa.table(DeltaTable(location).get_add_actions())["path"].to_pylist())
     assert parquet_on_disk(location) == live
+    assert keys(location) == sorted(aged.kept + written)
 
 
 @pytest.mark.timeout(60)

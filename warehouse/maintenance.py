@@ -10,8 +10,10 @@ removes log entries older than `--log-retention-hours` and VACUUMs the files rem
 
 Importers append at the same time (table/delta.py). Every commit here goes through the log's
 conflict check; one that loses (`CommitFailedError`) is logged and tried again by the next
-pass, and none of them makes an importer's append fail except the one-time setting of
-`delta.logRetentionDuration` (a metadata commit, which an importer's append retries past).
+pass. Compaction and VACUUM never make an importer's append fail; retention's DELETE (its
+`remove`s change data) and the one-time setting of `delta.logRetentionDuration` (a metadata
+commit) refuse an append committed on a snapshot from before them, which the append retries
+on a fresh one, its txns keeping it exactly once (tests/test_delta_commit.py).
 docs/reliability.md, "How the mesh uses Delta's log", states why no row is lost or doubled.
 """
 
