@@ -132,12 +132,18 @@ def _readable_by_spark(table: DeltaTable) -> DeltaTable:
 
 
 def _refuse_older_format(location: str) -> None:
+    """Refuse to create the Delta table over a table of the old layout: its rows would be hidden, and
+    VACUUM would delete its files (they are in no commit). `logjam-sql --migrate` moves it in."""
+    from table.old_layout import is_old_table
     from table.paths import local_path
 
     local = local_path(location)
-    if local is not None and local.is_dir() and any(p.name.startswith("importer=") for p in local.iterdir()):
+    if local is not None and is_old_table(local):
+        warehouse = str(local.parent)
         raise UnwritableTable(f"{location} holds a table of logjam-mesh's earlier Parquet format (importer=* "
-                              f"directories, no _delta_log); move it aside, the mesh creates a Delta table there")
+                              f"directories, no _delta_log): stop the mesh and run `logjam-sql --migrate "
+                              f"--warehouse {warehouse}` to move its rows into the Delta table there "
+                              f"(docs/operations.md, \"Moving a table of the old layout\")")
 
 
 def check_writable(table: DeltaTable) -> None:

@@ -143,7 +143,7 @@ def test_an_importer_refuses_a_table_it_cannot_keep_and_says_why(tmp_path, table
         expected = "rowTracking"
     else:
         (warehouse / "messages" / "importer=0" / "app_env=a-b").mkdir(parents=True)
-        expected = "earlier Parquet format"
+        expected = "earlier Parquet format (importer=* directories, no _delta_log): stop the mesh and run `logjam-sql --migrate"
     j = Journaled(tmp_path / "dev")
     try:
         imp = Importer(j.dev, warehouse=warehouse, state_dir=tmp_path / "state")

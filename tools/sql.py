@@ -1,7 +1,8 @@
 """`logjam-sql "SELECT ..."`: run a query against the `logjam.messages` table and print the result.
 
 `logjam-sql --trace ID` prints every row of one request or trace instead (tools/trace.py);
-`--compact` and `--retention-days` run a maintenance pass.
+`--compact` and `--retention-days` run a maintenance pass; `--migrate` moves a table of the old
+layout (f8e2b8d and before) into the Delta table in its place (tools/migrate.py).
 
 It talks to `logjam-spark` through Spark Connect (or starts a classic session for a master
 URL such as `local[2]`), makes `--database` the current database so that `messages` alone
@@ -26,7 +27,8 @@ import orjson
 from table.catalog import named_table
 from warehouse.config import MaintenanceConfig
 from warehouse.maintenance import maintenance_pass
-from table.paths import table_path
+from tools.migrate import ROWS_PER_COMMIT, MigrationError, migrate, summary
+from table.paths import default_warehouse, table_path
 from table.schema import DEFAULT_DATABASE
 from table.checks import local_dir, spark_url
 from table.session import DEFAULT_SPARK, connect_refused, is_connect, open_session, resolve_warehouse
@@ -42,10 +44,12 @@ log = logging.getLogger("logjam-sql")
 class SqlConfig:
     """What one logjam-sql run does (the flags below have the help)."""
 
-    query: str | None  # None: --trace, or a maintenance pass (--compact / --retention-days)
+    query: str | None  # None: --trace, a maintenance pass (--compact / --retention-days), or --migrate
     trace: str | None  # a request id or trace id to show every row of (tools/trace.py)
     days: int  # --trace searches the last N days (0: all)
     compact: bool
+    migrate: bool  # move a table of the old layout into the Delta table (tools/migrate.py)
+    migrate_commit_rows: int
     older_than: float
     vacuum_grace_hours: int
     retention_days: int
@@ -82,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compact", action="store_true",
                    help="run one maintenance pass now (compaction, checkpoint, log cleanup, VACUUM, as logjam-spark "
                         "does on a schedule), instead of a query")
+    p.add_argument("--migrate", action="store_true",
+                   help="move the table of the old layout at <warehouse>/messages (f8e2b8d and before: importer=* "
+                        "directories, no _delta_log) into the Delta table there, every committed row once, with "
+                        "the importers' progress; safe to kill and run again; no Spark (docs/operations.md). Run "
+                        "it with the mesh stopped. The warehouse: --warehouse, else the data root's "
+                        "($LOGJAM_DATA_DIR/warehouse, or ./data/warehouse)")
+    p.add_argument("--migrate-commit-rows", type=int, default=ROWS_PER_COMMIT, metavar="N",
+                   help="with --migrate: rows per commit, which bounds the memory a commit takes (default "
+                        f"{ROWS_PER_COMMIT:,}; a larger partition is one commit, streamed)")
     p.add_argument("--older-than", type=duration, default=MaintenanceConfig().compact_older_than, metavar="AGE",
                    help="with --compact: a day is closed AGE after it ended, e.g. 0, 90m, 12h, 2d (default 1h)")
     p.add_argument("--vacuum-grace-hours", type=int, default=MaintenanceConfig().vacuum_grace_hours, metavar="HOURS",
@@ -153,6 +166,8 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_widt
 
 
 def run(config: SqlConfig) -> int:
+    if config.migrate:
+        return migrate_table(config)
     from pyspark.errors import PySparkException
 
     if config.query is None and config.trace is None and config.warehouse:
@@ -225,13 +240,29 @@ def maintain(location: str, config: SqlConfig) -> int:
     return 1 if done.failed else 0
 
 
+def migrate_table(config: SqlConfig) -> int:
+    """`--migrate`: the old table at `<warehouse>/messages` becomes the Delta table, then a summary line."""
+    warehouse = resolve_warehouse(None, config.warehouse or default_warehouse())
+    try:
+        done = migrate(warehouse, config.migrate_commit_rows)
+    except (MigrationError, OSError) as e:
+        print(f"logjam-sql: --migrate: {e}", file=sys.stderr)
+        return 1
+    print(summary(done))
+    return 0
+
+
 def check_sql(config: SqlConfig) -> int:
     """`--check` (runtime/check.py): what the query or the maintenance pass would run, and on which Spark."""
     c = Checker("logjam-sql")
     spark_url(c, "--spark", config.spark)
     local_dir(c, "--warehouse", config.warehouse)
-    if config.query is None and config.trace is None and not (config.compact or config.retention_days):
-        c.error("give a query, --trace ID, or --compact / --retention-days")
+    if config.query is None and config.trace is None and not (config.compact or config.retention_days
+                                                              or config.migrate):
+        c.error("give a query, --trace ID, --compact / --retention-days, or --migrate")
+    if config.migrate:
+        c.would_run(f"move the old layout's table at {table_path(config.warehouse or default_warehouse())} into "
+                    f"the Delta table there")
     if config.query is not None:
         c.would_run(f"on {config.spark}, database {config.database}: {config.query}")
     if config.trace is not None:
@@ -252,8 +283,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check_sql(config)
     if config.query is not None and config.trace is not None:
         parser.error("give a query or --trace, not both")
-    if config.query is None and config.trace is None and not (config.compact or config.retention_days):
-        parser.error("give a query, --trace ID, or --compact / --retention-days")
+    if config.migrate_commit_rows < 1:
+        parser.error("--migrate-commit-rows must be at least 1")
+    if config.migrate and (config.query is not None or config.trace is not None or config.compact
+                           or config.retention_days):
+        parser.error("--migrate runs alone: no query, --trace, --compact or --retention-days with it")
+    if config.query is None and config.trace is None and not (config.compact or config.retention_days
+                                                              or config.migrate):
+        parser.error("give a query, --trace ID, --compact / --retention-days, or --migrate")
     setup_logging("logjam-sql", config.verbose)
     if not config.verbose:
         logging.getLogger().setLevel(logging.WARNING)
